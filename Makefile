@@ -1,0 +1,32 @@
+VENV ?= .venv
+PY := $(VENV)/bin/python
+SEED ?= 1
+TRIALS ?= 200
+# The default run: unit, integration, spark and a seeded chaos sample; `slow` is left out.
+PYTEST_ARGS ?= -m "not slow"
+
+.PHONY: setup test unit demo chaos bench lint typecheck
+
+setup:
+	@bash scripts/setup.sh
+
+test: setup
+	$(PY) -m pytest $(PYTEST_ARGS) -p no:cacheprovider
+
+unit: setup
+	$(PY) -m pytest -m unit -q
+
+demo: setup
+	$(VENV)/bin/raysink demo
+
+chaos: setup
+	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q
+
+bench: setup
+	$(PY) bench/write_arrow.py
+
+lint: setup
+	$(VENV)/bin/ruff check raysink tests bench
+	$(VENV)/bin/mypy
+
+typecheck: lint

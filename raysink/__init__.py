@@ -1,0 +1,1 @@
+"""raysink: exactly-once sinks for Spark-on-Ray jobs."""

@@ -1,0 +1,184 @@
+"""The meta store: where epoch decisions live.
+
+One meta store may hold many runtimes; every record is keyed by runtime name. Records per
+``(runtime, sink, epoch)`` move through::
+
+    OPEN(attempt, layout) ──> PENDING(manifests) ──> COMMITTED
+        └──> ABORTED(attempt)      (then deleted once its staging is swept)
+
+* OPEN: an attempt started; its writer layout is recorded. Never rolls forward.
+* PENDING: every writer pre-committed; the decision to commit is durable. Written for all
+  sinks of the runtime in one transaction. Always rolls forward.
+* COMMITTED: the sink made the epoch visible. Older COMMITTED rows are pruned; the newest
+  one per sink is kept as the high-water mark.
+* ABORTED: the attempt will never commit; staging is swept, then the row is deleted.
+
+Every write names the coordinator ``generation`` that makes it; a write from an older
+generation than the runtime's current one raises ``FencedError`` and changes nothing.
+Manifests and layouts are stored as JSON text, never pickle; a row that does not decode
+raises ``MetaStoreError``.
+"""
+
+from __future__ import annotations
+
+import enum
+from collections.abc import Collection, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Protocol, runtime_checkable
+
+from raysink.sinks.base import Manifest
+
+__all__ = [
+    "HISTORY_LIMIT",
+    "EpochRecord",
+    "EpochState",
+    "MetaStore",
+    "RuntimeRecord",
+    "SinkStatusRecord",
+]
+
+HISTORY_LIMIT = 20
+"""Status history entries kept per sink."""
+
+
+class EpochState(str, enum.Enum):
+    OPEN = "OPEN"
+    PENDING = "PENDING"
+    COMMITTED = "COMMITTED"
+    ABORTED = "ABORTED"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeRecord:
+    """A runtime's identity: its sink set (name -> kind), epoch source and generation."""
+
+    name: str
+    generation: int
+    sinks: dict[str, str]
+    dropped: tuple[str, ...] = ()
+    epoch_source: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochRecord:
+    """One sink's record of one epoch."""
+
+    sink: str
+    epoch: int
+    attempt: int
+    state: EpochState
+    layout: dict[str, Any] = field(default_factory=dict)
+    manifests: list[Manifest] | None = None
+    updated_at: float = 0.0
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SinkStatusRecord:
+    """A sink's persisted status and a short history of ``(time, state, error)``."""
+
+    sink: str
+    state: str
+    last_error: str | None = None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@runtime_checkable
+class MetaStore(Protocol):
+    """Durable store of runtime identities, epoch records and sink status.
+
+    Implementations: ``SqliteMetaStore`` (embedded default) and ``PostgresMetaStore``.
+    Every mutating method takes the caller's ``generation`` and raises ``FencedError`` when
+    a newer generation has claimed the runtime. Implementations are used from one thread
+    at a time per instance.
+    """
+
+    @property
+    def url(self) -> str:
+        """The store's address with any password redacted."""
+        ...
+
+    def claim(
+        self,
+        runtime: str,
+        sinks: Mapping[str, str],
+        *,
+        add: Collection[str] = (),
+        drop: Collection[str] = (),
+    ) -> RuntimeRecord:
+        """Create the runtime or start a new generation of it.
+
+        ``sinks`` maps sink name to kind. A sink set that differs from the stored one raises
+        ``ConfigError`` unless every new name is in ``add`` and every missing name in
+        ``drop``. Returns the record with the new generation, which fences all older ones.
+        """
+        ...
+
+    def load(self, runtime: str) -> RuntimeRecord | None:
+        """The runtime's record, or ``None`` when it was never claimed."""
+        ...
+
+    def bind_source(self, runtime: str, generation: int, source: Mapping[str, Any]) -> None:
+        """Record the runtime's epoch source (replacing the previous one)."""
+        ...
+
+    def records(self, runtime: str) -> list[EpochRecord]:
+        """Every epoch record of the runtime, ordered by ``(epoch, sink)``."""
+        ...
+
+    def put_open(
+        self,
+        runtime: str,
+        generation: int,
+        epoch: int,
+        attempt: int,
+        sinks: Sequence[str],
+        layout: Mapping[str, Any],
+    ) -> None:
+        """Record ``(epoch, attempt)`` OPEN for every sink in one transaction."""
+        ...
+
+    def put_pending(
+        self,
+        runtime: str,
+        generation: int,
+        epoch: int,
+        attempt: int,
+        manifests: Mapping[str, Sequence[Manifest]],
+    ) -> None:
+        """Record the epoch PENDING for every sink in ``manifests``, in one transaction.
+
+        Raises ``MetaStoreError`` when the epoch's records are not OPEN at ``attempt``.
+        """
+        ...
+
+    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str) -> None:
+        """Record one sink's epoch COMMITTED and prune that sink's older COMMITTED rows."""
+        ...
+
+    def put_aborted(self, runtime: str, generation: int, epoch: int, attempt: int) -> None:
+        """Record every sink's OPEN ``(epoch, attempt)`` ABORTED; PENDING rows are refused
+        with ``MetaStoreError`` (a pending epoch only rolls forward)."""
+        ...
+
+    def delete_aborted(self, runtime: str, generation: int, epoch: int) -> None:
+        """Delete the epoch's ABORTED rows once its staging is swept."""
+        ...
+
+    def set_sink_status(
+        self,
+        runtime: str,
+        generation: int,
+        sink: str,
+        state: str,
+        error: str | None = None,
+    ) -> None:
+        """Set a sink's status; a change of state appends to its bounded history."""
+        ...
+
+    def sink_statuses(self, runtime: str) -> dict[str, SinkStatusRecord]:
+        """Every sink's persisted status."""
+        ...
+
+    def close(self) -> None:
+        """Release connections."""
+        ...

@@ -1,0 +1,157 @@
+"""The one exception tree of raysink.
+
+::
+
+    RaySinkError
+    ├── ConfigError (ValueError)      an option, sink set, routing key or epoch source is wrong
+    ├── SchemaMismatchError           bad data: nothing of the epoch is written
+    ├── EpochRegressionError          an epoch below one still in flight
+    ├── BackpressureError             too many outstanding epochs, or a full mailbox
+    ├── EpochFailedError              a write poisoned the epoch, or all attempts are used
+    ├── SinkUnavailableError          target unreachable, refused, or holding something else
+    ├── DataLossError                 a committed target or a pending marker disappeared
+    ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink
+    ├── RuntimeInUseError             a runtime with this name is live elsewhere
+    └── FencedError                   a newer coordinator generation wrote first
+
+Every error names the runtime, sink and epoch where they apply (``runtime``, ``sink``,
+``epoch`` attributes) and says in its message what to change. Errors cross Ray actor
+boundaries by pickling, so each keeps its fields in ``args``-independent ``__reduce__``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+__all__ = [
+    "BackpressureError",
+    "ConfigError",
+    "DataLossError",
+    "EpochFailedError",
+    "EpochRegressionError",
+    "FencedError",
+    "MetaStoreError",
+    "RaySinkError",
+    "RuntimeInUseError",
+    "SchemaMismatchError",
+    "SinkUnavailableError",
+]
+
+
+class RaySinkError(Exception):
+    """Base of every raysink error.
+
+    ``message`` says what happened and what to change; ``runtime``, ``sink`` and ``epoch``
+    locate it when they apply.
+    """
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.message = message
+        self.runtime = runtime
+        self.sink = sink
+        self.epoch = epoch
+        super().__init__(self._render())
+
+    def _render(self) -> str:
+        where = [
+            f"{label} {value!r}" if isinstance(value, str) else f"{label} {value}"
+            for label, value in (("runtime", self.runtime), ("sink", self.sink),
+                                 ("epoch", self.epoch))
+            if value is not None
+        ]
+        return f"{self.message} [{', '.join(where)}]" if where else self.message
+
+    def _fields(self) -> dict[str, Any]:
+        return {"runtime": self.runtime, "sink": self.sink, "epoch": self.epoch}
+
+    def __reduce__(self) -> tuple[Any, ...]:
+        return (_rebuild, (type(self), self.message, self._fields()))
+
+
+def _rebuild(cls: type[RaySinkError], message: str, fields: dict[str, Any]) -> RaySinkError:
+    return cls(message, **fields)
+
+
+class ConfigError(RaySinkError, ValueError):
+    """An invalid option, unknown sink option, changed sink set, routing key outside the
+    upsert key, a new epoch source without ``epoch_offset``, no Spark session, or Java
+    missing or older than 17."""
+
+
+class SchemaMismatchError(RaySinkError):
+    """A batch whose schema differs from the epoch's or the target's, a column type the sink
+    cannot store, null key values, or a batch over the size limit. Nothing of the epoch is
+    written."""
+
+
+class EpochRegressionError(RaySinkError):
+    """The requested epoch is new but below an epoch still open or pending."""
+
+
+class BackpressureError(RaySinkError):
+    """Too many outstanding epochs, or a writer's mailbox is full; retry after
+    ``retry_after`` seconds."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float = 1.0,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "retry_after": self.retry_after}
+
+
+class EpochFailedError(RaySinkError):
+    """A write failed and poisoned the epoch, or every attempt was used."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        attempts: int = 0,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.attempts = attempts
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "attempts": self.attempts}
+
+
+class SinkUnavailableError(RaySinkError):
+    """The target is unreachable, refuses authentication or permission, or its path holds
+    something else; or a Spark partition fetch timed out."""
+
+
+class DataLossError(RaySinkError):
+    """A target deleted after raysink committed to it, or a progress marker gone while an
+    epoch is pending."""
+
+
+class MetaStoreError(RaySinkError):
+    """The meta store is unwritable or corrupt, or a manifest names a path outside its
+    sink's directory (refused, never followed)."""
+
+
+class RuntimeInUseError(RaySinkError):
+    """A runtime with this name is live in the connected Ray cluster."""
+
+
+class FencedError(RaySinkError):
+    """A newer coordinator generation wrote to the meta store first; this one must stop."""

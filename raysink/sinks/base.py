@@ -1,0 +1,151 @@
+"""The contract between a sink and the runtime.
+
+A sink has two halves (Beam's ``Sink``/``Writer``, Bytewax's partitioned sinks):
+
+``Sink``
+    Built on the driver, picklable, holds no live connection. It travels to the writer
+    actors (``create_writer``) and to the coordinator actor (``commit``/``abort``).
+
+``SinkWriter``
+    Created by ``Sink.create_writer`` inside one ``SinkWriterActor``; owns connections and
+    buffers.
+
+Lifecycle, and where each call runs::
+
+    driver       sink.bind(runtime, name)        name the sink inside one runtime
+    driver       sink.validate()                 side-effect free: reachable, permitted,
+                                                 schema compatible; creates nothing
+    writer actor w = sink.create_writer(k)       once per actor (re)start
+                 w.open()                        connect; idempotent; re-run after a restart
+                 w.write(batch)*                 buffer or stage rows of the current epoch
+                 w.flush()                       push buffers to durable staging (timer, barrier)
+                 w.pre_commit(epoch, attempt)    -> Manifest: durable, staged, invisible
+                 w.rollback(epoch, attempt)      drop what this attempt staged
+                 w.close()                       never called twice; nothing after it
+    coordinator  sink.committed_epoch()          highest epoch whose marker is in the target
+                 sink.commit(epoch, manifests)   make the epoch visible with its marker;
+                                                 idempotent, safe to re-run after a crash
+                 sink.abort(epoch, manifests)    remove staged data; ``None`` sweeps by epoch;
+                                                 idempotent
+
+Staged data is named by ``(epoch, attempt, writer)`` so that an old attempt never mixes
+with a new one. A manifest is small and JSON-serialisable (paths, row counts, schema); the
+meta store keeps it as JSON, never pickle.
+"""
+
+from __future__ import annotations
+
+import copy
+from abc import ABC, abstractmethod
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+__all__ = ["Manifest", "Sink", "SinkWriter", "staged_name"]
+
+Manifest = dict[str, Any]
+"""What one writer staged for one epoch attempt; JSON-serialisable."""
+
+SinkT = TypeVar("SinkT", bound="Sink")
+
+
+def staged_name(epoch: int, attempt: int, writer_id: int, unique: str) -> str:
+    """Deterministic, sortable name of a staged object: zero-padded epoch and attempt."""
+    return f"e{epoch:012d}-a{attempt:04d}-w{writer_id:04d}-{unique}"
+
+
+class SinkWriter(ABC):
+    """The half of a sink that lives inside one writer actor.
+
+    Calls arrive one at a time (the actor serialises them under its lock). ``write`` may be
+    called many times per epoch; ``pre_commit`` ends the epoch for this writer and must
+    leave the writer ready for the next epoch's ``write`` calls.
+    """
+
+    def open(self) -> None:  # noqa: B027 - optional hook
+        """Connect. Idempotent; called again after every actor restart."""
+
+    @abstractmethod
+    def write(self, batch: pa.RecordBatch) -> None:
+        """Buffer or stage ``batch`` for the current epoch."""
+
+    def flush(self) -> None:  # noqa: B027 - optional hook
+        """Push buffered rows to durable staging."""
+
+    @abstractmethod
+    def pre_commit(self, epoch: int, attempt: int) -> Manifest:
+        """Make everything written since the last pre-commit durable and staged, invisible to
+        readers, and describe it in a small JSON-serialisable manifest."""
+
+    @abstractmethod
+    def rollback(self, epoch: int, attempt: int) -> None:
+        """Drop what this writer staged or buffered for ``(epoch, attempt)``."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections. Nothing is called after it."""
+
+
+class Sink(ABC):
+    """The picklable, driver-side description of a target.
+
+    Subclasses set ``kind`` (stable: it is part of the runtime's identity in the meta store)
+    and implement the abstract methods. ``runtime`` and ``name`` are set by ``bind``.
+    """
+
+    kind: str = "abstract"
+    runtime: str = ""
+    name: str = ""
+
+    def bind(self: SinkT, runtime: str, name: str) -> SinkT:
+        """A copy of this sink named ``name`` inside the runtime ``runtime``."""
+        bound = copy.copy(self)
+        bound.runtime = runtime
+        bound.name = name
+        return bound
+
+    @property
+    def key(self) -> Sequence[str] | None:
+        """The upsert key, or ``None`` for append-only sinks."""
+        return None
+
+    @property
+    def marker_id(self) -> str:
+        """Identity of this sink's progress marker in its target."""
+        return f"raysink:{self.runtime}:{self.name}"
+
+    def describe(self) -> dict[str, Any]:
+        """A JSON-safe, secret-free description for status and logs."""
+        return {"kind": self.kind}
+
+    @abstractmethod
+    def validate(self) -> None:
+        """Check the target without side effects: reachable, permitted, schema compatible.
+
+        Raises ``SinkUnavailableError``, ``SchemaMismatchError`` or ``ConfigError``.
+        """
+
+    @abstractmethod
+    def create_writer(self, writer_id: int) -> SinkWriter:
+        """A new writer for one writer actor."""
+
+    @abstractmethod
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+        """Make ``epoch`` visible together with its marker. Idempotent."""
+
+    @abstractmethod
+    def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
+        """Remove staged data of ``epoch``; with ``None``, sweep everything staged for it.
+        Idempotent."""
+
+    @abstractmethod
+    def committed_epoch(self) -> int | None:
+        """The highest epoch whose marker is in the target, or ``None``."""
+
+    def recreate_marker(self, epoch: int) -> None:  # noqa: B027 - optional hook
+        """Re-create a deleted progress marker at ``epoch`` (no epoch is pending)."""
+
+    def __repr__(self) -> str:
+        desc = ", ".join(f"{k}={v!r}" for k, v in self.describe().items() if k != "kind")
+        return f"{type(self).__name__}({desc})"

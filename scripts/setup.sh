@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Set up what raysink's demo and tests need on a fresh machine: a virtual environment with
+# the package and its extras, Java 17+ for RayDP, PostgreSQL server binaries for the tests.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+VENV=${VENV:-.venv}
+PYTHON=${PYTHON:-python3}
+
+need_apt=()
+java_major() { java -version 2>&1 | sed -n 's/.*version "\([0-9]*\).*/\1/p' | head -1; }
+if ! command -v java >/dev/null 2>&1 || [ "$(java_major)" -lt 17 ] 2>/dev/null; then
+  need_apt+=(openjdk-17-jre-headless)
+fi
+if ! ls /usr/lib/postgresql/*/bin/initdb >/dev/null 2>&1; then
+  need_apt+=(postgresql)
+fi
+if [ ${#need_apt[@]} -gt 0 ]; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing ${need_apt[*]} with apt-get"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
+  else
+    echo "setup: please install ${need_apt[*]} (needed by RayDP / the PostgreSQL tests)" >&2
+  fi
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  echo "setup: creating $VENV"
+  "$PYTHON" -m venv "$VENV"
+fi
+stamp="$VENV/.raysink-installed"
+if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
+  echo "setup: installing raysink with its extras into $VENV (a few minutes on a fresh machine)"
+  "$VENV/bin/python" -m pip install -q --upgrade pip
+  "$VENV/bin/python" -m pip install -q -e ".[dev]"
+  touch "$stamp"
+fi
