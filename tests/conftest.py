@@ -1,4 +1,4 @@
-"""Shared fixtures: one local Ray per test session, fault arms cleaned per test.
+"""Shared fixtures: one local Ray per test session.
 
 Layers (pytest markers) and their budgets in the default run:
 unit (no Ray) 1 min, integration (real ray.init) 8 min, spark (RayDP) 8 min,
@@ -38,10 +38,3 @@ def ray_session() -> Iterator[None]:
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
-
-
-@pytest.fixture(autouse=True)
-def _fault_dir(tmp_path_factory: pytest.TempPathFactory, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Each test arms faults in its own directory (actors read RAYSINK_FAULT_DIR too)."""
-    path = tmp_path_factory.mktemp("faults")
-    monkeypatch.setenv("RAYSINK_FAULT_DIR", str(path))
