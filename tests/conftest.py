@@ -38,3 +38,4 @@ def ray_session() -> Iterator[None]:
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+from tests.support.postgres import pg_server  # noqa: E402,F401
