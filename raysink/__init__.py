@@ -1,1 +1,40 @@
-"""raysink: exactly-once sinks for Spark-on-Ray jobs."""
+"""raysink: exactly-once sinks for Spark-on-Ray jobs.
+
+``import raysink`` imports neither pyspark, deltalake, pyiceberg nor psycopg: each sink
+imports its library when used.
+"""
+
+from raysink.errors import (
+    BackpressureError,
+    ConfigError,
+    DataLossError,
+    EpochFailedError,
+    EpochRegressionError,
+    FencedError,
+    MetaStoreError,
+    RaySinkError,
+    RuntimeInUseError,
+    SchemaMismatchError,
+    SinkUnavailableError,
+)
+from raysink.runtime import EpochReport, RuntimeStatus, SinkRuntime, SinkStatus
+
+__all__ = [
+    "BackpressureError",
+    "ConfigError",
+    "DataLossError",
+    "EpochFailedError",
+    "EpochRegressionError",
+    "EpochReport",
+    "FencedError",
+    "MetaStoreError",
+    "RaySinkError",
+    "RuntimeInUseError",
+    "RuntimeStatus",
+    "SchemaMismatchError",
+    "SinkRuntime",
+    "SinkStatus",
+    "SinkUnavailableError",
+]
+
+__version__ = "0.1.0"

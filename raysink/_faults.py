@@ -15,6 +15,7 @@ The protocol points, in the order one epoch passes them::
     writer.after_pre_commit      the writer staged its data, before its commit request
     coordinator.after_open       OPEN recorded
     coordinator.after_pending    PENDING recorded, before any sink commit
+    writer.after_ack             the writer got the ack (epoch PENDING), before it returns
     coordinator.mid_commit       between sinks: some sinks committed, others not
     sink.mid_commit              inside a sink's commit: data moved, marker not yet written
     coordinator.after_commit     every sink committed, COMMITTED not yet recorded
@@ -37,6 +38,7 @@ POINTS = (
     "writer.after_pre_commit",
     "coordinator.after_open",
     "coordinator.after_pending",
+    "writer.after_ack",
     "coordinator.mid_commit",
     "sink.mid_commit",
     "coordinator.after_commit",

@@ -1,0 +1,159 @@
+"""The writer's mailbox state, without Ray: epoch, attempt, sequence order, poisoning.
+
+Ray keeps call order only within one concurrency group, and threaded actors reorder calls
+even from one caller, so every data message carries ``(epoch, attempt, seq)``. ``Mailbox``
+puts them back in ``seq`` order: a message arriving early waits in a small reorder buffer;
+duplicates and messages of a stale attempt are dropped. A barrier carries the epoch's
+``last_seq`` (the number of data messages) and may pre-commit only once every message
+before it is applied.
+"""
+
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass, field
+from typing import Generic, TypeVar
+
+__all__ = ["EpochSlot", "Mailbox", "Verdict"]
+
+T = TypeVar("T")
+
+
+class Verdict:
+    """What ``Mailbox.offer`` did with a message."""
+
+    ACCEPTED = "accepted"
+    DUPLICATE = "duplicate"
+    STALE = "stale"
+
+
+@dataclass(kw_only=True, slots=True)
+class EpochSlot(Generic[T]):
+    """The current ``(epoch, attempt)`` of one writer and its reorder buffer."""
+
+    epoch: int
+    attempt: int
+    next_seq: int = 0
+    waiting: dict[int, T] = field(default_factory=dict)
+    rows: int = 0
+    poison: BaseException | None = None
+    cancelled: bool = False
+
+
+class Mailbox(Generic[T]):
+    """Sequencing of one writer's data messages; thread-safe.
+
+    ``offer`` files a message; ``ready`` hands out, in order, the messages that can be
+    applied now; the caller applies them and calls ``applied``. ``wait_applied`` blocks a
+    barrier until ``last_seq`` messages are applied, the epoch is poisoned or cancelled,
+    or the timeout passes.
+    """
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._slot: EpochSlot[T] | None = None
+        self._applying = False
+
+    @property
+    def slot(self) -> EpochSlot[T] | None:
+        return self._slot
+
+    def begin(self, epoch: int, attempt: int) -> EpochSlot[T] | None:
+        """Make ``(epoch, attempt)`` current; returns the slot it replaced, if any."""
+        with self._cond:
+            old = self._slot
+            if old is not None and (old.epoch, old.attempt) == (epoch, attempt):
+                return None
+            self._slot = EpochSlot(epoch=epoch, attempt=attempt)
+            self._cond.notify_all()
+            return old
+
+    def is_stale(self, epoch: int, attempt: int) -> bool:
+        slot = self._slot
+        return slot is not None and (epoch, attempt) < (slot.epoch, slot.attempt)
+
+    def offer(self, epoch: int, attempt: int, seq: int, message: T) -> str:
+        with self._cond:
+            slot = self._slot
+            if slot is None or (epoch, attempt) != (slot.epoch, slot.attempt):
+                return Verdict.STALE
+            if seq < slot.next_seq or seq in slot.waiting:
+                return Verdict.DUPLICATE
+            slot.waiting[seq] = message
+            return Verdict.ACCEPTED
+
+    def take_ready(self) -> list[tuple[int, T]]:
+        """Claim the in-order run of messages that can be applied now (one claimant at a
+        time; others get an empty list and leave the work to the claimant)."""
+        with self._cond:
+            slot = self._slot
+            if slot is None or self._applying:
+                return []
+            run: list[tuple[int, T]] = []
+            seq = slot.next_seq
+            while seq in slot.waiting:
+                run.append((seq, slot.waiting.pop(seq)))
+                seq += 1
+            if run:
+                self._applying = True
+            return run
+
+    def applied(self, epoch: int, attempt: int, count: int, rows: int) -> None:
+        """``count`` messages of ``(epoch, attempt)`` were applied, holding ``rows`` rows."""
+        with self._cond:
+            self._applying = False
+            slot = self._slot
+            if slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt):
+                slot.next_seq += count
+                slot.rows += rows
+            self._cond.notify_all()
+
+    def has_ready(self) -> bool:
+        with self._cond:
+            slot = self._slot
+            return slot is not None and not self._applying and slot.next_seq in slot.waiting
+
+    def poison(self, epoch: int, attempt: int, error: BaseException) -> None:
+        with self._cond:
+            slot = self._slot
+            if slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt):
+                if slot.poison is None:
+                    slot.poison = error
+                slot.waiting.clear()
+            self._cond.notify_all()
+
+    def cancel(self, epoch: int, attempt: int) -> None:
+        with self._cond:
+            slot = self._slot
+            if slot is not None and (slot.epoch, slot.attempt) <= (epoch, attempt):
+                slot.cancelled = True
+                slot.waiting.clear()
+            self._cond.notify_all()
+
+    def wait_applied(self, epoch: int, attempt: int, last_seq: int, timeout: float) -> str:
+        """Block until the epoch's ``last_seq`` messages are applied.
+
+        Returns ``"ready"``, ``"poisoned"``, ``"cancelled"``, ``"stale"`` or ``"timeout"``.
+        """
+        with self._cond:
+            def state() -> str | None:
+                slot = self._slot
+                if slot is None or (slot.epoch, slot.attempt) != (epoch, attempt):
+                    return "stale"
+                if slot.poison is not None:
+                    return "poisoned"
+                if slot.cancelled:
+                    return "cancelled"
+                if slot.next_seq >= last_seq and not self._applying:
+                    return "ready"
+                return None
+
+            result = self._cond.wait_for(state, timeout)
+            return result if result is not None else "timeout"
+
+    def drop(self) -> EpochSlot[T] | None:
+        """Forget the current epoch (after its ack, or a rollback)."""
+        with self._cond:
+            old, self._slot = self._slot, None
+            self._cond.notify_all()
+            return old

@@ -1,0 +1,323 @@
+"""``SinkWriterActor``: one Ray actor per sink writer, owning one ``SinkWriter``.
+
+The commands of LaminarDB's sink task, as actor methods:
+
+=============  ==========  ==================================================================
+method         group       what it does
+=============  ==========  ==================================================================
+write          data        file ``(epoch, attempt, seq, [ref])``; apply in seq order
+begin_epoch    data        make ``(epoch, attempt)`` current (implicit in ``write``)
+barrier        barrier     wait for ``last_seq`` writes, flush, pre-commit, send the commit
+                           request to the coordinator; on its ack drop the epoch state
+rollback       control     drop what ``(epoch, attempt)`` staged
+cancel         control     stop waiting for ``(epoch, attempt)``
+flush          control     flush now (also on a timer, sharing the write lock)
+status, ping   control     answer at once
+close          control     flush and close the writer
+=============  ==========  ==================================================================
+
+A write error poisons the epoch: its barrier rolls back and fails. Data refs travel nested
+(``[ref]``) so no call waits on an unresolved argument; the writer fetches them itself.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import pyarrow as pa
+
+from raysink import _faults
+from raysink.actors.mailbox import Mailbox, Verdict
+from raysink.coordinator.barrier import CheckpointBarrier
+from raysink.errors import EpochFailedError, RaySinkError, SchemaMismatchError
+from raysink.sinks.base import Sink
+
+__all__ = ["SinkWriterActor", "WriterConfig"]
+
+log = logging.getLogger(__name__)
+
+NAMESPACE = "raysink"
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class WriterConfig:
+    runtime: str
+    sink_name: str
+    sink: Sink
+    writer_id: int
+    coordinator: str
+    flush_interval: float = 5.0
+    barrier_timeout: float = 600.0
+    workdir: str = "."
+
+
+class SinkWriterActor:
+    """Named ``<runtime>.<sink>.writer-<i>`` in the ``raysink`` namespace."""
+
+    def __init__(self, config: WriterConfig) -> None:
+        os.chdir(config.workdir)
+        self._config = config
+        self._writer = config.sink.create_writer(config.writer_id)
+        self._writer.open()
+        self._lock = threading.Lock()
+        self._mailbox: Mailbox[pa.Table] = Mailbox()
+        self._done: tuple[int, int] = (-1, -1)
+        self._schema: pa.Schema | None = None
+        self._rows_total = 0
+        self._closed = threading.Event()
+        self._metrics = _Metrics(config)
+        self._timer = threading.Thread(target=self._flush_timer, daemon=True,
+                                       name="raysink-flush")
+        self._timer.start()
+
+    # ------------------------------------------------------------------ data group
+
+    def begin_epoch(self, epoch: int, attempt: int) -> bool:
+        """Make ``(epoch, attempt)`` current; a newer attempt rolls back the older one."""
+        if (epoch, attempt) <= self._done or self._mailbox.is_stale(epoch, attempt):
+            return False
+        old = self._mailbox.begin(epoch, attempt)
+        if old is not None:
+            self._rollback_writer(old.epoch, old.attempt)
+        if old is not None or self._mailbox.slot is not None:
+            self._schema = None if old is not None else self._schema
+        return True
+
+    def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any]) -> int:
+        """File one data message; returns the rows it carried (0 when dropped)."""
+        if not self.begin_epoch(epoch, attempt) and not self._is_current(epoch, attempt):
+            return 0
+        table = _as_table(_fetch(refs))
+        verdict = self._mailbox.offer(epoch, attempt, seq, table)
+        if verdict != Verdict.ACCEPTED:
+            return 0
+        self._metrics.depth(len(self._mailbox.slot.waiting) if self._mailbox.slot else 0)
+        self._drain()
+        return table.num_rows
+
+    def _is_current(self, epoch: int, attempt: int) -> bool:
+        slot = self._mailbox.slot
+        return slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt)
+
+    def _drain(self) -> None:
+        while True:
+            run = self._mailbox.take_ready()
+            if not run:
+                return
+            slot = self._mailbox.slot
+            if slot is None:
+                return
+            epoch, attempt = slot.epoch, slot.attempt
+            rows = 0
+            try:
+                with self._lock:
+                    for _, table in run:
+                        self._apply(table)
+                        rows += table.num_rows
+                        _faults.hit("writer.during_write", runtime=self._config.runtime,
+                                    epoch=epoch, writer=self._config.writer_id,
+                                    sink=self._config.sink_name)
+            except Exception as exc:
+                log.warning("%s: write to epoch %s failed, epoch poisoned: %s",
+                            self._name, epoch, exc)
+                self._mailbox.poison(epoch, attempt, exc)
+            finally:
+                self._mailbox.applied(epoch, attempt, len(run), rows)
+                self._metrics.rows(rows)
+
+    def _apply(self, table: pa.Table) -> None:
+        if self._schema is None:
+            self._schema = table.schema
+        elif not table.schema.equals(self._schema, check_metadata=False):
+            raise SchemaMismatchError(
+                f"a batch's schema differs from the epoch's: {_schema_diff(self._schema, table.schema)}"
+                "; send batches of one schema per epoch",
+                runtime=self._config.runtime, sink=self._config.sink_name)
+        for batch in table.to_batches():
+            if batch.num_rows:
+                self._writer.write(batch)
+
+    # ------------------------------------------------------------------ barrier group
+
+    def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int) -> dict[str, Any]:
+        """Align on ``last_seq`` writes, pre-commit, and wait for the coordinator's ack."""
+        epoch = barrier.epoch
+        if barrier.is_cancel:
+            self.rollback(epoch, attempt)
+            return {"rows": 0, "cancelled": True}
+        self.begin_epoch(epoch, attempt)
+        self._await_writes(epoch, attempt, last_seq)
+        slot = self._mailbox.slot
+        rows = slot.rows if slot else 0
+        with self._lock:
+            self._writer.flush()
+            manifest = self._writer.pre_commit(epoch, attempt)
+        _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,
+                    writer=self._config.writer_id, sink=self._config.sink_name)
+        try:
+            self._request_commit(epoch, attempt, manifest)
+        except BaseException:
+            self._rollback_writer(epoch, attempt)
+            self._mailbox.drop()
+            raise
+        self._ack(epoch, attempt, rows)
+        _faults.hit("writer.after_ack", runtime=self._config.runtime, epoch=epoch,
+                    writer=self._config.writer_id, sink=self._config.sink_name)
+        if barrier.is_drain:
+            self.close()
+        return {"rows": rows, "manifest": manifest}
+
+    def _await_writes(self, epoch: int, attempt: int, last_seq: int) -> None:
+        outcome = self._mailbox.wait_applied(epoch, attempt, last_seq,
+                                             self._config.barrier_timeout)
+        if outcome == "ready":
+            return
+        slot = self._mailbox.slot
+        poison = slot.poison if slot else None
+        self._rollback_writer(epoch, attempt)
+        self._mailbox.drop()
+        self._done = max(self._done, (epoch, attempt))
+        if isinstance(poison, RaySinkError):
+            raise poison
+        raise EpochFailedError(
+            f"writer {self._config.writer_id} could not pre-commit: {outcome}"
+            + (f" ({type(poison).__name__}: {poison})" if poison else ""),
+            runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
+
+    def _request_commit(self, epoch: int, attempt: int, manifest: dict[str, Any]) -> None:
+        import ray
+
+        coordinator = ray.get_actor(self._config.coordinator, namespace=NAMESPACE)
+        ray.get(coordinator.commit_request.remote(
+            self._config.sink_name, self._config.writer_id, epoch, attempt, manifest))
+
+    def _ack(self, epoch: int, attempt: int, rows: int) -> None:
+        self._mailbox.drop()
+        self._done = max(self._done, (epoch, attempt))
+        self._schema = None
+        self._rows_total += rows
+
+    # ------------------------------------------------------------------ control group
+
+    def rollback(self, epoch: int, attempt: int) -> None:
+        """Drop what ``(epoch, attempt)`` staged; later writes of it are ignored."""
+        self._mailbox.cancel(epoch, attempt)
+        self._rollback_writer(epoch, attempt)
+        if self._is_current(epoch, attempt):
+            self._mailbox.drop()
+        self._done = max(self._done, (epoch, attempt))
+
+    def _rollback_writer(self, epoch: int, attempt: int) -> None:
+        with self._lock:
+            self._schema = None
+            self._writer.rollback(epoch, attempt)
+
+    def cancel(self, epoch: int, attempt: int) -> None:
+        self._mailbox.cancel(epoch, attempt)
+
+    def flush(self) -> None:
+        with self._lock:
+            self._writer.flush()
+
+    def ping(self) -> int:
+        return os.getpid()
+
+    def status(self) -> dict[str, Any]:
+        slot = self._mailbox.slot
+        return {
+            "writer": self._config.writer_id, "sink": self._config.sink_name,
+            "pid": os.getpid(), "rows_total": self._rows_total,
+            "epoch": None if slot is None else slot.epoch,
+            "attempt": None if slot is None else slot.attempt,
+            "applied_seq": None if slot is None else slot.next_seq,
+            "mailbox_depth": 0 if slot is None else len(slot.waiting),
+        }
+
+    def close(self) -> None:
+        if self._closed.is_set():
+            return
+        self._closed.set()
+        with self._lock:
+            self._writer.close()
+
+    # ------------------------------------------------------------------ timer
+
+    def _flush_timer(self) -> None:
+        interval = self._config.flush_interval
+        while not self._closed.wait(interval):
+            if not self._lock.acquire(timeout=interval):
+                log.warning("%s: periodic flush waited %.1fs for the write lock; the sink "
+                            "may be stuck", self._name, interval)
+                continue
+            started = time.monotonic()
+            try:
+                self._writer.flush()
+            except Exception as exc:
+                log.warning("%s: periodic flush failed: %s", self._name, exc)
+            finally:
+                self._lock.release()
+            took = time.monotonic() - started
+            if took > interval:
+                log.warning("%s: periodic flush took %.1fs (interval %.1fs)", self._name,
+                            took, interval)
+
+    @property
+    def _name(self) -> str:
+        return f"{self._config.runtime}.{self._config.sink_name}.writer-{self._config.writer_id}"
+
+
+def _fetch(refs: Sequence[Any]) -> list[Any]:
+    import ray
+
+    return [ray.get(r) if isinstance(r, ray.ObjectRef) else r for r in refs]
+
+
+def _as_table(parts: list[Any]) -> pa.Table:
+    tables = [pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p
+              for p in parts]
+    if len(tables) == 1:
+        table: pa.Table = tables[0]
+        return table
+    return pa.concat_tables(tables)
+
+
+def _schema_diff(expected: pa.Schema, got: pa.Schema) -> str:
+    exp = {f.name: str(f.type) for f in expected}
+    act = {f.name: str(f.type) for f in got}
+    parts = [f"missing {sorted(set(exp) - set(act))}" if set(exp) - set(act) else "",
+             f"unexpected {sorted(set(act) - set(exp))}" if set(act) - set(exp) else ""]
+    parts += [f"{n}: {exp[n]} -> {act[n]}" for n in exp if n in act and exp[n] != act[n]]
+    text = "; ".join(p for p in parts if p)
+    return text or "column order or nullability differs"
+
+
+class _Metrics:
+    """``ray.util.metrics`` tagged by runtime, sink and writer; inert when unavailable."""
+
+    def __init__(self, config: WriterConfig) -> None:
+        self._tags = {"runtime": config.runtime, "sink": config.sink_name,
+                      "writer": str(config.writer_id)}
+        try:
+            from ray.util import metrics
+
+            keys = tuple(self._tags)
+            self._rows = metrics.Counter("raysink_rows_written", "rows applied by writers",
+                                         tag_keys=keys)
+            self._depth = metrics.Gauge("raysink_mailbox_depth", "out-of-order messages "
+                                        "waiting in a writer's reorder buffer", tag_keys=keys)
+        except Exception:  # metrics are best effort
+            self._rows = self._depth = None
+
+    def rows(self, n: int) -> None:
+        if self._rows is not None and n:
+            self._rows.inc(n, tags=self._tags)
+
+    def depth(self, n: int) -> None:
+        if self._depth is not None:
+            self._depth.set(n, tags=self._tags)

@@ -1,0 +1,398 @@
+"""``CoordinatorActor``: the asyncio Ray actor around ``EpochCoordinator``.
+
+It adds what needs waiting: commit requests wait on futures until the epoch is PENDING
+(that is the writers' ack); commits of PENDING epochs run in a background task with
+exponential backoff and jitter; recovery runs in the background at start. Every blocking
+call (meta store, sink I/O) runs in a worker thread, one at a time under one lock, so
+``status()`` always answers at once from a snapshot.
+
+A restarted actor (Ray's restart after a crash) re-runs the constructor: it claims a new
+generation in the meta store, which fences the previous one, and recovers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import random
+import time
+from collections import OrderedDict
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any, TypeVar
+
+from raysink.coordinator.epochs import (
+    EpochCoordinator,
+    OpenDecision,
+    Resolution,
+    StaleAttemptError,
+)
+from raysink.coordinator.metastore.base import SinkStatusRecord
+from raysink.coordinator.vnodes import Bitmap, assign
+from raysink.errors import (
+    BackpressureError,
+    FencedError,
+    RaySinkError,
+)
+from raysink.sinks.base import Manifest, Sink
+
+__all__ = ["CoordinatorActor", "CoordinatorConfig"]
+
+log = logging.getLogger(__name__)
+T = TypeVar("T")
+
+_BACKOFF_START = 0.01
+_RECENT_EPOCHS = 256
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class CoordinatorConfig:
+    """What a coordinator needs; picklable (sinks are descriptions, not connections)."""
+
+    runtime: str
+    metastore: str | None
+    sinks: dict[str, Sink]
+    writers: int
+    max_pending_epochs: int = 2
+    retry_cap: float = 60.0
+    add_sinks: tuple[str, ...] = ()
+    drop_sinks: tuple[str, ...] = ()
+    workdir: str = "."
+
+
+@dataclass(kw_only=True, slots=True)
+class _SinkHealth:
+    state: str = "starting"
+    last_error: str | None = None
+    failures: int = 0
+
+
+@dataclass(kw_only=True, slots=True)
+class _Waiters:
+    futures: list[asyncio.Future[None]] = field(default_factory=list)
+
+
+class CoordinatorActor:
+    """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace."""
+
+    def __init__(self, config: CoordinatorConfig) -> None:
+        import os
+
+        from raysink.coordinator.metastore import open_metastore
+
+        os.chdir(config.workdir)
+        self._config = config
+        self._store = open_metastore(config.metastore, config.runtime)
+        kinds = {name: sink.kind for name, sink in config.sinks.items()}
+        record = self._store.claim(config.runtime, kinds, add=config.add_sinks,
+                                   drop=config.drop_sinks)
+        self._dropped = tuple(record.dropped)
+        bitmaps: dict[str, list[Bitmap]] = {
+            name: assign(config.writers) for name in config.sinks}
+        self._core = EpochCoordinator(
+            runtime=config.runtime, store=self._store, sinks=config.sinks,
+            generation=record.generation, bitmaps=bitmaps,
+            max_pending_epochs=config.max_pending_epochs)
+        self._health = {name: _SinkHealth() for name in config.sinks}
+        self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
+        self._waiters: dict[tuple[int, int], _Waiters] = {}
+        self._started = False
+        self._fatal: BaseException | None = None
+        self._lock: asyncio.Lock | None = None
+        self._changed: asyncio.Condition | None = None
+        self._recovered: asyncio.Event | None = None
+        self._snapshot: dict[str, Any] = {}
+        self._stored: dict[str, SinkStatusRecord] = {}
+        self._tasks: list[asyncio.Task[None]] = []
+        log.info("coordinator of %s: generation %s on %s", config.runtime,
+                 record.generation, self._store.url)
+
+    # ------------------------------------------------------------------ plumbing
+
+    def _ensure_started(self) -> None:
+        if self._started:
+            return
+        self._started = True
+        self._lock = asyncio.Lock()
+        self._changed = asyncio.Condition()
+        self._recovered = asyncio.Event()
+        self._take_snapshot()
+        self._tasks.append(asyncio.get_running_loop().create_task(self._run()))
+
+    async def _locked(self, fn: Callable[[], T]) -> T:
+        """Run a blocking call in a thread under the one lock; refresh the snapshot."""
+        assert self._lock is not None
+        async with self._lock:
+            try:
+                return await asyncio.to_thread(fn)
+            except FencedError as exc:
+                self._fatal = exc
+                raise
+            finally:
+                self._take_snapshot()
+
+    async def _notify(self) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            self._changed.notify_all()
+
+    async def _wait_change(self, timeout: float) -> None:
+        assert self._changed is not None
+        async with self._changed:
+            try:
+                await asyncio.wait_for(self._changed.wait(), timeout)
+            except asyncio.TimeoutError:
+                pass
+
+    async def _until_recovered(self) -> None:
+        self._ensure_started()
+        assert self._recovered is not None
+        await self._recovered.wait()
+        if self._fatal is not None:
+            raise self._fatal
+
+    # ------------------------------------------------------------------ background
+
+    async def _run(self) -> None:
+        try:
+            await self._recover()
+            await self._commit_loop()
+        except FencedError as exc:
+            self._fatal = exc
+            log.error("coordinator of %s fenced: %s", self._config.runtime, exc)
+        except Exception as exc:  # keep status answering with the cause
+            self._fatal = exc
+            log.exception("coordinator of %s stopped", self._config.runtime)
+        finally:
+            assert self._recovered is not None
+            self._recovered.set()
+
+    async def _recover(self) -> None:
+        aborted = await self._locked(self._core.recover)
+        if aborted:
+            log.info("%s: aborted unfinished epochs %s on recovery", self._config.runtime,
+                     aborted)
+        try:
+            await self._locked(self._core.check_markers)
+        except RaySinkError as exc:
+            self._mark_stalled(exc.sink or "", exc)
+            self._fatal = exc
+        for name in self._health:
+            if self._health[name].state == "starting":
+                self._health[name].state = "running"
+        await self._locked(self._persist_health)
+        assert self._recovered is not None
+        self._recovered.set()
+
+    async def _commit_loop(self) -> None:
+        backoff = _BACKOFF_START
+        while True:
+            step = self._core.next_commit()
+            if step is None:
+                await self._wait_change(1.0)
+                continue
+            epoch, sink = step
+            try:
+                started = time.monotonic()
+                outcome = await self._locked(lambda: self._core.commit_sink(epoch, sink))
+            except FencedError:
+                raise
+            except Exception as exc:
+                self._mark_stalled(sink, exc)
+                await self._locked(self._persist_health)
+                delay = min(backoff, self._config.retry_cap) * random.uniform(0.5, 1.0)
+                log.warning("%s: commit of epoch %s to sink %s failed (%s); retrying in "
+                            "%.2fs", self._config.runtime, epoch, sink, exc, delay)
+                await asyncio.sleep(delay)
+                backoff = min(backoff * 2, self._config.retry_cap)
+                continue
+            backoff = _BACKOFF_START
+            self._after_commit(outcome.epoch, outcome.sink, outcome.skipped, started)
+            await self._locked(self._persist_health)
+            await self._notify()
+
+    def _after_commit(self, epoch: int, sink: str, skipped: bool, started: float) -> None:
+        health = self._health[sink]
+        health.state, health.last_error, health.failures = "running", None, 0
+        recent = self._recent.setdefault(epoch, ())
+        if skipped:
+            self._recent[epoch] = (*recent, sink)
+        while len(self._recent) > _RECENT_EPOCHS:
+            self._recent.popitem(last=False)
+        if self._core.last_committed is not None and self._core.last_committed >= epoch:
+            log.info("%s: epoch %s committed (%.3fs in commit)", self._config.runtime, epoch,
+                     time.monotonic() - started)
+
+    def _mark_stalled(self, sink: str, exc: BaseException) -> None:
+        health = self._health.get(sink)
+        if health is None:
+            return
+        health.state = "stalled"
+        health.last_error = f"{type(exc).__name__}: {exc}"
+        health.failures += 1
+
+    def _persist_health(self) -> None:
+        """Write changed sink states to the meta store (runs in the worker thread)."""
+        stored = self._store.sink_statuses(self._config.runtime)
+        changed = False
+        for name, health in self._health.items():
+            previous = stored.get(name)
+            if previous is None or (previous.state, previous.last_error) != (
+                    health.state, health.last_error):
+                self._store.set_sink_status(self._config.runtime, self._core.generation,
+                                            name, health.state, health.last_error)
+                changed = True
+        self._stored = self._store.sink_statuses(self._config.runtime) if changed else stored
+
+    # ------------------------------------------------------------------ driver calls
+
+    async def ping(self) -> int:
+        self._ensure_started()
+        return self._core.generation
+
+    async def pid(self) -> int:
+        import os
+
+        return os.getpid()
+
+    async def open_epoch(self, requested: int | None, timeout: float) -> dict[str, Any]:
+        """Open an epoch for writing (waiting up to ``timeout`` under backpressure)."""
+        await self._until_recovered()
+        deadline = time.monotonic() + timeout
+        while True:
+            try:
+                decision: OpenDecision = await self._locked(
+                    lambda: self._core.open_epoch(requested))
+                break
+            except BackpressureError:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise
+                await self._wait_change(min(left, 1.0))
+        await self._notify()
+        if decision.wait_roll_forward:
+            await self.wait_committed(decision.epoch, timeout)
+        return {"epoch": decision.epoch, "attempt": decision.attempt,
+                "skip": decision.skip or decision.wait_roll_forward,
+                "skipped_sinks": self._skipped_sinks(decision.epoch, decision.skip
+                                                     or decision.wait_roll_forward)}
+
+    def _skipped_sinks(self, epoch: int, skip: bool) -> tuple[str, ...]:
+        if skip:
+            return tuple(self._config.sinks)
+        return self._recent.get(epoch, ())
+
+    async def commit_request(self, sink: str, writer_id: int, epoch: int, attempt: int,
+                             manifest: Manifest) -> bool:
+        """A writer's pre-commit; returns once the epoch is PENDING (the ack)."""
+        await self._until_recovered()
+        key = (epoch, attempt)
+        try:
+            done = await self._locked(lambda: self._core.commit_request(
+                sink=sink, writer_id=writer_id, epoch=epoch, attempt=attempt,
+                manifest=manifest))
+        except StaleAttemptError:
+            raise
+        except Exception:
+            await self._abort_attempt(epoch, attempt)
+            raise
+        if done:
+            self._release(key, None)
+            await self._notify()
+            return True
+        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
+        self._waiters.setdefault(key, _Waiters()).futures.append(future)
+        await future
+        return True
+
+    def _release(self, key: tuple[int, int], error: BaseException | None) -> None:
+        waiters = self._waiters.pop(key, None)
+        for future in waiters.futures if waiters else []:
+            if future.done():
+                continue
+            if error is None:
+                future.set_result(None)
+            else:
+                future.set_exception(error)
+
+    async def _abort_attempt(self, epoch: int, attempt: int) -> None:
+        await self._locked(lambda: self._core.abort(epoch, attempt))
+        self._release((epoch, attempt), StaleAttemptError(
+            f"attempt {attempt} of epoch {epoch} was aborted",
+            runtime=self._config.runtime, epoch=epoch))
+        await self._notify()
+
+    async def resolve(self, epoch: int) -> str:
+        """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first."""
+        await self._until_recovered()
+        resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch))
+        if resolution is Resolution.ABORTED:
+            for key in [k for k in self._waiters if k[0] == epoch]:
+                self._release(key, StaleAttemptError(
+                    f"epoch {epoch} was aborted", runtime=self._config.runtime, epoch=epoch))
+        await self._notify()
+        return resolution.value
+
+    async def wait_committed(self, epoch: int, timeout: float) -> dict[str, Any]:
+        """Wait until every sink committed ``epoch`` (or ``timeout``)."""
+        await self._until_recovered()
+        deadline = time.monotonic() + timeout
+        while True:
+            last = self._core.last_committed
+            if last is not None and last >= epoch:
+                return {"committed": True, "skipped_sinks": self._recent.get(epoch, ())}
+            left = deadline - time.monotonic()
+            if left <= 0 or self._fatal is not None:
+                return {"committed": False, "skipped_sinks": (),
+                        "errors": {n: h.last_error for n, h in self._health.items()
+                                   if h.last_error}}
+            await self._wait_change(min(left, 0.5))
+
+    async def bind_source(self, source: dict[str, Any]) -> dict[str, Any] | None:
+        """Record the epoch source; returns the previous one."""
+        await self._until_recovered()
+        previous = self._store.load(self._config.runtime)
+        old = previous.epoch_source if previous else None
+        if old != source:
+            await self._locked(lambda: self._store.bind_source(
+                self._config.runtime, self._core.generation, source))
+        return old
+
+    async def pause(self) -> None:
+        """The runtime is closing: sinks become PAUSED once nothing is pending."""
+        self._ensure_started()
+        for health in self._health.values():
+            if health.state != "stalled":
+                health.state = "paused"
+        await self._locked(self._persist_health)
+
+    async def status(self) -> dict[str, Any]:
+        self._ensure_started()
+        return dict(self._snapshot)
+
+    def _take_snapshot(self) -> None:
+        stored = self._stored
+        sinks: dict[str, Any] = {}
+        for name, health in self._health.items():
+            record = stored.get(name)
+            sinks[name] = {"state": health.state,
+                           "last_committed_epoch": self._core.sink_last_committed(name),
+                           "last_error": health.last_error,
+                           "history": list(record.history) if record else []}
+        for name in self._dropped:
+            sinks[name] = {"state": "dropped", "last_committed_epoch": None,
+                           "last_error": None, "history": []}
+        self._snapshot = {
+            "name": self._config.runtime, "metastore": self._store.url,
+            "generation": self._core.generation,
+            "last_committed_epoch": self._core.last_committed,
+            "pending_epochs": self._core.pending_epochs(),
+            "open_epoch": self._core.open_epoch_number(),
+            "error": None if self._fatal is None else str(self._fatal),
+            "sinks": sinks,
+        }
+
+    async def shutdown(self) -> None:
+        for task in self._tasks:
+            task.cancel()
+        self._store.close()

@@ -1,0 +1,419 @@
+"""``SinkRuntime``: the user's facade.
+
+::
+
+    with SinkRuntime("orders", ParquetSink("/data/orders"), writers=2) as rt:
+        report = rt.write_arrow(table)             # one epoch, committed exactly once
+        rt.write(spark_df)                         # a Spark DataFrame, one epoch
+        query = stream.writeStream.foreachBatch(rt.foreach_batch).start()
+
+One epoch, from the driver: open it at the coordinator (durable OPEN record), send the data
+to the writers with a credit window, send each writer its barrier, wait until every sink
+made the epoch visible. After any failure the driver asks the coordinator to ``resolve``
+the epoch and re-feeds only an ABORTED one, after every writer rolled the attempt back,
+up to ``max_attempts`` attempts.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import random
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+from raysink import _feed
+from raysink.actors.lifecycle import ActorSet, coordinator_name
+from raysink.actors.writer import WriterConfig
+from raysink.coordinator.coordinator import CoordinatorConfig
+from raysink.coordinator.vnodes import Bitmap, assign
+from raysink.errors import (
+    ConfigError,
+    EpochFailedError,
+    RaySinkError,
+    SchemaMismatchError,
+)
+from raysink.sinks.base import Sink
+
+__all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
+
+log = logging.getLogger(__name__)
+
+SinkState = Literal["starting", "running", "stalled", "paused", "dropped"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class EpochReport:
+    """What one ``write*`` call did."""
+
+    epoch: int
+    rows: int
+    committed: bool
+    skipped: bool
+    skipped_sinks: tuple[str, ...]
+    attempts: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class SinkStatus:
+    state: SinkState
+    last_committed_epoch: int | None
+    last_error: str | None
+    history: list[dict[str, Any]] = field(default_factory=list)
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RuntimeStatus:
+    name: str
+    metastore: str
+    last_committed_epoch: int | None
+    pending_epochs: list[int]
+    sinks: dict[str, SinkStatus]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Options:
+    writers: int
+    key: tuple[str, ...] | None
+    metastore: str | None
+    flush_interval: float
+    max_pending_epochs: int
+    commit_timeout: float
+    max_attempts: int
+    retry_cap: float
+    credits: int
+    epoch_offset: int | None
+    actor_options: dict[str, Any]
+    add_sinks: tuple[str, ...]
+    drop_sinks: tuple[str, ...]
+
+    def validate(self, runtime: str) -> None:
+        checks: list[tuple[bool, str]] = [
+            (self.writers >= 1, f"writers must be at least 1; got {self.writers!r}"),
+            (self.flush_interval > 0, f"flush_interval must be > 0; got {self.flush_interval!r}"),
+            (self.max_pending_epochs >= 1,
+             f"max_pending_epochs must be at least 1; got {self.max_pending_epochs!r}"),
+            (self.commit_timeout > 0, f"commit_timeout must be > 0; got {self.commit_timeout!r}"),
+            (self.max_attempts >= 1, f"max_attempts must be at least 1; got {self.max_attempts!r}"),
+            (self.retry_cap > 0, f"retry_cap must be > 0; got {self.retry_cap!r}"),
+            (self.credits >= 1, f"credits must be at least 1; got {self.credits!r}"),
+        ]
+        for ok, message in checks:
+            if not ok:
+                raise ConfigError(message, runtime=runtime)
+
+
+class SinkRuntime:
+    """Exactly-once writes of Arrow data and Spark DataFrames into one or more sinks.
+
+    A single sink is named ``"main"``. Every epoch decision is shared by all sinks: an
+    epoch is visible in all of them or (eventually, after roll-forward) in none.
+    """
+
+    def __init__(
+        self,
+        name: str,
+        sinks: Sink | Mapping[str, Sink],
+        *,
+        writers: int = 2,
+        key: Sequence[str] | None = None,
+        metastore: str | None = None,
+        flush_interval: float = 5.0,
+        max_pending_epochs: int = 2,
+        commit_timeout: float = 60.0,
+        max_attempts: int = 3,
+        retry_cap: float = 60.0,
+        credits: int = 4,
+        epoch_offset: int | None = None,
+        actor_options: Mapping[str, Any] | None = None,
+        add_sinks: Sequence[str] = (),
+        drop_sinks: Sequence[str] = (),
+    ) -> None:
+        _check_name(name)
+        self.name = name
+        self._sinks = _bind_sinks(name, sinks)
+        self._options = _Options(
+            writers=writers, key=tuple(key) if key else None, metastore=metastore,
+            flush_interval=flush_interval, max_pending_epochs=max_pending_epochs,
+            commit_timeout=commit_timeout, max_attempts=max_attempts, retry_cap=retry_cap,
+            credits=credits, epoch_offset=epoch_offset,
+            actor_options=dict(actor_options or {}), add_sinks=tuple(add_sinks),
+            drop_sinks=tuple(drop_sinks))
+        self._options.validate(name)
+        self._key = self._routing_key()
+        self._bitmaps: list[Bitmap] = assign(writers)
+        self._actors: ActorSet | None = None
+        self._checkpoint_id = 0
+        self._shuffle: random.Random | None = None
+        self._source_checked: str | None = None
+
+    # ------------------------------------------------------------------ set-up
+
+    def _routing_key(self) -> tuple[str, ...] | None:
+        """The routing key: given, or the sinks' upsert key; within every upsert key."""
+        key = self._options.key
+        upsert_keys = {n: tuple(s.key) for n, s in self._sinks.items() if s.key}
+        if key is None and upsert_keys:
+            key = next(iter(upsert_keys.values()))
+        for sink, upsert in upsert_keys.items():
+            if key is not None and not set(key) <= set(upsert):
+                raise ConfigError(
+                    f"routing key {list(key)} is not within the upsert key {list(upsert)} of "
+                    f"sink {sink!r}: all rows of a key must reach one writer. Route by a "
+                    "subset of the upsert key", runtime=self.name, sink=sink)
+        return key
+
+    def start(self) -> SinkRuntime:
+        """Validate the sinks, start the coordinator (which recovers) and the writers."""
+        import ray
+
+        if self._actors is not None:
+            return self
+        if not ray.is_initialized():
+            ray.init(namespace="raysink")
+        for sink in self._sinks.values():
+            sink.validate()
+        actors = self._actor_set()
+        actors.start()
+        self._actors = actors
+        try:
+            self._call(actors.coordinator.ping.remote())
+        except BaseException:
+            actors.stop()
+            self._actors = None
+            raise
+        return self
+
+    def _actor_set(self) -> ActorSet:
+        opts = self._options
+        workdir = os.getcwd()
+        coordinator = CoordinatorConfig(
+            runtime=self.name, metastore=opts.metastore,
+            sinks=self._sinks, writers=opts.writers,
+            max_pending_epochs=opts.max_pending_epochs, retry_cap=opts.retry_cap,
+            add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks, workdir=workdir)
+        writer_configs = {
+            sink_name: [WriterConfig(runtime=self.name, sink_name=sink_name, sink=sink,
+                                     writer_id=i, coordinator=coordinator_name(self.name),
+                                     flush_interval=opts.flush_interval, workdir=workdir)
+                        for i in range(opts.writers)]
+            for sink_name, sink in self._sinks.items()}
+        return ActorSet(coordinator_config=coordinator, writer_configs=writer_configs,
+                        options=opts.actor_options,
+                        max_pending_calls=max(64, opts.credits * 8))
+
+    def __enter__(self) -> SinkRuntime:
+        return self.start()
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        """Wait for outstanding epochs (up to ``commit_timeout``), pause the sinks, end the
+        actors and free their names. The runtime may be started again."""
+        actors = self._actors
+        if actors is None:
+            return
+        try:
+            self._drain_outstanding(actors)
+            self._call(actors.coordinator.pause.remote(), timeout=30)
+        except Exception as exc:
+            log.warning("%s: close could not finish outstanding epochs: %s", self.name, exc)
+        finally:
+            actors.stop()
+            self._actors = None
+
+    def _drain_outstanding(self, actors: ActorSet) -> None:
+        status = self._call(actors.coordinator.status.remote(), timeout=30)
+        pending = status.get("pending_epochs") or []
+        if pending:
+            self._call(actors.coordinator.wait_committed.remote(
+                max(pending), self._options.commit_timeout))
+
+    # ------------------------------------------------------------------ writes
+
+    def write_arrow(self, data: Any, *, epoch: int | None = None) -> EpochReport:
+        """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
+        actors = self._require_started()
+        plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
+                                bitmaps=self._bitmaps)
+        return self._run_epoch(actors, epoch, plan)
+
+    def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:
+        """Write a Spark DataFrame as one epoch (see ``raysink.spark``)."""
+        from raysink.spark.write import write_dataframe
+
+        return write_dataframe(self, df, epoch=epoch)
+
+    def foreach_batch(self, df: Any, batch_id: int) -> None:
+        """For ``writeStream.foreachBatch``: micro-batch ``batch_id`` is epoch ``batch_id+1``."""
+        from raysink.spark.write import write_micro_batch
+
+        write_micro_batch(self, df, batch_id)
+
+    def _run_refs(self, refs: Sequence[Any], epoch: int | None,
+                  rows: int | None = None) -> EpochReport:
+        """One epoch from remote tables (used by the Spark handoff)."""
+        actors = self._require_started()
+        plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
+                               bitmaps=self._bitmaps)
+        plan.rows = rows
+        return self._run_epoch(actors, epoch, plan)
+
+    def _run_epoch(self, actors: ActorSet, epoch: int | None,
+                   plan: _feed.FeedPlan) -> EpochReport:
+        started = time.monotonic()
+        last_error: BaseException | None = None
+        for attempt_no in range(1, self._options.max_attempts + 1):
+            decision = self._call(actors.coordinator.open_epoch.remote(
+                epoch, self._options.commit_timeout))
+            epoch = int(decision["epoch"])
+            if decision["skip"]:
+                return self._report(epoch, 0, True, True, tuple(decision["skipped_sinks"]),
+                                    attempt_no - 1, started)
+            attempt = int(decision["attempt"])
+            try:
+                rows = self._feed_and_commit(actors, epoch, attempt, plan)
+                return self._finish(actors, epoch, rows, attempt_no, started)
+            except SchemaMismatchError:
+                self._abandon(actors, epoch, attempt)
+                raise
+            except Exception as exc:
+                last_error = exc
+                log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
+                            _short(exc))
+                outcome = self._recover_epoch(actors, epoch, attempt)
+                if outcome is not None:
+                    return self._finish(actors, epoch, plan.rows or 0, attempt_no, started,
+                                        wait=outcome)
+        raise EpochFailedError(
+            f"epoch {epoch} failed {self._options.max_attempts} times; last error: "
+            f"{_short(last_error)}. The data is not committed; fix the cause and write the "
+            "epoch again", attempts=self._options.max_attempts, runtime=self.name,
+            epoch=epoch) from last_error
+
+    def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
+                         plan: _feed.FeedPlan) -> int:
+        self._checkpoint_id += 1
+        barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
+                              credits=self._options.credits, checkpoint_id=self._checkpoint_id,
+                              shuffle=self._shuffle)
+        results = self._call(barriers)
+        per_sink = len(self._sinks)
+        return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1)
+
+    def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int, started: float,
+                wait: bool = True) -> EpochReport:
+        outcome = self._call(actors.coordinator.wait_committed.remote(
+            epoch, self._options.commit_timeout if wait else 0.0))
+        if not outcome["committed"]:
+            log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
+                        "will roll forward", self.name, epoch, self._options.commit_timeout,
+                        outcome.get("errors"))
+        return self._report(epoch, rows, bool(outcome["committed"]), False,
+                            tuple(outcome.get("skipped_sinks", ())), attempts, started)
+
+    def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool | None:
+        """After a failure: heal actors, resolve. True/False: decided (wait for commit);
+        None: aborted and rolled back, so re-feed."""
+        actors.heal()
+        resolution = self._call(actors.coordinator.resolve.remote(epoch))
+        if resolution in ("COMMITTED", "ROLLING_FORWARD"):
+            return True
+        self._rollback_writers(actors, epoch, attempt)
+        return None
+
+    def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
+        """Bad data: abort the attempt everywhere; nothing of it is written."""
+        self._call(actors.coordinator.resolve.remote(epoch))
+        self._rollback_writers(actors, epoch, attempt)
+
+    def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:
+        import ray
+
+        refs = [h.rollback.remote(epoch, attempt) for h in actors.all_writers()]
+        for ref in refs:
+            try:
+                ray.get(ref, timeout=60)
+            except Exception as exc:  # a dead writer holds nothing to roll back
+                log.debug("rollback: %s", exc)
+
+    def _report(self, epoch: int, rows: int, committed: bool, skipped: bool,
+                skipped_sinks: tuple[str, ...], attempts: int, started: float) -> EpochReport:
+        return EpochReport(epoch=epoch, rows=rows, committed=committed, skipped=skipped,
+                           skipped_sinks=skipped_sinks, attempts=attempts,
+                           seconds=time.monotonic() - started)
+
+    # ------------------------------------------------------------------ status
+
+    def status(self) -> RuntimeStatus:
+        actors = self._require_started()
+        raw = self._call(actors.coordinator.status.remote(), timeout=30)
+        return _status_from(raw)
+
+    def _require_started(self) -> ActorSet:
+        if self._actors is None:
+            raise ConfigError("the runtime is not started; call start() or use it as a "
+                              "context manager", runtime=self.name)
+        return self._actors
+
+    def _call(self, refs: Any, timeout: float | None = None) -> Any:
+        """``ray.get`` that re-raises raysink errors as themselves, not wrapped."""
+        import ray
+        from ray.exceptions import RayTaskError
+
+        try:
+            return ray.get(refs, timeout=timeout)
+        except RayTaskError as exc:
+            cause = exc.cause if hasattr(exc, "cause") else None
+            if isinstance(cause, RaySinkError):
+                raise cause from None
+            raise
+
+    @property
+    def sinks(self) -> dict[str, Sink]:
+        return dict(self._sinks)
+
+    @property
+    def key(self) -> tuple[str, ...] | None:
+        return self._key
+
+
+def _status_from(raw: Mapping[str, Any]) -> RuntimeStatus:
+    sinks = {name: SinkStatus(state=info["state"],
+                              last_committed_epoch=info["last_committed_epoch"],
+                              last_error=info["last_error"], history=list(info["history"]))
+             for name, info in raw["sinks"].items()}
+    return RuntimeStatus(name=raw["name"], metastore=raw["metastore"],
+                         last_committed_epoch=raw["last_committed_epoch"],
+                         pending_epochs=list(raw["pending_epochs"]), sinks=sinks)
+
+
+def _check_name(name: str) -> None:
+    if not name or not all(c.isalnum() or c in "-_" for c in name):
+        raise ConfigError(f"runtime names use letters, digits, '-' and '_'; got {name!r}")
+
+
+def _bind_sinks(runtime: str, sinks: Sink | Mapping[str, Sink]) -> dict[str, Sink]:
+    named = {"main": sinks} if isinstance(sinks, Sink) else dict(sinks)
+    if not named:
+        raise ConfigError("give at least one sink", runtime=runtime)
+    bound: dict[str, Sink] = {}
+    for name, sink in named.items():
+        if not isinstance(sink, Sink):
+            raise ConfigError(f"sink {name!r} is not a raysink Sink; got {type(sink).__name__}",
+                              runtime=runtime)
+        _check_name(name)
+        bound[name] = sink.bind(runtime, name)
+    return bound
+
+
+def _short(exc: BaseException | None) -> str:
+    if exc is None:
+        return "unknown"
+    text = str(exc).strip().splitlines()
+    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
+

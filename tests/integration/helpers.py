@@ -1,0 +1,73 @@
+"""Shared pieces of the integration tests: input tables, reading targets back, killing."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+
+from raysink.testing import fired
+
+
+def epoch_table(epoch: int, rows: int = 500, *, writers_hint: int = 0) -> pa.Table:
+    """Rows with globally unique ids: ``epoch * 1_000_000 + i``."""
+    ids = [epoch * 1_000_000 + i for i in range(rows)]
+    return pa.table({
+        "id": pa.array(ids, pa.int64()),
+        "customer": pa.array([f"c{i % 37}" for i in range(rows)]),
+        "amount": pa.array([float(i) * 1.5 for i in range(rows)]),
+    })
+
+
+def read_ids(path: str | Path) -> list[int]:
+    """Every id visible to readers of the Parquet directory."""
+    if not Path(path).exists():
+        return []
+    table = ds.dataset(str(path), format="parquet").to_table(columns=["id"])
+    return [int(v) for v in table.column("id").to_pylist()]
+
+
+def assert_exactly(path: str | Path, epochs: list[int], rows: int) -> None:
+    """The target holds every input row of ``epochs`` exactly once and nothing else."""
+    seen = Counter(read_ids(path))
+    expected = Counter(e * 1_000_000 + i for e in epochs for i in range(rows))
+    doubled = sorted(k for k, v in seen.items() if v > 1)
+    missing = sorted(set(expected) - set(seen))
+    extra = sorted(set(seen) - set(expected))
+    assert not doubled, f"rows written twice: {doubled[:10]} ({len(doubled)} in all)"
+    assert not missing, f"rows lost: {missing[:10]} ({len(missing)} in all)"
+    assert not extra, f"rows from nowhere: {extra[:10]} ({len(extra)} in all)"
+
+
+def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    box: dict[str, Any] = {}
+
+    def target() -> None:
+        try:
+            box["result"] = fn()
+        except BaseException as exc:  # surfaced by the test
+            box["error"] = exc
+
+    thread = threading.Thread(target=target, daemon=True)
+    thread.start()
+    return thread, box
+
+
+def wait_fired(runtime: str, point: str, timeout: float = 60.0) -> None:
+    deadline = time.monotonic() + timeout
+    while not fired(runtime, point):
+        if time.monotonic() > deadline:
+            raise AssertionError(f"fault point {point} never fired for {runtime}")
+        time.sleep(0.02)
+
+
+def sigkill(pid: int) -> None:
+    os.kill(pid, signal.SIGKILL)

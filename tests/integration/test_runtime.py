@@ -1,0 +1,160 @@
+"""The runtime on a real ``ray.init``: many epochs, reordering, status, the epoch rules."""
+
+from __future__ import annotations
+
+import random
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+import ray
+
+from raysink import (
+    ConfigError,
+    EpochRegressionError,
+    RuntimeInUseError,
+    SchemaMismatchError,
+    SinkRuntime,
+)
+from raysink.sinks import ParquetSink
+from raysink.testing import FailingSink
+from tests.integration.helpers import assert_exactly, epoch_table, read_ids
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _runtime(tmp_path: Path, name: str, **options: object) -> SinkRuntime:
+    options.setdefault("metastore", f"sqlite:///{tmp_path / 'meta.db'}")
+    return SinkRuntime(name, ParquetSink(str(tmp_path / "table")), **options)  # type: ignore[arg-type]
+
+
+def test_many_epochs_through_several_writers_reordered(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "many", writers=3, credits=2) as rt:
+        rt._shuffle = random.Random(7)  # send writes out of order on purpose
+        for epoch in range(1, 9):
+            parts = [epoch_table(epoch, 1200).slice(i * 300, 300) for i in range(4)]
+            report = rt.write_arrow(parts)
+            assert (report.epoch, report.rows, report.committed) == (epoch, 1200, True)
+            assert not report.skipped and report.attempts == 1
+        status = rt.status()
+    assert_exactly(tmp_path / "table", list(range(1, 9)), 1200)
+    assert status.last_committed_epoch == 8
+    assert status.pending_epochs == []
+    assert status.sinks["main"].state == "running"
+    assert status.metastore.startswith("sqlite:///")
+
+
+def test_object_refs_and_record_batches(tmp_path: Path) -> None:
+    table = epoch_table(1, 900)
+    with _runtime(tmp_path, "refs") as rt:
+        report = rt.write_arrow([ray.put(table.slice(0, 400)), table.slice(400).to_batches()[0]])
+    assert report.committed
+    assert_exactly(tmp_path / "table", [1], 900)
+
+
+def test_replayed_epoch_is_skipped(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "replay") as rt:
+        rt.write_arrow(epoch_table(1, 100), epoch=1)
+        rt.write_arrow(epoch_table(3, 100), epoch=3)  # gaps are allowed
+        again = rt.write_arrow(epoch_table(1, 100), epoch=1)
+        below = rt.write_arrow(epoch_table(2, 100), epoch=2)
+        nxt = rt.write_arrow(epoch_table(4, 100))
+    assert again.skipped and again.skipped_sinks == ("main",) and again.rows == 0
+    assert below.skipped
+    assert nxt.epoch == 4 and nxt.committed
+    assert_exactly(tmp_path / "table", [1, 3, 4], 100)
+
+
+def test_keyed_rows_land_on_one_writer_each(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "keyed", writers=3, key=["customer"]) as rt:
+        rt.write_arrow(epoch_table(1, 3000))
+    import pyarrow.dataset as ds
+
+    data = ds.dataset(str(tmp_path / "table"), format="parquet")
+    owners: dict[str, set[str]] = {}
+    for fragment in data.get_fragments():
+        writer = Path(fragment.path).name.split("-w")[1][:4]
+        for customer in fragment.to_table(columns=["customer"]).column(0).to_pylist():
+            owners.setdefault(customer, set()).add(writer)
+    assert owners and all(len(w) == 1 for w in owners.values())
+    assert_exactly(tmp_path / "table", [1], 3000)
+
+
+def test_empty_epoch_commits_zero_rows(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "empty") as rt:
+        rt.write_arrow(epoch_table(1, 50))
+        report = rt.write_arrow(epoch_table(2, 0))
+        none = rt.write_arrow([])
+    assert report.committed and report.rows == 0 and report.epoch == 2
+    assert none.committed and none.epoch == 3
+    assert_exactly(tmp_path / "table", [1], 50)
+
+
+def test_schema_differing_within_an_epoch_writes_nothing(tmp_path: Path) -> None:
+    other = epoch_table(2, 10).append_column("extra", pa.array(range(10)))
+    with _runtime(tmp_path, "schema") as rt:
+        rt.write_arrow(epoch_table(1, 100))
+        with pytest.raises(SchemaMismatchError):
+            rt.write_arrow([epoch_table(2, 10), other])
+        # the same mistake hidden behind object refs is caught by the writer
+        with pytest.raises(SchemaMismatchError):
+            rt.write_arrow([ray.put(epoch_table(2, 10)), ray.put(other)], epoch=2)
+        rt.write_arrow(epoch_table(2, 100), epoch=2)
+    assert_exactly(tmp_path / "table", [1, 2], 100)
+
+
+def test_epoch_regression_below_a_pending_epoch(tmp_path: Path) -> None:
+    sink = FailingSink(ParquetSink(str(tmp_path / "table")), fail_commit_times=1000,
+                       state_dir=str(tmp_path / "faults"))
+    rt = SinkRuntime("regress", sink, metastore=f"sqlite:///{tmp_path / 'meta.db'}",
+                     commit_timeout=1.0, retry_cap=0.2)
+    with rt:
+        report = rt.write_arrow(epoch_table(5, 10), epoch=5)
+        assert not report.committed  # decided, rolling forward while the sink stalls
+        status = rt.status()
+        assert status.pending_epochs == [5]
+        assert status.sinks["main"].state == "stalled"
+        assert "InjectedSinkFailure" in (status.sinks["main"].last_error or "")
+        with pytest.raises(EpochRegressionError):
+            rt.write_arrow(epoch_table(3, 10), epoch=3)
+    assert read_ids(tmp_path / "table") == []
+
+
+def test_runtime_in_use_elsewhere(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "inuse"):
+        with pytest.raises(RuntimeInUseError):
+            _runtime(tmp_path, "inuse").start()
+    # closing frees the names: reopening is allowed
+    with _runtime(tmp_path, "inuse") as rt:
+        assert rt.write_arrow(epoch_table(1, 5)).committed
+
+
+def test_changed_sink_set_is_a_config_error(tmp_path: Path) -> None:
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    with SinkRuntime("sinkset", ParquetSink(str(tmp_path / "a")), metastore=meta) as rt:
+        rt.write_arrow(epoch_table(1, 5))
+    two = {"main": ParquetSink(str(tmp_path / "a")), "b": ParquetSink(str(tmp_path / "b"))}
+    with pytest.raises(ConfigError):
+        SinkRuntime("sinkset", two, metastore=meta).start()
+    with SinkRuntime("sinkset", two, metastore=meta, add_sinks=["b"]) as rt:
+        rt.write_arrow(epoch_table(2, 5))
+    with SinkRuntime("sinkset", ParquetSink(str(tmp_path / "a")), metastore=meta,
+                     drop_sinks=["b"]) as rt:
+        rt.write_arrow(epoch_table(3, 5))
+        assert rt.status().sinks["b"].state == "dropped"
+    assert_exactly(tmp_path / "a", [1, 2, 3], 5)
+    assert_exactly(tmp_path / "b", [2], 5)
+
+
+@pytest.mark.parametrize(
+    ("options", "fragment"),
+    [
+        ({"writers": 0}, "writers"),  # no writer at all
+        ({"credits": 0}, "credits"),  # no write could ever be sent
+        ({"commit_timeout": -1}, "commit_timeout"),
+        ({"max_pending_epochs": 0}, "max_pending_epochs"),
+    ],
+)
+def test_invalid_options(tmp_path: Path, options: dict[str, object], fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        _runtime(tmp_path, "bad", **options)
