@@ -12,8 +12,7 @@ from __future__ import annotations
 import logging
 import random
 from collections import deque
-from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
 
 import pyarrow as pa
@@ -30,16 +29,25 @@ CHUNK_ROWS = 262_144
 """Unkeyed tables are cut into pieces of at most this many rows, spread over writers."""
 
 
-@dataclass(kw_only=True, slots=True)
 class FeedPlan:
-    """Refs per writer index, in send (``seq``) order, and the epoch's row count."""
+    """The epoch's data as ``(writer index, ref)`` items, produced lazily and kept.
 
-    per_writer: list[list[Any]]
-    rows: int | None
-    keep: list[Any] = field(default_factory=list)
+    A retry of the epoch replays the items already produced, then goes on consuming the
+    source; so a source that yields partitions as they become fetchable is read once.
+    """
 
-    def counts(self) -> list[int]:
-        return [len(refs) for refs in self.per_writer]
+    def __init__(self, items: Iterable[tuple[int, Any]], rows: int | None,
+                 keep: Sequence[Any] = ()) -> None:
+        self.rows = rows
+        self.keep = list(keep)
+        self._seen: list[tuple[int, Any]] = []
+        self._source: Iterator[tuple[int, Any]] = iter(items)
+
+    def __iter__(self) -> Iterator[tuple[int, Any]]:
+        yield from list(self._seen)
+        for item in self._source:
+            self._seen.append(item)
+            yield item
 
 
 def _tables(data: Any) -> list[Any]:
@@ -97,52 +105,57 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
     for table in local:
         if key:
             check_keys(table, key)
-    per_writer: list[list[Any]] = [[] for _ in range(writers)]
+    placed: list[tuple[int, Any]] = []
     rows: int | None = sum(t.num_rows for t in local)
     turn = 0
     for item in items:
         if isinstance(item, pa.Table):
-            turn = _place_table(item, per_writer, key, bitmaps, turn, ray.put)
+            turn = _place_table(item, placed, writers, key, bitmaps, turn, ray.put)
         else:
             rows = None
-            turn = _place_ref(item, per_writer, key, bitmaps, turn)
-    return FeedPlan(per_writer=per_writer, rows=rows)
+            turn = _place_ref(item, placed, writers, key, bitmaps, turn)
+    return FeedPlan(placed, rows)
 
 
-def plan_refs(refs: Sequence[Any], *, writers: int, key: Sequence[str] | None,
-              bitmaps: Sequence[Bitmap]) -> FeedPlan:
-    """Route remote tables (e.g. Spark partitions) to writers without fetching them here."""
-    per_writer: list[list[Any]] = [[] for _ in range(writers)]
-    turn = 0
-    for ref in refs:
-        turn = _place_ref(ref, per_writer, key, bitmaps, turn)
-    return FeedPlan(per_writer=per_writer, rows=None, keep=list(refs))
+def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
+              bitmaps: Sequence[Bitmap], rows: int | None = None) -> FeedPlan:
+    """Route remote tables (e.g. Spark partitions, as they become ready) to writers without
+    fetching them here."""
+
+    def items() -> Iterator[tuple[int, Any]]:
+        turn = 0
+        for ref in refs:
+            placed: list[tuple[int, Any]] = []
+            turn = _place_ref(ref, placed, writers, key, bitmaps, turn)
+            yield from placed
+
+    return FeedPlan(items(), rows)
 
 
-def _place_table(table: pa.Table, per_writer: list[list[Any]], key: Sequence[str] | None,
-                 bitmaps: Sequence[Bitmap], turn: int, put: Callable[[Any], Any]) -> int:
+def _place_table(table: pa.Table, placed: list[tuple[int, Any]], writers: int,
+                 key: Sequence[str] | None, bitmaps: Sequence[Bitmap], turn: int,
+                 put: Callable[[Any], Any]) -> int:
     if key:
         for index, piece in enumerate(split_by_writer(table, key, bitmaps)):
             if piece is not None and piece.num_rows:
-                per_writer[index].append(put(_to_table(piece)))
+                placed.append((index, put(_to_table(piece))))
         return turn
     if table.num_rows == 0:
-        per_writer[turn % len(per_writer)].append(put(table))
+        placed.append((turn % writers, put(table)))
         return turn + 1
     for offset in range(0, table.num_rows, CHUNK_ROWS):
-        per_writer[turn % len(per_writer)].append(put(table.slice(offset, CHUNK_ROWS)))
+        placed.append((turn % writers, put(table.slice(offset, CHUNK_ROWS))))
         turn += 1
     return turn
 
 
-def _place_ref(ref: Any, per_writer: list[list[Any]], key: Sequence[str] | None,
-               bitmaps: Sequence[Bitmap], turn: int) -> int:
+def _place_ref(ref: Any, placed: list[tuple[int, Any]], writers: int,
+               key: Sequence[str] | None, bitmaps: Sequence[Bitmap], turn: int) -> int:
     if not key:
-        per_writer[turn % len(per_writer)].append(ref)
+        placed.append((turn % writers, ref))
         return turn + 1
     pieces = _split_remote(ref, list(key), [b.to_hex() for b in bitmaps])
-    for index, piece in enumerate(pieces):
-        per_writer[index].append(piece)
+    placed.extend(enumerate(pieces))
     return turn
 
 
@@ -150,7 +163,7 @@ def _split_remote(ref: Any, key: list[str], bitmaps_hex: list[str]) -> list[Any]
     import ray
 
     task = ray.remote(_split_task).options(num_returns=len(bitmaps_hex), num_cpus=0)
-    result = task.remote([ref], key, bitmaps_hex)
+    result: Any = task.remote([ref], key, bitmaps_hex)
     return [result] if len(bitmaps_hex) == 1 else list(result)
 
 
@@ -184,14 +197,17 @@ def send(
 ) -> list[Any]:
     """Send the plan's writes with a credit window, then every writer's barrier.
 
+    Writer ``k`` of every sink receives the items routed to ``k``, numbered ``seq`` 0, 1, ...
     Returns the barrier refs (each resolves once its writer got the coordinator's ack).
     Raises what a write raised (a dead actor, poisoned data) as soon as it is seen.
     """
     from ray.exceptions import PendingCallsLimitExceeded
 
+    count = len(next(iter(writers.values())))
+    seqs = [0] * count
     windows: dict[tuple[str, int], deque[Any]] = {}
     try:
-        for sink, k, seq, ref in _send_order(plan, writers, shuffle):
+        for sink, k, seq, ref in _numbered(plan, writers, seqs, shuffle):
             window = windows.setdefault((sink, k), deque())
             while len(window) >= credits:
                 _settle(window.popleft())
@@ -203,21 +219,27 @@ def send(
         while window:
             _settle(window.popleft())
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
-    counts = plan.counts()
-    return [handle.barrier.remote(barrier, attempt, counts[k])
-            for sink, handles in writers.items() for k, handle in enumerate(handles)]
+    return [handle.barrier.remote(barrier, attempt, seqs[k])
+            for handles in writers.values() for k, handle in enumerate(handles)]
 
 
-def _send_order(plan: FeedPlan, writers: Mapping[str, Sequence[Any]],
-                shuffle: random.Random | None) -> list[tuple[str, int, int, Any]]:
-    order = [(sink, k, seq, ref)
-             for seq in range(max(plan.counts(), default=0))
-             for k, refs in enumerate(plan.per_writer) if seq < len(refs)
-             for sink in writers
-             for ref in (refs[seq],)]
-    if shuffle is not None:
-        shuffle.shuffle(order)
-    return order
+def _numbered(plan: FeedPlan, writers: Mapping[str, Sequence[Any]], seqs: list[int],
+              shuffle: random.Random | None) -> Iterator[tuple[str, int, int, Any]]:
+    """Number each writer's items; with ``shuffle``, deliver them in a random order (tests
+    use this to prove the writer's reorder buffer)."""
+    def numbered() -> Iterator[tuple[str, int, int, Any]]:
+        for k, ref in plan:
+            seq = seqs[k]
+            seqs[k] += 1
+            for sink in writers:
+                yield sink, k, seq, ref
+
+    if shuffle is None:
+        yield from numbered()
+        return
+    everything = list(numbered())
+    shuffle.shuffle(everything)
+    yield from everything
 
 
 def _settle(ref: Any) -> None:

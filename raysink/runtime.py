@@ -20,7 +20,7 @@ import logging
 import os
 import random
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
@@ -148,7 +148,7 @@ class SinkRuntime:
         self._actors: ActorSet | None = None
         self._checkpoint_id = 0
         self._shuffle: random.Random | None = None
-        self._source_checked: str | None = None
+        self._bound: tuple[str, int] | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -174,6 +174,7 @@ class SinkRuntime:
             return self
         if not ray.is_initialized():
             ray.init(namespace="raysink")
+        self._check_metastore()
         for sink in self._sinks.values():
             sink.validate()
         actors = self._actor_set()
@@ -186,6 +187,22 @@ class SinkRuntime:
             self._actors = None
             raise
         return self
+
+    def _check_metastore(self) -> None:
+        """Reachable and writable, and the sink set is what it was (or changed on purpose):
+        refused here, in the driver, before any actor starts."""
+        from raysink.coordinator.metastore import open_metastore
+        from raysink.coordinator.metastore._sql import check_sink_set
+
+        store = open_metastore(self._options.metastore, self.name)
+        try:
+            record = store.load(self.name)
+            if record is not None:
+                check_sink_set(self.name, record.sinks,
+                               {n: s.kind for n, s in self._sinks.items()},
+                               self._options.add_sinks, self._options.drop_sinks)
+        finally:
+            store.close()
 
     def _actor_set(self) -> ActorSet:
         opts = self._options
@@ -254,13 +271,12 @@ class SinkRuntime:
 
         write_micro_batch(self, df, batch_id)
 
-    def _run_refs(self, refs: Sequence[Any], epoch: int | None,
+    def _run_refs(self, refs: Iterable[Any], epoch: int | None,
                   rows: int | None = None) -> EpochReport:
-        """One epoch from remote tables (used by the Spark handoff)."""
+        """One epoch from remote tables, sent as each becomes ready (the Spark handoff)."""
         actors = self._require_started()
         plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
-                               bitmaps=self._bitmaps)
-        plan.rows = rows
+                               bitmaps=self._bitmaps, rows=rows)
         return self._run_epoch(actors, epoch, plan)
 
     def _run_epoch(self, actors: ActorSet, epoch: int | None,
@@ -347,6 +363,22 @@ class SinkRuntime:
                            skipped_sinks=skipped_sinks, attempts=attempts,
                            seconds=time.monotonic() - started)
 
+    def _bind_source(self, query_id: str) -> int:
+        """Bind the runtime to a streaming query; returns the epoch offset of its batches."""
+        if self._bound is not None and self._bound[0] == query_id:
+            return self._bound[1]
+        actors = self._require_started()
+        current = self._call(actors.coordinator.epoch_source.remote())
+        last = self._call(actors.coordinator.status.remote())["last_committed_epoch"]
+        offset = source_offset(self.name, current, query_id, self._options.epoch_offset, last)
+        source = {"kind": "query", "id": query_id, "offset": offset}
+        if source != current:
+            self._call(actors.coordinator.bind_source.remote(source))
+            log.info("%s: bound to streaming query %s (epoch = batch_id + 1 + %s)", self.name,
+                     query_id, offset)
+        self._bound = (query_id, offset)
+        return offset
+
     # ------------------------------------------------------------------ status
 
     def status(self) -> RuntimeStatus:
@@ -390,6 +422,36 @@ def _status_from(raw: Mapping[str, Any]) -> RuntimeStatus:
     return RuntimeStatus(name=raw["name"], metastore=raw["metastore"],
                          last_committed_epoch=raw["last_committed_epoch"],
                          pending_epochs=list(raw["pending_epochs"]), sinks=sinks)
+
+
+def source_offset(runtime: str, current: Mapping[str, Any] | None, query_id: str,
+                  epoch_offset: int | None, last_committed: int | None) -> int:
+    """The epoch offset for batches of ``query_id``, or ``ConfigError`` when binding to it
+    would silently skip data (a new checkpoint location restarts ``batch_id`` at 0)."""
+    if current is not None and current.get("kind") == "query" and current.get("id") == query_id:
+        bound = int(current.get("offset", 0))
+        if epoch_offset is not None and epoch_offset != bound:
+            raise ConfigError(
+                f"the runtime is bound to query {query_id} with epoch_offset={bound}; got "
+                f"epoch_offset={epoch_offset}. Drop the option or use the bound value",
+                runtime=runtime)
+        return bound
+    if current is None and last_committed is None:
+        return epoch_offset or 0
+    if epoch_offset is None:
+        what = (f"query {current.get('id')}" if current and current.get("kind") == "query"
+                else "its own epoch numbering")
+        raise ConfigError(
+            f"this runtime is bound to {what} (last committed epoch {last_committed}) and is "
+            f"now fed by query {query_id}, whose batches would be skipped as already "
+            f"committed. Re-bind with SinkRuntime(..., epoch_offset={last_committed or 0}) "
+            "or use another runtime name", runtime=runtime)
+    if last_committed is not None and epoch_offset < last_committed:
+        raise ConfigError(
+            f"epoch_offset={epoch_offset} is below the last committed epoch {last_committed}: "
+            f"the new query's first batches would be skipped. Use at least {last_committed}",
+            runtime=runtime)
+    return epoch_offset
 
 
 def _check_name(name: str) -> None:

@@ -43,7 +43,7 @@ def _remote_writer_class() -> Any:
                    "status", "close"):
         group = _WRITER_METHOD_GROUPS.get(method, "control")
         ray.method(concurrency_group=group)(getattr(SinkWriterActor, method))
-    return ray.remote(SinkWriterActor)
+    return ray.remote(concurrency_groups=_WRITER_GROUPS)(SinkWriterActor)
 
 
 def _exists(name: str) -> bool:
@@ -106,7 +106,6 @@ class ActorSet:
     def _new_writer(self, config: WriterConfig) -> Any:
         options = self._base_options(writer_name(self.runtime, config.sink_name,
                                                  config.writer_id))
-        options["concurrency_groups"] = _WRITER_GROUPS
         options["max_pending_calls"] = self.max_pending_calls
         return _remote_writer_class().options(**options).remote(config)
 

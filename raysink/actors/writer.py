@@ -22,6 +22,7 @@ A write error poisons the epoch: its barrier rolls back and fails. Data refs tra
 
 from __future__ import annotations
 
+import base64
 import logging
 import os
 import threading
@@ -99,7 +100,7 @@ class SinkWriterActor:
             return 0
         self._metrics.depth(len(self._mailbox.slot.waiting) if self._mailbox.slot else 0)
         self._drain()
-        return table.num_rows
+        return int(table.num_rows)
 
     def _is_current(self, epoch: int, attempt: int) -> bool:
         slot = self._mailbox.slot
@@ -136,8 +137,8 @@ class SinkWriterActor:
             self._schema = table.schema
         elif not table.schema.equals(self._schema, check_metadata=False):
             raise SchemaMismatchError(
-                f"a batch's schema differs from the epoch's: {_schema_diff(self._schema, table.schema)}"
-                "; send batches of one schema per epoch",
+                "a batch's schema differs from the epoch's: "
+                f"{_schema_diff(self._schema, table.schema)}; send one schema per epoch",
                 runtime=self._config.runtime, sink=self._config.sink_name)
         for batch in table.to_batches():
             if batch.num_rows:
@@ -155,13 +156,14 @@ class SinkWriterActor:
         self._await_writes(epoch, attempt, last_seq)
         slot = self._mailbox.slot
         rows = slot.rows if slot else 0
+        schema = _schema_text(self._schema)
         with self._lock:
             self._writer.flush()
             manifest = self._writer.pre_commit(epoch, attempt)
         _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
         try:
-            self._request_commit(epoch, attempt, manifest)
+            self._request_commit(epoch, attempt, manifest, schema)
         except BaseException:
             self._rollback_writer(epoch, attempt)
             self._mailbox.drop()
@@ -190,12 +192,21 @@ class SinkWriterActor:
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
             runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
 
-    def _request_commit(self, epoch: int, attempt: int, manifest: dict[str, Any]) -> None:
+    def _request_commit(self, epoch: int, attempt: int, manifest: dict[str, Any],
+                        schema: str | None) -> None:
         import ray
+        from ray.exceptions import RayTaskError
 
         coordinator = ray.get_actor(self._config.coordinator, namespace=NAMESPACE)
-        ray.get(coordinator.commit_request.remote(
-            self._config.sink_name, self._config.writer_id, epoch, attempt, manifest))
+        try:
+            ray.get(coordinator.commit_request.remote(
+                self._config.sink_name, self._config.writer_id, epoch, attempt, manifest,
+                schema))
+        except RayTaskError as exc:
+            cause = getattr(exc, "cause", None)
+            if isinstance(cause, RaySinkError):
+                raise cause from None
+            raise
 
     def _ack(self, epoch: int, attempt: int, rows: int) -> None:
         self._mailbox.drop()
@@ -287,6 +298,17 @@ def _as_table(parts: list[Any]) -> pa.Table:
     return pa.concat_tables(tables)
 
 
+def _schema_text(schema: pa.Schema | None) -> str | None:
+    """The epoch's schema as text the coordinator can compare across writers."""
+    if schema is None:
+        return None
+    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
+
+
+def schema_from_text(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
 def _schema_diff(expected: pa.Schema, got: pa.Schema) -> str:
     exp = {f.name: str(f.type) for f in expected}
     act = {f.name: str(f.type) for f in got}
@@ -303,6 +325,8 @@ class _Metrics:
     def __init__(self, config: WriterConfig) -> None:
         self._tags = {"runtime": config.runtime, "sink": config.sink_name,
                       "writer": str(config.writer_id)}
+        self._rows: Any = None
+        self._depth: Any = None
         try:
             from ray.util import metrics
 
@@ -311,8 +335,8 @@ class _Metrics:
                                          tag_keys=keys)
             self._depth = metrics.Gauge("raysink_mailbox_depth", "out-of-order messages "
                                         "waiting in a writer's reorder buffer", tag_keys=keys)
-        except Exception:  # metrics are best effort
-            self._rows = self._depth = None
+        except Exception as exc:  # metrics are best effort
+            log.debug("metrics unavailable: %s", exc)
 
     def rows(self, n: int) -> None:
         if self._rows is not None and n:

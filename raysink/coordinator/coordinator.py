@@ -13,6 +13,8 @@ generation in the meta store, which fences the previous one, and recovers.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import functools
 import logging
 import random
 import time
@@ -139,10 +141,8 @@ class CoordinatorActor:
     async def _wait_change(self, timeout: float) -> None:
         assert self._changed is not None
         async with self._changed:
-            try:
+            with contextlib.suppress(asyncio.TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout)
-            except asyncio.TimeoutError:
-                pass
 
     async def _until_recovered(self) -> None:
         self._ensure_started()
@@ -194,7 +194,7 @@ class CoordinatorActor:
             epoch, sink = step
             try:
                 started = time.monotonic()
-                outcome = await self._locked(lambda: self._core.commit_sink(epoch, sink))
+                outcome = await self._locked(functools.partial(self._core.commit_sink, epoch, sink))
             except FencedError:
                 raise
             except Exception as exc:
@@ -283,14 +283,14 @@ class CoordinatorActor:
         return self._recent.get(epoch, ())
 
     async def commit_request(self, sink: str, writer_id: int, epoch: int, attempt: int,
-                             manifest: Manifest) -> bool:
+                             manifest: Manifest, schema: str | None = None) -> bool:
         """A writer's pre-commit; returns once the epoch is PENDING (the ack)."""
         await self._until_recovered()
         key = (epoch, attempt)
         try:
             done = await self._locked(lambda: self._core.commit_request(
                 sink=sink, writer_id=writer_id, epoch=epoch, attempt=attempt,
-                manifest=manifest))
+                manifest=manifest, schema=schema))
         except StaleAttemptError:
             raise
         except Exception:
@@ -348,15 +348,17 @@ class CoordinatorActor:
                                    if h.last_error}}
             await self._wait_change(min(left, 0.5))
 
-    async def bind_source(self, source: dict[str, Any]) -> dict[str, Any] | None:
-        """Record the epoch source; returns the previous one."""
+    async def epoch_source(self) -> dict[str, Any] | None:
+        """The epoch source the runtime is bound to, if any."""
         await self._until_recovered()
-        previous = self._store.load(self._config.runtime)
-        old = previous.epoch_source if previous else None
-        if old != source:
-            await self._locked(lambda: self._store.bind_source(
-                self._config.runtime, self._core.generation, source))
-        return old
+        record = await self._locked(lambda: self._store.load(self._config.runtime))
+        return record.epoch_source if record else None
+
+    async def bind_source(self, source: dict[str, Any]) -> None:
+        """Bind the runtime to ``source`` (the caller checked it)."""
+        await self._until_recovered()
+        await self._locked(lambda: self._store.bind_source(
+            self._config.runtime, self._core.generation, source))
 
     async def pause(self) -> None:
         """The runtime is closing: sinks become PAUSED once nothing is pending."""

@@ -36,6 +36,7 @@ from raysink.errors import (
     EpochRegressionError,
     MetaStoreError,
     RaySinkError,
+    SchemaMismatchError,
 )
 from raysink.sinks.base import Manifest, Sink
 
@@ -91,7 +92,8 @@ class _Epoch:
     manifests: dict[str, list[Manifest]] = field(default_factory=dict)
     committed: set[str] = field(default_factory=set)
     skipped: set[str] = field(default_factory=set)
-    coverage: dict[str, CoverageTracker] = field(default_factory=dict)
+    coverage: dict[str, CoverageTracker[Manifest]] = field(default_factory=dict)
+    schemas: dict[str, str] = field(default_factory=dict)
 
 
 class EpochCoordinator:
@@ -248,7 +250,7 @@ class EpochCoordinator:
                             self.layout())
         self._epochs[epoch] = _Epoch(
             epoch=epoch, attempt=attempt, state=EpochState.OPEN,
-            coverage={name: CoverageTracker() for name in self.sinks})
+            coverage={name: CoverageTracker[Manifest]() for name in self.sinks})
         _faults.hit("coordinator.after_open", runtime=self.runtime, epoch=epoch)
         return OpenDecision(epoch=epoch, attempt=attempt)
 
@@ -297,20 +299,38 @@ class EpochCoordinator:
         epoch: int,
         attempt: int,
         manifest: Manifest,
+        schema: str | None = None,
     ) -> bool:
         """Record one writer's pre-commit. True when this request completed the epoch (it
-        is now PENDING); raises ``StaleAttemptError`` for an attempt that is not open."""
+        is now PENDING); raises ``StaleAttemptError`` for an attempt that is not open and
+        ``SchemaMismatchError`` when writers of one sink saw different schemas."""
         entry = self._epochs.get(epoch)
         if entry is None or entry.state is not EpochState.OPEN or entry.attempt != attempt:
             raise StaleAttemptError(
                 f"commit request for attempt {attempt} of epoch {epoch}, which is not open",
                 runtime=self.runtime, sink=sink, epoch=epoch)
+        if schema is not None:
+            self._check_epoch_schema(entry, sink, schema)
         bitmap = self._bitmaps[sink][writer_id]
         entry.coverage[sink].add(writer_id, bitmap, manifest)
         if not all(tracker.aligned for tracker in entry.coverage.values()):
             return False
         self._persist_pending(entry)
         return True
+
+    def _check_epoch_schema(self, entry: _Epoch, sink: str, schema: str) -> None:
+        first = entry.schemas.setdefault(sink, schema)
+        if first == schema:
+            return
+        from raysink.actors.writer import schema_from_text
+
+        expected, got = schema_from_text(first), schema_from_text(schema)
+        if expected.equals(got, check_metadata=False):
+            return
+        raise SchemaMismatchError(
+            f"writers of one epoch received different schemas ({expected.to_string()!r} and "
+            f"{got.to_string()!r}); an epoch has one schema", runtime=self.runtime,
+            sink=sink, epoch=entry.epoch)
 
     def _persist_pending(self, entry: _Epoch) -> None:
         manifests = {name: [m for _, m in sorted(tracker.items())]

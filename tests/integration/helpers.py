@@ -31,7 +31,10 @@ def read_ids(path: str | Path) -> list[int]:
     """Every id visible to readers of the Parquet directory."""
     if not Path(path).exists():
         return []
-    table = ds.dataset(str(path), format="parquet").to_table(columns=["id"])
+    dataset = ds.dataset(str(path), format="parquet")
+    if not dataset.files:
+        return []
+    table = dataset.to_table(columns=["id"])
     return [int(v) for v in table.column("id").to_pylist()]
 
 

@@ -121,9 +121,8 @@ def test_epoch_regression_below_a_pending_epoch(tmp_path: Path) -> None:
 
 
 def test_runtime_in_use_elsewhere(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "inuse"):
-        with pytest.raises(RuntimeInUseError):
-            _runtime(tmp_path, "inuse").start()
+    with _runtime(tmp_path, "inuse"), pytest.raises(RuntimeInUseError):
+        _runtime(tmp_path, "inuse").start()
     # closing frees the names: reopening is allowed
     with _runtime(tmp_path, "inuse") as rt:
         assert rt.write_arrow(epoch_table(1, 5)).committed

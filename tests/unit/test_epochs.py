@@ -184,8 +184,8 @@ def test_recovery_after_coordinator_crash(crash_point: str) -> None:
     if crash_point == "target_done":
         for sink in h.core.sinks.values():
             entry_manifests = h.store.records(RUNTIME)
-            manifests = [r.manifests for r in entry_manifests
-                         if r.epoch == 2 and r.sink == sink.name][0]
+            manifests = next(r.manifests for r in entry_manifests
+                         if r.epoch == 2 and r.sink == sink.name)
             sink.commit(2, manifests or [])
     h.crash()
     h.commit_all()

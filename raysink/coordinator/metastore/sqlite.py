@@ -1,0 +1,132 @@
+"""The embedded meta store: one SQLite file (``sqlite:////abs/path.db``).
+
+The file is opened in WAL mode with ``synchronous=FULL`` (a committed decision survives
+power loss), every write runs in a ``BEGIN IMMEDIATE`` transaction (the database's write
+lock is taken before the fence is read, so two processes sharing the file serialise), and
+a busy timeout makes a writer wait for another instead of failing at once. Several
+processes on one machine may share the file; it is not for network filesystems — use
+PostgreSQL on a cluster.
+
+The parent directory is created when missing. A path that cannot be created or written
+raises ``MetaStoreError`` naming the path when the store is constructed.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import sqlite3
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from raysink.coordinator.metastore._sql import SCHEMA, SqlMetaStore, Tx
+from raysink.errors import MetaStoreError
+
+__all__ = ["SqliteMetaStore"]
+
+logger = logging.getLogger(__name__)
+
+
+class SqliteMetaStore(SqlMetaStore):
+    """``MetaStore`` on a SQLite file at ``path``; the connection opens at construction
+    (so a bad path fails early), and again on first use after ``close()``."""
+
+    def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
+        self._path = Path(path).absolute()
+        self._timeout = timeout
+        self._conn: sqlite3.Connection | None = None
+        self._connect()
+        logger.info("meta store %s opened", self.url)
+
+    @property
+    def path(self) -> Path:
+        """The database file."""
+        return self._path
+
+    @property
+    def url(self) -> str:
+        """``sqlite:///`` followed by the absolute path (four slashes in all)."""
+        return f"sqlite:///{self._path}"
+
+    def _connect(self) -> sqlite3.Connection:
+        if self._conn is not None:
+            return self._conn
+        self._make_parent()
+        try:
+            conn = sqlite3.connect(str(self._path), timeout=self._timeout,
+                                   isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as exc:
+            raise self._unusable(exc) from exc
+        try:
+            self._configure(conn)
+        except (sqlite3.Error, MetaStoreError) as exc:
+            conn.close()
+            if isinstance(exc, MetaStoreError):
+                raise
+            raise self._unusable(exc) from exc
+        self._conn = conn
+        return conn
+
+    def _make_parent(self) -> None:
+        try:
+            self._path.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise MetaStoreError(
+                f"cannot create the directory {str(self._path.parent)!r} of meta store "
+                f"{self.url} ({exc.strerror or exc}); choose a path under a writable "
+                "directory (metastore='sqlite:////abs/dir/name.db')") from exc
+
+    def _unusable(self, exc: Exception) -> MetaStoreError:
+        return MetaStoreError(
+            f"cannot open meta store {self.url} ({exc}); the path must be a SQLite file (or "
+            "not exist yet) in a writable directory: fix it or choose another path")
+
+    def _configure(self, conn: sqlite3.Connection) -> None:
+        """Busy timeout, WAL, ``synchronous=FULL`` and the tables."""
+        conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
+        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        if str(mode).lower() != "wal":
+            raise MetaStoreError(f"meta store {self.url} cannot use WAL mode (got "
+                                 f"{mode!r}); put it on a local filesystem")
+        conn.execute("PRAGMA synchronous = FULL")
+        conn.execute("BEGIN IMMEDIATE")
+        try:
+            for statement in SCHEMA:
+                conn.execute(statement)
+            conn.execute("COMMIT")
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    @contextmanager
+    def _transaction(self, *, write: bool) -> Iterator[Tx]:
+        """One transaction; writes take the write lock first (``BEGIN IMMEDIATE``)."""
+        conn = self._connect()
+        try:
+            conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
+            yield Tx(conn.cursor(), "qmark")
+            conn.execute("COMMIT")
+        except sqlite3.Error as exc:
+            _rollback(conn)
+            raise MetaStoreError(
+                f"meta store {self.url} failed ({exc}); check that the file and its "
+                "directory are writable, the disk is not full and no process holds the "
+                f"database locked past the {self._timeout:g} s busy timeout") from exc
+        except BaseException:
+            _rollback(conn)
+            raise
+
+    def close(self) -> None:
+        """Close the connection (idempotent); the next call reopens it."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+
+def _rollback(conn: sqlite3.Connection) -> None:
+    if conn.in_transaction:
+        try:
+            conn.execute("ROLLBACK")
+        except sqlite3.Error:
+            logger.debug("rollback failed", exc_info=True)

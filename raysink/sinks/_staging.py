@@ -1,0 +1,213 @@
+"""Staged Parquet files shared by the table-format sinks (Delta, Iceberg).
+
+A writer encodes its batches into Parquet in memory as they arrive (``ParquetBuffer``,
+one per partition), and uploads the finished files at ``pre_commit``, under names that
+carry ``(epoch, attempt, writer, uuid)``. Nothing is uploaded before ``pre_commit``
+because the epoch is only known then; a writer lost before it re-feeds the attempt, so
+earlier durability would buy nothing. ``FileStore`` is a thin, path-relative view of a
+``pyarrow.fs`` filesystem that fsyncs local files.
+
+Staged names look like ``<prefix>/<epoch:012d>/e<epoch>-a<attempt>-w<writer>-<uuid>-<n>.parquet``.
+"""
+
+from __future__ import annotations
+
+import base64
+import contextlib
+import os
+import re
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from raysink.sinks.base import staged_name
+
+__all__ = [
+    "STAGED_FILE",
+    "FileStore",
+    "ParquetBuffer",
+    "decode_schema",
+    "encode_schema",
+    "epoch_dir",
+    "same_schema",
+    "staged_file_path",
+]
+
+STAGED_FILE = re.compile(r"e(\d{12})-a(\d{4})-w(\d{4})-[0-9a-f]{32}-\d{4}\.parquet")
+"""The base name of every staged file."""
+
+
+def epoch_dir(prefix: str, epoch: int) -> str:
+    """The directory holding every file staged for ``epoch`` (all attempts)."""
+    return f"{prefix}/{epoch:012d}"
+
+
+def staged_file_path(prefix: str, epoch: int, attempt: int, writer: int, unique: str,
+                     n: int) -> str:
+    """Deterministic relative path of the ``n``-th file one writer staged for an attempt."""
+    name = staged_name(epoch, attempt, writer, unique)
+    return f"{epoch_dir(prefix, epoch)}/{name}-{n:04d}.parquet"
+
+
+def encode_schema(schema: pa.Schema) -> str:
+    """Base64 of the Arrow IPC schema (JSON-safe)."""
+    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
+
+
+def decode_schema(text: str) -> pa.Schema:
+    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
+
+
+def same_schema(a: pa.Schema, b: pa.Schema) -> bool:
+    """Equal names and types in order, ignoring metadata and nullability."""
+    return a.names == b.names and all(x.type == y.type for x, y in zip(a, b, strict=True))
+
+
+@dataclass
+class _OpenFile:
+    sink: pa.BufferOutputStream
+    writer: pq.ParquetWriter
+    rows: int = 0
+
+
+@dataclass
+class EncodedFile:
+    """One finished in-memory Parquet file of a ``ParquetBuffer``."""
+
+    data: pa.Buffer
+    rows: int
+
+
+@dataclass
+class ParquetBuffer:
+    """Encodes batches of one schema into in-memory Parquet files of at most ``max_rows``.
+
+    ``finish()`` closes the current file and returns every file since the last ``finish``.
+    """
+
+    schema: pa.Schema
+    max_rows: int
+    compression: str = "zstd"
+    _open: _OpenFile | None = None
+    _done: list[EncodedFile] = field(default_factory=list)
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        offset = 0
+        while offset < batch.num_rows:
+            current = self._current()
+            take = min(batch.num_rows - offset, self.max_rows - current.rows)
+            current.writer.write_batch(batch.slice(offset, take))
+            current.rows += take
+            offset += take
+            if current.rows >= self.max_rows:
+                self._close()
+
+    def finish(self) -> list[EncodedFile]:
+        self._close()
+        done, self._done = self._done, []
+        return done
+
+    @property
+    def rows(self) -> int:
+        return sum(f.rows for f in self._done) + (self._open.rows if self._open else 0)
+
+    def _current(self) -> _OpenFile:
+        if self._open is None:
+            sink = pa.BufferOutputStream()
+            writer = pq.ParquetWriter(sink, self.schema, compression=self.compression)
+            self._open = _OpenFile(sink, writer)
+        return self._open
+
+    def _close(self) -> None:
+        if self._open is None:
+            return
+        self._open.writer.close()
+        self._done.append(EncodedFile(self._open.sink.getvalue(), self._open.rows))
+        self._open = None
+
+
+def new_unique() -> str:
+    return uuid.uuid4().hex
+
+
+class FileStore:
+    """Relative paths under ``base`` on a ``pyarrow.fs`` filesystem.
+
+    Local files are written with fsync (file and directory), so a staged file that
+    ``pre_commit`` reported survives a machine crash.
+    """
+
+    def __init__(self, fs: pafs.FileSystem, base: str) -> None:
+        self.fs = fs
+        self.base = base.rstrip("/")
+        self.local = isinstance(fs, pafs.LocalFileSystem)
+
+    def full(self, rel: str) -> str:
+        return f"{self.base}/{rel}" if self.base else rel
+
+    def write(self, rel: str, data: pa.Buffer) -> None:
+        target = self.full(rel)
+        if self.local:
+            _write_local(Path(target), data)
+            return
+        parent = target.rsplit("/", 1)[0] if "/" in target else ""
+        if parent:
+            self.fs.create_dir(parent, recursive=True)
+        with self.fs.open_output_stream(target) as out:
+            out.write(data)
+
+    def delete(self, rel: str) -> None:
+        """Remove one file; a missing file is fine (idempotent)."""
+        with contextlib.suppress(FileNotFoundError):
+            self.fs.delete_file(self.full(rel))
+
+    def list_files(self, rel_dir: str) -> list[str]:
+        """Files under ``rel_dir`` (recursive), relative to the base; [] when absent."""
+        selector = pafs.FileSelector(self.full(rel_dir), recursive=True, allow_not_found=True)
+        try:
+            infos = self.fs.get_file_info(selector)
+        except FileNotFoundError:
+            return []
+        cut = len(self.base) + 1 if self.base else 0
+        return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
+
+    def remove_empty_dir(self, rel_dir: str) -> None:
+        """Remove ``rel_dir`` when it is an empty local directory (object stores have none)."""
+        if self.local:
+            with contextlib.suppress(OSError):
+                os.rmdir(self.full(rel_dir))
+
+    def read_table(self, rel: str) -> pa.Table:
+        return pq.read_table(self.full(rel), filesystem=self.fs)
+
+    def entries(self) -> Iterator[pafs.FileInfo]:
+        """The top-level entries of the base directory (nothing when it is absent)."""
+        selector = pafs.FileSelector(self.base, recursive=False, allow_not_found=True)
+        yield from self.fs.get_file_info(selector)
+
+
+def _write_local(path: Path, data: pa.Buffer) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp")
+    with open(tmp, "wb") as out:
+        out.write(memoryview(data))
+        out.flush()
+        os.fsync(out.fileno())
+    os.replace(tmp, path)
+    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def manifest_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
+    """The ``files`` list of a manifest (empty for an empty epoch)."""
+    files = manifest.get("files") or []
+    return list(files)

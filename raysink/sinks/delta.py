@@ -1,0 +1,747 @@
+"""A Delta Lake table written through ``deltalake`` (delta-rs).
+
+Layout inside the table directory::
+
+    <path>/
+      _delta_log/...                                        the Delta log
+      raysink/<epoch:012d>/e<epoch>-a<attempt>-w<writer>-<uuid>-<n>.parquet    staged files
+
+Writers encode their rows into Parquet in memory and upload the files at ``pre_commit``
+under ``raysink/<epoch>/``. Delta readers only read files the log references, so a staged
+file is invisible until ``commit`` adds it. The prefix is deliberately not hidden (no
+leading ``_``): once committed the file is an ordinary data file that ``VACUUM`` may
+remove after a later compaction; a staged file is protected by the vacuum retention
+period (7 days by default), so never vacuum with a retention shorter than the longest
+outage an epoch may have to survive.
+
+Manifest of one writer for one attempt (append mode; upsert stages whole rows the same
+way, with empty ``partition_values``)::
+
+    {"writer": 3, "epoch": 12, "attempt": 1,
+     "files": [{"path": "raysink/000000000012/e...-0000.parquet", "size": 5120,
+                "partition_values": {"day": "2024-01-01"}, "modification_time": 1700000000000,
+                "stats": "{\\"numRecords\\": 1000, ...}", "rows": 1000}],
+     "rows": 1000, "bytes": 5120,
+     "schema": "<base64 Arrow IPC schema>" | null}
+
+Commit: one Delta commit carrying ``Transaction(app_id=marker_id, version=epoch)``.
+Append mode adds the staged files; upsert mode reads the staged rows, keeps the last row
+per key (manifest order, then row order) and MERGEs them. ``commit`` checks
+``transaction_version(marker_id) >= epoch`` first (delta-rs does not skip an app
+transaction already committed), so it is idempotent; a concurrent commit of the same
+epoch from another instance makes ours fail with ``CommitFailedError`` (app id conflict),
+after which the marker is re-checked. With ``schema_evolution="add_columns"`` new columns
+are added by a separate metadata commit just before the data commit: a crash between the
+two leaves new empty nullable columns, which the re-run accepts.
+
+A missing table: ``committed_epoch()`` is ``None`` and ``target_exists()`` is ``False``.
+The coordinator, which knows from the meta store whether this sink ever committed rows,
+raises ``DataLossError`` when it did; otherwise ``commit`` creates the table (an empty
+epoch before any data creates nothing: there is no schema to create it with).
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import time
+from collections.abc import Iterator, Sequence
+from dataclasses import dataclass, field
+from datetime import date
+from pathlib import Path
+from types import ModuleType
+from typing import Any, Literal
+
+import pyarrow as pa
+import pyarrow.compute as pc
+import pyarrow.fs as pafs
+import pyarrow.parquet as pq
+
+from raysink._faults import hit
+from raysink.errors import (
+    ConfigError,
+    DataLossError,
+    MetaStoreError,
+    SchemaMismatchError,
+    SinkUnavailableError,
+)
+from raysink.sinks._staging import (
+    STAGED_FILE,
+    FileStore,
+    ParquetBuffer,
+    decode_schema,
+    encode_schema,
+    epoch_dir,
+    new_unique,
+    same_schema,
+    staged_file_path,
+)
+from raysink.sinks.base import Manifest, Sink, SinkWriter
+
+__all__ = ["DeltaSink", "DeltaSinkWriter"]
+
+logger = logging.getLogger(__name__)
+
+STAGING_PREFIX = "raysink"
+_STAT_STRING_MAX = 32
+_SEQ = "__raysink_seq"
+_REMEMBERED_ATTEMPTS = 8  # staged attempts a writer can still roll back
+
+
+def _deltalake() -> ModuleType:
+    try:
+        import deltalake
+    except ImportError as exc:  # pragma: no cover - depends on the environment
+        raise ConfigError("DeltaSink needs deltalake: pip install 'raysink[delta]'") from exc
+    return deltalake
+
+
+def _is_local(path: str) -> bool:
+    return "://" not in path or path.startswith("file://")
+
+
+def _local_path(path: str) -> str:
+    return os.path.abspath(path.removeprefix("file://"))
+
+
+# --------------------------------------------------------------------------- schema
+
+
+def _delta_fields(schema: pa.Schema) -> dict[str, Any]:
+    """Column name -> Delta type (JSON form) of an Arrow schema."""
+    dl = _deltalake()
+    doc = json.loads(dl.Schema.from_arrow(schema).to_json())
+    return {f["name"]: f["type"] for f in doc["fields"]}
+
+
+def _table_fields(dt: Any) -> dict[str, Any]:
+    doc = json.loads(dt.schema().to_json())
+    return {f["name"]: f["type"] for f in doc["fields"]}
+
+
+def _schema_problems(table: dict[str, Any], batch: dict[str, Any], evolve: bool) -> list[str]:
+    """Why ``batch`` cannot be written to ``table`` (empty: it can)."""
+    problems = [f"column {n!r} is missing" for n in table if n not in batch]
+    problems += [f"column {n!r} is {batch[n]!r}, the table has {t!r}"
+                 for n, t in table.items() if n in batch and batch[n] != t]
+    if not evolve:
+        problems += [f"column {n!r} is not in the table" for n in batch if n not in table]
+    return problems
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def _stat_value(value: Any) -> Any:
+    """A JSON stats value, or ``None`` when the type is not summarised (floats, timestamps
+    and long strings are left out: a truncated max would skip files wrongly)."""
+    if isinstance(value, bool):
+        return None
+    if isinstance(value, int):
+        return value
+    if isinstance(value, str):
+        return value if len(value) <= _STAT_STRING_MAX else None
+    if isinstance(value, date) and type(value) is date:
+        return value.isoformat()
+    return None
+
+
+@dataclass
+class _ColumnStats:
+    nulls: int = 0
+    nulls_known: bool = True
+    low: Any = None
+    high: Any = None
+    ranged: bool = True
+
+
+def _file_stats(data: pa.Buffer, rows: int) -> str:
+    """Delta ``stats`` JSON of one Parquet file, from its footer."""
+    meta = pq.ParquetFile(pa.BufferReader(data)).metadata
+    top = set(meta.schema.to_arrow_schema().names)
+    columns: dict[str, _ColumnStats] = {}
+    for g in range(meta.num_row_groups):
+        group = meta.row_group(g)
+        for c in range(group.num_columns):
+            chunk = group.column(c)
+            if chunk.path_in_schema in top:
+                _merge_stats(columns.setdefault(chunk.path_in_schema, _ColumnStats()),
+                             chunk.statistics, group.num_rows)
+    doc: dict[str, Any] = {"numRecords": rows, "minValues": {}, "maxValues": {}, "nullCount": {}}
+    for name, col in columns.items():
+        if col.nulls_known:
+            doc["nullCount"][name] = col.nulls
+        if col.ranged and col.low is not None and col.high is not None:
+            doc["minValues"][name] = col.low
+            doc["maxValues"][name] = col.high
+    return json.dumps(doc)
+
+
+def _merge_stats(col: _ColumnStats, stats: Any, group_rows: int) -> None:
+    if stats is None or not stats.has_null_count:
+        col.nulls_known = False
+    else:
+        col.nulls += stats.null_count
+    if stats is None or not stats.has_min_max:
+        # an all-null row group has no range and does not widen one
+        col.ranged = col.ranged and stats is not None and stats.null_count == group_rows
+        return
+    low, high = _stat_value(stats.min), _stat_value(stats.max)
+    if low is None or high is None:
+        col.ranged = False
+        return
+    col.low = low if col.low is None else min(col.low, low)
+    col.high = high if col.high is None else max(col.high, high)
+
+
+def _partition_value(value: Any) -> str | None:
+    """Delta's string form of a partition value."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, date):
+        return value.isoformat()
+    return str(value)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _DeltaOptions:
+    uri: str
+    partition_by: tuple[str, ...]
+    mode: Literal["append", "upsert"]
+    key: tuple[str, ...] | None
+    storage_options: dict[str, str] | None
+    schema_evolution: Literal["fail", "add_columns"]
+    max_file_rows: int
+    compression: str
+
+    @property
+    def local(self) -> bool:
+        return _is_local(self.uri)
+
+    def store(self) -> FileStore:
+        """The table directory as a ``FileStore`` (relative paths)."""
+        if self.local:
+            return FileStore(pafs.LocalFileSystem(), self.uri)
+        from deltalake.fs import DeltaStorageHandler
+
+        return FileStore(pafs.PyFileSystem(DeltaStorageHandler(self.uri, self.storage_options)), "")
+
+    def load(self) -> Any | None:
+        """The table, or ``None`` when there is none at ``uri``."""
+        dl = _deltalake()
+        if self.local and not os.path.isdir(os.path.join(self.uri, "_delta_log")):
+            return None
+        try:
+            return dl.DeltaTable(self.uri, storage_options=self.storage_options)
+        except dl.exceptions.TableNotFoundError:
+            return None
+
+
+class DeltaSink(Sink):
+    """Exactly-once appends or upserts into a Delta table.
+
+    ``path`` is a local directory or an object-store URI (``s3://``, ``az://``, ``gs://``;
+    ``storage_options`` as for ``deltalake``). ``mode="upsert"`` needs ``key``: within and
+    across epochs the last row per key wins. ``schema_evolution="add_columns"`` lets a
+    batch add nullable columns; any other difference is a ``SchemaMismatchError``.
+    ``commit`` and ``abort`` are idempotent; ``validate`` creates nothing.
+    """
+
+    kind = "delta"
+
+    def __init__(
+        self,
+        path: str,
+        *,
+        partition_by: Sequence[str] | None = None,
+        mode: Literal["append", "upsert"] = "append",
+        key: Sequence[str] | None = None,
+        storage_options: dict[str, str] | None = None,
+        schema_evolution: Literal["fail", "add_columns"] = "fail",
+        max_file_rows: int = 1_000_000,
+        compression: str = "zstd",
+    ) -> None:
+        if mode not in ("append", "upsert"):
+            raise ConfigError(f"DeltaSink mode must be 'append' or 'upsert', got {mode!r}")
+        if schema_evolution not in ("fail", "add_columns"):
+            raise ConfigError("DeltaSink schema_evolution must be 'fail' or 'add_columns', "
+                              f"got {schema_evolution!r}")
+        if key is not None and mode != "upsert":
+            raise ConfigError(f"DeltaSink key={list(key)!r} only applies to mode='upsert'")
+        if max_file_rows < 1:
+            raise ConfigError(f"DeltaSink max_file_rows must be positive, got {max_file_rows!r}")
+        uri = _local_path(path) if _is_local(path) else path.rstrip("/")
+        self._opts = _DeltaOptions(
+            uri=uri, partition_by=tuple(partition_by or ()), mode=mode,
+            key=tuple(key) if key is not None else None,
+            storage_options=dict(storage_options) if storage_options else None,
+            schema_evolution=schema_evolution, max_file_rows=max_file_rows,
+            compression=compression)
+
+    # ------------------------------------------------------------------ description
+
+    @property
+    def path(self) -> str:
+        return self._opts.uri
+
+    @property
+    def mode(self) -> str:
+        return self._opts.mode
+
+    @property
+    def key(self) -> Sequence[str] | None:
+        return self._opts.key
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "path": self._opts.uri, "mode": self._opts.mode,
+                "key": list(self._opts.key) if self._opts.key else None,
+                "partition_by": list(self._opts.partition_by),
+                "schema_evolution": self._opts.schema_evolution}
+
+    def _where(self, epoch: int | None = None) -> dict[str, Any]:
+        return {"runtime": self.runtime or None, "sink": self.name or None, "epoch": epoch}
+
+    def _check_key(self) -> None:
+        if self._opts.mode == "upsert" and not self._opts.key:
+            raise ConfigError("DeltaSink(mode='upsert') needs key=[...] naming the upsert key",
+                              **self._where())
+
+    # ------------------------------------------------------------------ validate
+
+    def validate(self) -> None:
+        """Check the target without creating anything: the options, and that ``path`` is
+        empty, absent (creatable) or a Delta table with the same partitioning."""
+        self._check_key()
+        try:
+            dt = self._opts.load()
+        except Exception as exc:
+            raise SinkUnavailableError(f"cannot open {self._opts.uri!r} as a Delta table: {exc}",
+                                       **self._where()) from exc
+        if dt is not None:
+            self._check_partitioning(dt)
+            return
+        if self._opts.local:
+            self._validate_local_absent(Path(self._opts.uri))
+        else:
+            self._check_foreign(self._opts.store())
+
+    def _check_partitioning(self, dt: Any) -> None:
+        existing = tuple(dt.metadata().partition_columns)
+        if existing != self._opts.partition_by:
+            raise ConfigError(f"the Delta table at {self._opts.uri!r} is partitioned by "
+                              f"{list(existing)!r}, got partition_by="
+                              f"{list(self._opts.partition_by)!r}", **self._where())
+
+    def _validate_local_absent(self, root: Path) -> None:
+        if root.is_dir():
+            self._check_foreign(self._opts.store())
+            return
+        probe = root
+        while not probe.exists():
+            probe = probe.parent
+        if not probe.is_dir():
+            raise SinkUnavailableError(f"{str(probe)!r} is a file, so the Delta table "
+                                       f"{self._opts.uri!r} cannot be created there; "
+                                       "choose another path", **self._where())
+
+    def _check_foreign(self, store: FileStore) -> None:
+        try:
+            names = [info.base_name for info in store.entries()]
+        except FileNotFoundError:
+            return
+        except NotADirectoryError as exc:
+            raise self._holds_else() from exc
+        except OSError as exc:
+            raise SinkUnavailableError(f"cannot list {self._opts.uri!r}: {exc}",
+                                       **self._where()) from exc
+        if any(name != STAGING_PREFIX for name in names):
+            raise self._holds_else()
+
+    def _holds_else(self) -> SinkUnavailableError:
+        return SinkUnavailableError(
+            f"{self._opts.uri!r} holds something that is not a Delta table (no _delta_log); "
+            "point the sink at an empty or absent directory or an existing Delta table",
+            **self._where())
+
+    # ------------------------------------------------------------------ writer
+
+    def create_writer(self, writer_id: int) -> DeltaSinkWriter:
+        self._check_key()
+        return DeltaSinkWriter(self._opts, writer_id, self._where())
+
+    # ------------------------------------------------------------------ commit
+
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+        """Add the epoch's staged files (or MERGE its rows) in one Delta commit carrying
+        ``Transaction(marker_id, epoch)``. Idempotent: returns at once when the marker
+        says ``epoch`` is in; a lost race with another committer of the same epoch is
+        recognised by re-checking the marker."""
+        self._check_key()
+        files = self._checked_files(epoch, manifests)
+        dt = self._opts.load()
+        if dt is not None and self._has_marker(dt, epoch):
+            self._cleanup_committed(epoch, files)
+            return
+        schema = self._epoch_schema(epoch, manifests)
+        commit_failed = _deltalake().exceptions.CommitFailedError
+        try:
+            committed = self._commit_once(dt, epoch, manifests, files, schema)
+        except commit_failed:
+            dt = self._opts.load()
+            if dt is None or not self._has_marker(dt, epoch):
+                raise
+            logger.info("Delta sink %s: epoch %d was committed concurrently", self.marker_id,
+                        epoch)
+            committed = True
+        if committed:
+            self._cleanup_committed(epoch, files)
+            logger.info("Delta sink %s committed epoch %d (%d files)", self.marker_id, epoch,
+                        len(files))
+
+    def _commit_once(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
+                     files: list[dict[str, Any]], schema: pa.Schema | None) -> bool:
+        if schema is None and dt is None:
+            logger.info("Delta sink %s: epoch %d is empty and there is no table yet; "
+                        "nothing to commit", self.marker_id, epoch)
+            return False
+        if schema is not None and dt is not None:
+            dt = self._reconcile_schema(dt, schema, epoch)
+        if self._opts.mode == "upsert":
+            self._commit_upsert(dt, epoch, manifests, schema)
+        else:
+            self._commit_append(dt, epoch, files, schema)
+        return True
+
+    def _commit_properties(self, epoch: int) -> Any:
+        dl = _deltalake()
+        return dl.CommitProperties(
+            app_transactions=[dl.Transaction(app_id=self.marker_id, version=epoch)])
+
+    def _commit_append(self, dt: Any | None, epoch: int, files: list[dict[str, Any]],
+                       schema: pa.Schema | None) -> None:
+        from deltalake.transaction import AddAction, create_table_with_add_actions
+
+        actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]),
+                             int(f["modification_time"]), True, f["stats"]) for f in files]
+        hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
+        if dt is None:
+            assert schema is not None
+            try:
+                create_table_with_add_actions(
+                    self._opts.uri, _deltalake().Schema.from_arrow(schema), actions,
+                    mode="error", partition_by=list(self._opts.partition_by) or None,
+                    storage_options=self._opts.storage_options,
+                    commit_properties=self._commit_properties(epoch))
+            except _deltalake().exceptions.DeltaError as exc:
+                # another committer created the table first: never append blindly
+                if self._opts.load() is None:
+                    raise
+                raise _deltalake().exceptions.CommitFailedError(str(exc)) from exc
+            return
+        dt.create_write_transaction(actions, "append", dt.schema(),
+                                    commit_properties=self._commit_properties(epoch))
+
+    def _commit_upsert(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
+                       schema: pa.Schema | None) -> None:
+        if dt is None:
+            assert schema is not None
+            dt = _deltalake().DeltaTable.create(
+                self._opts.uri, schema, mode="ignore",
+                partition_by=list(self._opts.partition_by) or None,
+                storage_options=self._opts.storage_options)
+            dt = self._reconcile_schema(dt, schema, epoch)
+        source = self._latest_rows(epoch, manifests)
+        hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
+        if source is None or source.num_rows == 0:
+            dt.create_write_transaction([], "append", dt.schema(),
+                                        commit_properties=self._commit_properties(epoch))
+            return
+        assert self._opts.key is not None
+        predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self._opts.key)
+        (dt.merge(source, predicate, source_alias="s", target_alias="t",
+                  commit_properties=self._commit_properties(epoch))
+         .when_matched_update_all().when_not_matched_insert_all().execute())
+
+    def _latest_rows(self, epoch: int, manifests: Sequence[Manifest]) -> pa.Table | None:
+        """The epoch's staged rows, last row per key (manifest order, then row order)."""
+        store = self._opts.store()
+        tables = [store.read_table(f["path"]) for m in manifests for f in m.get("files") or []]
+        if not tables:
+            return None
+        rows = pa.concat_tables(tables, promote_options="none")
+        assert self._opts.key is not None
+        _check_keys(rows, self._opts.key, self._where(epoch))
+        return _last_per_key(rows, self._opts.key)
+
+    def _reconcile_schema(self, dt: Any, schema: pa.Schema, epoch: int) -> Any:
+        """Raise on an incompatible schema; add new nullable columns when allowed."""
+        table, batch = _table_fields(dt), _delta_fields(schema)
+        evolve = self._opts.schema_evolution == "add_columns"
+        problems = _schema_problems(table, batch, evolve)
+        if problems:
+            raise SchemaMismatchError(
+                f"the epoch's schema does not fit the Delta table {self._opts.uri!r}: "
+                f"{'; '.join(problems)}", **self._where(epoch))
+        new = [n for n in batch if n not in table]
+        if not new:
+            return dt
+        dl = _deltalake()
+        fields = [dl.Field(f.name, f.type, nullable=True)
+                  for f in dl.Schema.from_arrow(schema).fields if f.name in new]
+        dt.alter.add_columns(fields)
+        logger.info("Delta sink %s: added columns %s", self.marker_id, new)
+        return self._opts.load()
+
+    def _has_marker(self, dt: Any, epoch: int) -> bool:
+        version = dt.transaction_version(self.marker_id)
+        return version is not None and version >= epoch  # version 0 is falsy
+
+    def _epoch_schema(self, epoch: int, manifests: Sequence[Manifest]) -> pa.Schema | None:
+        schemas = [decode_schema(m["schema"]) for m in manifests if m.get("schema")]
+        if not schemas:
+            return None
+        first = schemas[0]
+        for other in schemas[1:]:
+            if not same_schema(first, other):
+                raise SchemaMismatchError(
+                    f"writers staged different schemas: {first} and {other}",
+                    **self._where(epoch))
+        return first
+
+    def _checked_files(self, epoch: int, manifests: Sequence[Manifest] | None
+                       ) -> list[dict[str, Any]]:
+        files = [dict(f) for m in manifests or () for f in m.get("files") or []]
+        for f in files:
+            self._check_path(epoch, str(f["path"]))
+        return files
+
+    def _check_path(self, epoch: int, path: str) -> None:
+        """Refuse any manifest path that is not a staged file of ``epoch``."""
+        head, _, base = path.rpartition("/")
+        match = STAGED_FILE.fullmatch(base)
+        if (head != epoch_dir(STAGING_PREFIX, epoch) or match is None
+                or int(match.group(1)) != epoch):
+            raise MetaStoreError(f"manifest path {path!r} is not a file staged for epoch {epoch} "
+                                 f"under {self._opts.uri!r}/{STAGING_PREFIX}; refused",
+                                 **self._where(epoch))
+
+    def _cleanup_committed(self, epoch: int, files: list[dict[str, Any]]) -> None:
+        """Upsert mode: the staged rows were merged, so their files can go."""
+        if self._opts.mode != "upsert":
+            return
+        store = self._opts.store()
+        for f in files:
+            store.delete(f["path"])
+        store.remove_empty_dir(epoch_dir(STAGING_PREFIX, epoch))
+
+    # ------------------------------------------------------------------ abort, markers
+
+    def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
+        """Delete the epoch's staged files (the listed ones, or every file under
+        ``raysink/<epoch>/`` with ``None``), never one the table references. Idempotent."""
+        store = self._opts.store()
+        if manifests is None:
+            paths = [p for p in store.list_files(epoch_dir(STAGING_PREFIX, epoch))
+                     if STAGED_FILE.fullmatch(p.rpartition("/")[2])]
+        else:
+            paths = [f["path"] for f in self._checked_files(epoch, manifests)]
+        keep = self._referenced() if paths and self._opts.mode == "append" else set()
+        for path in paths:
+            if path not in keep:
+                store.delete(path)
+        store.remove_empty_dir(epoch_dir(STAGING_PREFIX, epoch))
+
+    def _referenced(self) -> set[str]:
+        dt = self._opts.load()
+        if dt is None:
+            return set()
+        return set(dt.get_add_actions(flatten=False).column("path").to_pylist())
+
+    def committed_epoch(self) -> int | None:
+        """The epoch of this sink's transaction marker; ``None`` when the table is missing
+        (see ``target_exists``) or has no marker of this sink."""
+        dt = self._opts.load()
+        if dt is None:
+            return None
+        version = dt.transaction_version(self.marker_id)
+        return None if version is None else int(version)
+
+    def target_exists(self) -> bool:
+        """Whether the Delta table exists. With ``committed_epoch() is None`` this tells a
+        lost table (``DataLossError`` when the meta store says rows were committed) from a
+        table that never received data (created by the next ``commit``)."""
+        return self._opts.load() is not None
+
+    def recreate_marker(self, epoch: int) -> None:
+        """Write the marker at ``epoch`` in an empty commit (no epoch is pending).
+
+        The marker lives in the Delta log with the data, so it only goes missing when the
+        transaction expired (``delta.setTransactionRetentionDuration``); a missing table is
+        a ``DataLossError``. Idempotent."""
+        dt = self._opts.load()
+        if dt is None:
+            raise DataLossError(f"the Delta table {self._opts.uri!r} is gone after raysink "
+                                "committed to it; restore it or start a new runtime",
+                                **self._where(epoch))
+        if self._has_marker(dt, epoch):
+            return
+        dt.create_write_transaction([], "append", dt.schema(),
+                                    commit_properties=self._commit_properties(epoch))
+
+
+# --------------------------------------------------------------------------- rows
+
+
+def _check_keys(rows: pa.Table | pa.RecordBatch, key: Sequence[str],
+                where: dict[str, Any]) -> None:
+    missing = [k for k in key if k not in rows.schema.names]
+    if missing:
+        raise SchemaMismatchError(f"upsert key columns {missing!r} are not in the batch "
+                                  f"(columns {rows.schema.names!r})", **where)
+    nulls = [k for k in key if rows.column(k).null_count > 0]
+    if nulls:
+        raise SchemaMismatchError(f"upsert key columns {nulls!r} hold null values; "
+                                  "every key value must be set", **where)
+
+
+def _last_per_key(rows: pa.Table, key: Sequence[str]) -> pa.Table:
+    """Keep the last row per key, in row order."""
+    numbered = rows.append_column(_SEQ, pa.array(range(rows.num_rows), pa.int64()))
+    last = numbered.group_by(list(key), use_threads=False).aggregate([(_SEQ, "max")])
+    keep = pc.sort_indices(last.column(f"{_SEQ}_max"))
+    return rows.take(pc.take(last.column(f"{_SEQ}_max"), keep))
+
+
+# --------------------------------------------------------------------------- writer
+
+
+@dataclass
+class _EpochState:
+    schema: pa.Schema | None = None
+    buffers: dict[tuple[str | None, ...], ParquetBuffer] = field(default_factory=dict)
+
+
+class DeltaSinkWriter(SinkWriter):
+    """Encodes an epoch's rows into Parquet in memory (per partition, rolling at
+    ``max_file_rows``) and uploads them at ``pre_commit``. Schema, key and null checks run
+    on every ``write``, so bad data fails the epoch before anything is staged."""
+
+    def __init__(self, opts: _DeltaOptions, writer_id: int, where: dict[str, Any]) -> None:
+        self._opts = opts
+        self._writer_id = writer_id
+        self._where = where
+        self._store: FileStore | None = None
+        self._epoch = _EpochState()
+        self._staged: dict[tuple[int, int], list[str]] = {}
+
+    def open(self) -> None:
+        if self._store is None:
+            self._store = self._opts.store()
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        self._check_batch(batch)
+        if batch.num_rows == 0:
+            return
+        for values, part in self._split(batch):
+            buffer = self._epoch.buffers.get(values)
+            if buffer is None:
+                buffer = ParquetBuffer(part.schema, self._opts.max_file_rows,
+                                       self._opts.compression)
+                self._epoch.buffers[values] = buffer
+            buffer.write(part)
+
+    def _check_batch(self, batch: pa.RecordBatch) -> None:
+        if self._epoch.schema is None:
+            self._check_against_table(batch.schema)
+            self._epoch.schema = batch.schema.remove_metadata()
+        elif not same_schema(self._epoch.schema, batch.schema):
+            raise SchemaMismatchError(f"batch schema {batch.schema} differs from the epoch's "
+                                      f"{self._epoch.schema}", **self._where)
+        missing = [c for c in self._opts.partition_by if c not in batch.schema.names]
+        if missing:
+            raise SchemaMismatchError(f"partition columns {missing!r} are not in the batch",
+                                      **self._where)
+        if self._opts.key:
+            _check_keys(batch, self._opts.key, self._where)
+
+    def _check_against_table(self, schema: pa.Schema) -> None:
+        dt = self._opts.load()
+        if dt is None:
+            return
+        problems = _schema_problems(_table_fields(dt), _delta_fields(schema),
+                                    self._opts.schema_evolution == "add_columns")
+        if problems:
+            raise SchemaMismatchError(f"batch schema does not fit the Delta table "
+                                      f"{self._opts.uri!r}: {'; '.join(problems)}",
+                                      **self._where)
+
+    def _split(self, batch: pa.RecordBatch
+               ) -> Iterator[tuple[tuple[str | None, ...], pa.RecordBatch]]:
+        cols = list(self._opts.partition_by)
+        if not cols or self._opts.mode == "upsert":
+            yield (), batch
+            return
+        table = pa.Table.from_batches([batch])
+        combos = table.select(cols).group_by(cols, use_threads=False).aggregate([])
+        for combo in combos.to_pylist():
+            mask = None
+            for c in cols:
+                column, value = table.column(c), combo[c]
+                m = (pc.is_null(column) if value is None
+                     else pc.equal(column, pa.scalar(value, column.type)))
+                mask = m if mask is None else pc.and_(mask, m)
+            part = table.filter(mask).drop_columns(cols).combine_chunks()
+            values = tuple(_partition_value(combo[c]) for c in cols)
+            for piece in part.to_batches():
+                yield values, piece
+
+    def pre_commit(self, epoch: int, attempt: int) -> Manifest:
+        """Upload the epoch's files under ``raysink/<epoch>/`` and describe them."""
+        self.open()
+        assert self._store is not None
+        unique = new_unique()
+        files: list[dict[str, Any]] = []
+        for values, buffer in self._epoch.buffers.items():
+            partition = dict(zip(self._opts.partition_by, values, strict=True)) \
+                if self._opts.mode == "append" else {}
+            for encoded in buffer.finish():
+                path = staged_file_path(STAGING_PREFIX, epoch, attempt, self._writer_id, unique,
+                                        len(files))
+                self._store.write(path, encoded.data)
+                self._remember(epoch, attempt, path)
+                files.append({"path": path, "size": encoded.data.size,
+                              "partition_values": partition,
+                              "modification_time": int(time.time() * 1000),
+                              "stats": _file_stats(encoded.data, encoded.rows),
+                              "rows": encoded.rows})
+        schema = self._epoch.schema
+        self._epoch = _EpochState()
+        return {"writer": self._writer_id, "epoch": epoch, "attempt": attempt, "files": files,
+                "rows": sum(f["rows"] for f in files), "bytes": sum(f["size"] for f in files),
+                "schema": encode_schema(schema) if schema is not None else None}
+
+    def _remember(self, epoch: int, attempt: int, path: str) -> None:
+        self._staged.setdefault((epoch, attempt), []).append(path)
+        while len(self._staged) > _REMEMBERED_ATTEMPTS:
+            del self._staged[min(self._staged)]
+
+    def rollback(self, epoch: int, attempt: int) -> None:
+        """Drop buffered rows and delete the files this writer staged for the attempt."""
+        self._epoch = _EpochState()
+        paths = self._staged.pop((epoch, attempt), [])
+        if paths:
+            self.open()
+            assert self._store is not None
+            for path in paths:
+                self._store.delete(path)
+
+    def close(self) -> None:
+        self._epoch = _EpochState()
+        self._store = None
+

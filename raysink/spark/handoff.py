@@ -1,0 +1,369 @@
+"""Spark DataFrame -> one Arrow table per partition, through RayDP's recoverable path.
+
+How the data travels (RayDP 1.6.5)::
+
+    driver JVM   ObjectStoreWriter.prepareRecoverableRDD(df)   toArrowBatchRdd, persist,
+                                                               count(): all computed here
+    Ray task     _fetch_partition(i)  -> executor actor raydp-executor-<id>.getRDDPartition
+                                         (the cached Arrow batches as one IPC stream)
+                                      -> pa.Table (zero-copy view of the bytes), schema
+                                         normalised, returned into the object store
+    consumer     ray.get([ref])       -> the pa.Table, zero-copy from the object store
+
+Lifecycle of a :class:`SparkPartitions`:
+
+1. ``open(df)`` caches and counts the DataFrame in Spark; nothing moves to Ray yet.
+   A DataFrame with zero partitions never reaches RayDP (its conversion throws on one):
+   it has an empty partition list and the right schema.
+2. ``refs()`` or ``as_ready()`` submit one fetch task per partition, all at once. The
+   refs are owned by the calling process, so a consumer actor that crashes loses nothing
+   but its borrow; hand them to actors nested in a list (``actor.write.remote([ref])``).
+   The handoff keeps no ref itself: a partition's object lives as long as its consumer
+   holds it.
+3. ``refetch(i)`` fetches partition ``i`` again from the cached RDD (re-feeding a writer
+   whose buffer was lost).
+4. ``release()`` (also on ``__exit__``) unpins the cached RDD; call it once the epoch is
+   committed. Idempotent. Fetching after it is a :class:`ConfigError`.
+
+RayDP's fetch retries forever when the app master is gone (it is not restartable), so
+``as_ready`` bounds the wait: no partition finishing within ``fetch_timeout`` seconds is
+a :class:`SinkUnavailableError`.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from types import TracebackType
+from typing import Any
+
+import pyarrow as pa
+import ray
+from pyspark import StorageLevel
+from pyspark.sql import DataFrame
+
+from raysink.errors import ConfigError, SinkUnavailableError
+
+__all__ = ["SparkPartitions", "normalise_schema"]
+
+logger = logging.getLogger(__name__)
+
+#: Submits the fetch of one partition and returns the ref of its ``pa.Table``.
+FetchFn = Callable[[int], "ray.ObjectRef[pa.Table]"]
+
+_EXECUTOR_ACTOR = "raydp-executor-{}"
+
+
+class SparkPartitions:
+    """The partitions of one cached Spark DataFrame, fetched as Arrow tables on demand.
+
+    Build it with :meth:`open`; the constructor is the seam for tests and other sources:
+    ``fetch(i)`` submits the fetch of partition ``i``, ``release()`` unpins the source.
+    """
+
+    def __init__(
+        self,
+        *,
+        schema: pa.Schema,
+        num_partitions: int,
+        fetch: FetchFn,
+        release: Callable[[], None] | None = None,
+        fetch_timeout: float = 300.0,
+        description: str = "DataFrame",
+    ) -> None:
+        if fetch_timeout <= 0:
+            raise ConfigError(f"fetch_timeout must be positive seconds, got {fetch_timeout!r}")
+        self._schema = schema
+        self._num_partitions = num_partitions
+        self._fetch = fetch
+        self._release = release
+        self._fetch_timeout = fetch_timeout
+        self._description = description
+        self._released = False
+
+    @classmethod
+    def open(cls, df: DataFrame, *, fetch_timeout: float = 300.0) -> SparkPartitions:
+        """Cache and count ``df`` in Spark and return its partitions, ready to fetch.
+
+        This runs the whole Spark job: when it returns, every partition is computed and
+        held by the executors until :meth:`release`.
+        """
+        schema = normalise_schema(_jvm_arrow_schema(df))
+        if _num_partitions(df) == 0:
+            return cls(
+                schema=schema, num_partitions=0, fetch=_no_partition,
+                fetch_timeout=fetch_timeout, description="DataFrame with zero partitions",
+            )
+        rdd = _RecoverableRdd.prepare(df, schema)
+        return cls(
+            schema=schema, num_partitions=rdd.num_partitions, fetch=rdd.fetch,
+            release=rdd.release, fetch_timeout=fetch_timeout,
+            description=f"Spark RDD {rdd.rdd_id}",
+        )
+
+    @property
+    def num_partitions(self) -> int:
+        """How many partitions (and so tables) the DataFrame has; may be 0."""
+        return self._num_partitions
+
+    @property
+    def schema(self) -> pa.Schema:
+        """The Arrow schema of every partition's table (timestamps with a zone in UTC)."""
+        return self._schema
+
+    @property
+    def released(self) -> bool:
+        """Whether :meth:`release` ran; no fetch is possible after it."""
+        return self._released
+
+    def refs(self) -> list[ray.ObjectRef[pa.Table]]:
+        """Submit every partition's fetch at once; one ref per partition, in order.
+
+        Each call submits new fetches; the handoff keeps none of the refs.
+        """
+        self._check_open()
+        return [self._fetch(index) for index in range(self._num_partitions)]
+
+    def as_ready(
+        self, timeout: float | None = None
+    ) -> Iterator[tuple[int, ray.ObjectRef[pa.Table]]]:
+        """Yield ``(index, ref)`` for each partition as soon as its fetch has finished.
+
+        ``timeout`` (default: ``fetch_timeout``) bounds the wait for the next partition;
+        past it the remaining fetches are cancelled and :class:`SinkUnavailableError`
+        names the partitions still missing. A fetch that failed is yielded like one that
+        succeeded: ``ray.get`` of its ref raises the failure.
+        """
+        bound = self._fetch_timeout if timeout is None else timeout
+        return self._wait_each(dict(enumerate(self.refs())), bound)
+
+    def refetch(self, index: int) -> ray.ObjectRef[pa.Table]:
+        """Fetch partition ``index`` again from the cached RDD."""
+        self._check_open()
+        if not 0 <= index < self._num_partitions:
+            raise ConfigError(
+                f"partition index must be in [0, {self._num_partitions}), got {index!r}"
+            )
+        return self._fetch(index)
+
+    def release(self) -> None:
+        """Unpin the cached RDD in Spark; idempotent, never raises for a stopped Spark."""
+        if self._released:
+            return
+        self._released = True
+        if self._release is None:
+            return
+        try:
+            self._release()
+        except Exception as exc:  # Spark already stopped: its cache went with it.
+            logger.warning("could not release %s: %s", self._description, exc)
+
+    def __enter__(self) -> SparkPartitions:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.release()
+
+    def __repr__(self) -> str:
+        state = "released" if self._released else "open"
+        return f"SparkPartitions({self._description}, {self._num_partitions} partitions, {state})"
+
+    def _check_open(self) -> None:
+        if self._released:
+            raise ConfigError(
+                f"the partitions of {self._description} were released; "
+                "open the DataFrame again with SparkPartitions.open(df)"
+            )
+
+    def _wait_each(
+        self, pending: dict[int, ray.ObjectRef[pa.Table]], bound: float
+    ) -> Iterator[tuple[int, ray.ObjectRef[pa.Table]]]:
+        by_ref = {ref: index for index, ref in pending.items()}
+        while by_ref:
+            ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=bound, fetch_local=False)
+            if not ready:
+                _cancel(list(by_ref))
+                raise self._timeout_error(sorted(by_ref.values()), bound)
+            for ref in ready:
+                yield by_ref.pop(ref), ref
+
+    def _timeout_error(self, missing: list[int], bound: float) -> SinkUnavailableError:
+        others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""
+        return SinkUnavailableError(
+            f"Spark partition {missing[0]}{others} of {self._description} was not fetched "
+            f"within {bound:g} s; the Spark app master may be gone (RayDP cannot restart it) "
+            "or the executors are overloaded. Restart Spark with init_spark() and write the "
+            "epoch again, or raise fetch_timeout"
+        )
+
+
+def normalise_schema(schema: pa.Schema) -> pa.Schema:
+    """Spark's Arrow schema as raysink delivers it: no metadata, zoned timestamps in UTC.
+
+    Spark labels ``TimestampType`` with the session time zone; the instants are UTC
+    microseconds whatever the label, so relabelling is free.
+    """
+    fields = [field.with_type(_normalise_type(field.type)) for field in schema]
+    return pa.schema([field.remove_metadata() for field in fields])
+
+
+def _normalise_type(dtype: pa.DataType) -> pa.DataType:
+    if pa.types.is_timestamp(dtype) and dtype.tz is not None:
+        return pa.timestamp(dtype.unit, tz="UTC")
+    if pa.types.is_map(dtype):
+        return pa.map_(
+            dtype.key_field.with_type(_normalise_type(dtype.key_type)),
+            dtype.item_field.with_type(_normalise_type(dtype.item_type)),
+            keys_sorted=dtype.keys_sorted,
+        )
+    if pa.types.is_list(dtype) or pa.types.is_large_list(dtype):
+        item = dtype.value_field.with_type(_normalise_type(dtype.value_type))
+        return pa.large_list(item) if pa.types.is_large_list(dtype) else pa.list_(item)
+    if pa.types.is_struct(dtype):
+        return pa.struct([field.with_type(_normalise_type(field.type)) for field in dtype])
+    return dtype
+
+
+def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
+    """``table`` with exactly ``schema`` (a relabelling; no data is copied when equal)."""
+    table = table.replace_schema_metadata()
+    if table.schema.equals(schema):
+        return table
+    return table.cast(schema)
+
+
+@dataclass(frozen=True, slots=True)
+class _RecoverableRdd:
+    """A DataFrame cached by RayDP's ``prepareRecoverableRDD``, served by its executors."""
+
+    rdd_id: int
+    num_partitions: int
+    schema_json: str
+    driver_agent_url: str
+    locations: tuple[str, ...]
+    schema: pa.Schema
+    writer: Any  # py4j handle of org.apache.spark.sql.raydp.ObjectStoreWriter
+
+    @classmethod
+    def prepare(cls, df: DataFrame, schema: pa.Schema) -> _RecoverableRdd:
+        context = df.sparkSession.sparkContext
+        writer = _jvm(df).org.apache.spark.sql.raydp.ObjectStoreWriter
+        level = context._getJavaStorageLevel(StorageLevel.MEMORY_AND_DISK)
+        info = writer.prepareRecoverableRDD(df._jdf, level)
+        return cls(
+            rdd_id=int(info.rddId()),
+            num_partitions=int(info.numPartitions()),
+            schema_json=str(info.schemaJson()),
+            driver_agent_url=str(info.driverAgentUrl()),
+            locations=tuple(str(location) for location in info.locations()),
+            schema=schema,
+            writer=writer,
+        )
+
+    def fetch(self, index: int) -> ray.ObjectRef[pa.Table]:
+        ref: ray.ObjectRef[pa.Table] = _fetch_partition.remote(
+            _EXECUTOR_ACTOR.format(self.locations[index]), self.rdd_id, index,
+            self.schema_json, self.driver_agent_url, self.schema,
+        )
+        return ref
+
+    def release(self) -> None:
+        self.writer.releaseRecoverableRDD(self.rdd_id)
+
+
+@ray.remote(num_cpus=0, max_retries=3, retry_exceptions=True)
+def _fetch_partition(
+    executor: str,
+    rdd_id: int,
+    index: int,
+    schema_json: str,
+    driver_agent_url: str,
+    schema: pa.Schema,
+) -> pa.Table:
+    """Ask the executor actor for a cached partition's Arrow IPC stream; decode it.
+
+    Retried up to 3 times on any failure (an executor actor that died is restarted by
+    RayDP and serves the partition again, re-caching it when the block was lost), and
+    re-run by Ray's lineage when the returned object is lost.
+    """
+    executor_actor = ray.get_actor(executor)
+    with cross_language_calls():
+        ipc_ref: Any = executor_actor.getRDDPartition.remote(
+            rdd_id, index, schema_json, driver_agent_url
+        )
+    ipc: Any = ray.get(ipc_ref)
+    table = pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+    return conform(table, schema)
+
+
+@contextmanager
+def cross_language_calls() -> Iterator[None]:
+    """Let this process call a Java actor's method (Ray's internal load-code-from-local).
+
+    The flag also stops the process exporting its own remote functions to Ray (other
+    workers then wait forever for their definition), so it is set only around the
+    ``.remote()`` of the Java call and restored at once. RayDP's own fetch task leaves it
+    set in the pooled worker.
+    """
+    from ray._private.worker import global_worker
+
+    worker: Any = global_worker
+    before = bool(worker.load_code_from_local)
+    worker.set_load_code_from_local(True)
+    try:
+        yield
+    finally:
+        worker.set_load_code_from_local(before)
+
+
+def _cancel(refs: list[ray.ObjectRef[pa.Table]]) -> None:
+    """Stop fetches nobody waits for any more (RayDP's would retry forever)."""
+    for ref in refs:
+        try:
+            ray.cancel(ref, recursive=True)
+        except Exception as exc:  # already finished, or its owner is gone
+            logger.debug("could not cancel fetch %s: %s", ref, exc)
+
+
+def _jvm(df: DataFrame) -> Any:
+    """The py4j view of the driver JVM behind ``df``."""
+    jvm = df.sparkSession.sparkContext._jvm
+    if jvm is None:
+        raise ConfigError(
+            "the DataFrame's Spark session is stopped; start one with raysink.spark.init_spark()"
+        )
+    return jvm
+
+
+def _no_partition(index: int) -> ray.ObjectRef[pa.Table]:
+    raise ConfigError(f"a DataFrame with zero partitions has no partition {index!r}")
+
+
+def _num_partitions(df: DataFrame) -> int:
+    """Partitions of the plan RayDP would convert (planning only; shuffles run once)."""
+    return int(df._jdf.queryExecution().toRdd().getNumPartitions())
+
+
+def _jvm_arrow_schema(df: DataFrame) -> pa.Schema:
+    """The Arrow schema Spark's own conversion writes for ``df``, read back in Python.
+
+    Taken from the JVM (RayDP's ``ObjectStoreWriter.toArrowSchema``, serialised as an
+    Arrow IPC schema message), so it is exactly what the executors send, even for a
+    DataFrame that has no partition to look at.
+    """
+    jvm = _jvm(df)
+    arrow_schema = jvm.org.apache.spark.sql.raydp.ObjectStoreWriter.toArrowSchema(df._jdf)
+    out = jvm.java.io.ByteArrayOutputStream()
+    channel = jvm.org.apache.arrow.vector.ipc.WriteChannel(
+        jvm.java.nio.channels.Channels.newChannel(out)
+    )
+    jvm.org.apache.arrow.vector.ipc.message.MessageSerializer.serialize(channel, arrow_schema)
+    schema: pa.Schema = pa.ipc.read_schema(pa.py_buffer(bytes(out.toByteArray())))
+    return schema

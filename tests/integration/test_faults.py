@@ -1,0 +1,137 @@
+"""Writers and the coordinator killed at each named protocol point; the result is exact.
+
+Each case writes epochs 1 and 2, kills its victim at one protocol point of epoch 3, then
+writes epoch 4, and compares the Parquet table with the input row by row.
+
+Two ways to kill: ``sigkill`` is a real SIGKILL of the victim's process (Ray restarts the
+actor; the point fires inside the victim, or the victim's pid is signalled while the point
+holds the epoch still); ``ray.kill`` ends the actor for good while the point holds the
+epoch still (the runtime re-creates it).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+import ray
+
+from raysink import SinkRuntime
+from raysink.sinks import ParquetSink
+from raysink.testing import arm_fault
+from tests.integration.helpers import (
+    assert_exactly,
+    epoch_table,
+    run_in_thread,
+    sigkill,
+    wait_fired,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+ROWS = 400
+
+# (protocol point, the process it fires in)
+WRITER_POINTS = [
+    ("writer.during_write", "writer"),
+    ("writer.after_pre_commit", "writer"),
+    ("writer.after_ack", "writer"),
+    ("coordinator.after_pending", "coordinator"),
+    ("sink.mid_commit", "coordinator"),
+    ("coordinator.after_commit", "coordinator"),
+]
+COORDINATOR_POINTS = [
+    ("writer.during_write", "writer"),
+    ("writer.after_pre_commit", "writer"),
+    ("coordinator.after_open", "coordinator"),
+    ("coordinator.after_pending", "coordinator"),
+    ("coordinator.mid_commit", "coordinator"),
+    ("sink.mid_commit", "coordinator"),
+    ("coordinator.after_commit", "coordinator"),
+]
+
+
+def _sinks(tmp_path: Path) -> dict[str, ParquetSink]:
+    return {"main": ParquetSink(str(tmp_path / "main")),
+            "copy": ParquetSink(str(tmp_path / "copy"))}
+
+
+def _pid(handle: Any) -> int:
+    return int(ray.get(handle.pid.remote() if hasattr(handle, "pid") else handle.ping.remote()))
+
+
+def _kill(rt: SinkRuntime, victim: str, how: str) -> None:
+    actors = rt._actors
+    assert actors is not None
+    handle = actors.coordinator if victim == "coordinator" else actors.writers["main"][0]
+    if how == "ray.kill":
+        ray.kill(handle)
+    else:
+        pid = ray.get(handle.pid.remote()) if victim == "coordinator" else ray.get(
+            handle.ping.remote())
+        sigkill(int(pid))
+
+
+def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
+              how: str) -> None:
+    when: dict[str, Any] = {"epoch": 3}
+    if where == "writer":
+        when.update({"writer": 0, "sink": "main"})
+    if point == "coordinator.mid_commit":
+        when["sink"] = "copy"
+    with SinkRuntime(name, _sinks(tmp_path), writers=2, commit_timeout=60,
+                     metastore=f"sqlite:///{tmp_path / 'meta.db'}", retry_cap=0.5) as rt:
+        for epoch in (1, 2):
+            rt.write_arrow(epoch_table(epoch, ROWS))
+        if how == "sigkill" and victim == where:
+            arm_fault(name, point, action="kill", when=when)
+            report = rt.write_arrow(epoch_table(3, ROWS))
+        else:
+            arm_fault(name, point, action="sleep", seconds=2.0, when=when)
+            thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(3, ROWS)))
+            wait_fired(name, point)
+            _kill(rt, victim, how)
+            thread.join(timeout=180)
+            assert not thread.is_alive(), "the epoch never finished"
+            if "error" in box:
+                raise box["error"]
+            report = box["result"]
+        assert report.epoch == 3 and report.committed
+        fourth = rt.write_arrow(epoch_table(4, ROWS))
+        assert fourth.epoch == 4 and fourth.committed
+    for sink in ("main", "copy"):
+        assert_exactly(tmp_path / sink, [1, 2, 3, 4], ROWS)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "ray.kill"])
+@pytest.mark.parametrize(("point", "where"), WRITER_POINTS)
+def test_writer_killed(tmp_path: Path, point: str, where: str, how: str) -> None:
+    name = f"wk-{point.replace('.', '-').replace('_', '')}-{how.replace('.', '')}"
+    _run_case(tmp_path, name, "writer", point, where, how)
+
+
+@pytest.mark.parametrize("how", ["sigkill", "ray.kill"])
+@pytest.mark.parametrize(("point", "where"), COORDINATOR_POINTS)
+def test_coordinator_killed(tmp_path: Path, point: str, where: str, how: str) -> None:
+    name = f"ck-{point.replace('.', '-').replace('_', '')}-{how.replace('.', '')}"
+    _run_case(tmp_path, name, "coordinator", point, where, how)
+
+
+def test_attempts_are_bounded(tmp_path: Path) -> None:
+    """A writer that dies on every attempt ends in EpochFailedError, nothing visible."""
+    from raysink import EpochFailedError
+
+    name = "bounded"
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "main")), max_attempts=2,
+                     metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        rt.write_arrow(epoch_table(1, ROWS))
+        arm_fault(name, "writer.after_pre_commit", action="kill", times=5,
+                  when={"epoch": 2, "writer": 0})
+        started = time.monotonic()
+        with pytest.raises(EpochFailedError) as info:
+            rt.write_arrow(epoch_table(2, ROWS))
+        assert info.value.attempts == 2 and info.value.epoch == 2
+        assert time.monotonic() - started < 120
+    assert_exactly(tmp_path / "main", [1], ROWS)
