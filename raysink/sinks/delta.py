@@ -360,7 +360,8 @@ class DeltaSink(Sink):
         except OSError as exc:
             raise SinkUnavailableError(f"cannot list {self._opts.uri!r}: {exc}",
                                        **self._where()) from exc
-        if any(name != STAGING_PREFIX for name in names):
+        # our staging, and an empty log left by a creation that crashed, are ours
+        if any(name not in (STAGING_PREFIX, "_delta_log") for name in names):
             raise self._holds_else()
 
     def _holds_else(self) -> SinkUnavailableError:
