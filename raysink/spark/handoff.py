@@ -324,10 +324,14 @@ def cross_language_calls() -> Iterator[None]:
 
 
 def _cancel(refs: list[ray.ObjectRef[pa.Table]]) -> None:
-    """Stop fetches nobody waits for any more (RayDP's would retry forever)."""
+    """Stop fetches nobody waits for any more (RayDP's would retry forever).
+
+    Forced: a fetch blocks inside a call (the executor actor's) that a polite cancel does
+    not interrupt; killing its worker does not retry it.
+    """
     for ref in refs:
         try:
-            ray.cancel(ref, recursive=True)
+            ray.cancel(ref, force=True)
         except Exception as exc:  # already finished, or its owner is gone
             logger.debug("could not cancel fetch %s: %s", ref, exc)
 
@@ -347,7 +351,7 @@ def _no_partition(index: int) -> ray.ObjectRef[pa.Table]:
 
 
 def _num_partitions(df: DataFrame) -> int:
-    """Partitions of the plan RayDP would convert (planning only; shuffles run once)."""
+    """Partitions of the executed plan RayDP converts (its Arrow RDD maps it 1:1)."""
     return int(df._jdf.queryExecution().toRdd().getNumPartitions())
 
 

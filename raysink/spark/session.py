@@ -109,12 +109,12 @@ def init_spark(
     check_java()
     with _lock:
         global _session
+        _ensure_ray(executors * executor_cores)
         if _session is not None:
             raise ConfigError(
                 f"a RayDP Spark session {_session.sparkContext.appName!r} is already running "
                 "in this process; call raysink.spark.stop_spark() before init_spark() again"
             )
-        _ensure_ray(executors * executor_cores)
         _session = raydp.init_spark(
             app_name,
             executors,
