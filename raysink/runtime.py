@@ -149,6 +149,7 @@ class SinkRuntime:
         self._checkpoint_id = 0
         self._shuffle: random.Random | None = None
         self._bound: tuple[str, int] | None = None
+        self._inflight: list[Any] = []
 
     # ------------------------------------------------------------------ set-up
 
@@ -284,8 +285,7 @@ class SinkRuntime:
         started = time.monotonic()
         last_error: BaseException | None = None
         for attempt_no in range(1, self._options.max_attempts + 1):
-            decision = self._call(actors.coordinator.open_epoch.remote(
-                epoch, self._options.commit_timeout))
+            decision = self._open_epoch(actors, epoch)
             epoch = int(decision["epoch"])
             if decision["skip"]:
                 return self._report(epoch, 0, True, True, tuple(decision["skipped_sinks"]),
@@ -311,13 +311,33 @@ class SinkRuntime:
             "epoch again", attempts=self._options.max_attempts, runtime=self.name,
             epoch=epoch) from last_error
 
+    def _open_epoch(self, actors: ActorSet, epoch: int | None) -> dict[str, Any]:
+        """Open at the coordinator; a coordinator lost meanwhile is healed and asked again
+        (its successor aborted the half-opened attempt while recovering)."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+        for _ in range(self._options.max_attempts):
+            try:
+                decision: dict[str, Any] = self._call(actors.coordinator.open_epoch.remote(
+                    epoch, self._options.commit_timeout))
+                return decision
+            except (ActorDiedError, ActorUnavailableError) as exc:
+                log.warning("%s: coordinator lost while opening an epoch (%s); recovering",
+                            self.name, _short(exc))
+                actors.heal()
+        raise EpochFailedError(f"could not open an epoch after {self._options.max_attempts} "
+                               "coordinator failures", attempts=self._options.max_attempts,
+                               runtime=self.name, epoch=epoch)
+
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
                          plan: _feed.FeedPlan) -> int:
         self._checkpoint_id += 1
         barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
                               shuffle=self._shuffle)
+        self._inflight = barriers
         results = self._call(barriers)
+        self._inflight = []
         per_sink = len(self._sinks)
         return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1)
 
@@ -337,14 +357,29 @@ class SinkRuntime:
         None: aborted and rolled back, so re-feed."""
         actors.heal()
         resolution = self._call(actors.coordinator.resolve.remote(epoch))
+        self._settle_inflight()
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
             return True
         self._rollback_writers(actors, epoch, attempt)
         return None
 
+    def _settle_inflight(self, timeout: float = 30.0) -> None:
+        """Collect the failed attempt's barrier calls (they end once the coordinator has
+        resolved the epoch), so no error is left unobserved."""
+        import ray
+
+        refs, self._inflight = self._inflight, []
+        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        for ref in ready:
+            try:
+                ray.get(ref)
+            except Exception as exc:
+                log.debug("%s: barrier of the failed attempt: %s", self.name, _short(exc))
+
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """Bad data: abort the attempt everywhere; nothing of it is written."""
         self._call(actors.coordinator.resolve.remote(epoch))
+        self._settle_inflight()
         self._rollback_writers(actors, epoch, attempt)
 
     def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:

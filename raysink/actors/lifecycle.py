@@ -43,7 +43,8 @@ def _remote_writer_class() -> Any:
                    "status", "close"):
         group = _WRITER_METHOD_GROUPS.get(method, "control")
         ray.method(concurrency_group=group)(getattr(SinkWriterActor, method))
-    return ray.remote(concurrency_groups=_WRITER_GROUPS)(SinkWriterActor)
+    remote = ray.remote(concurrency_groups=_WRITER_GROUPS)  # type: ignore[call-overload]
+    return remote(SinkWriterActor)
 
 
 def _exists(name: str) -> bool:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass, field
-from typing import Generic, TypeVar
+from typing import Any, Generic, TypeVar
 
 __all__ = ["EpochSlot", "Mailbox", "Verdict"]
 
@@ -36,6 +36,7 @@ class EpochSlot(Generic[T]):
     next_seq: int = 0
     waiting: dict[int, T] = field(default_factory=dict)
     rows: int = 0
+    schema: Any = None
     poison: BaseException | None = None
     cancelled: bool = False
 
@@ -151,9 +152,13 @@ class Mailbox(Generic[T]):
             result = self._cond.wait_for(state, timeout)
             return result if result is not None else "timeout"
 
-    def drop(self) -> EpochSlot[T] | None:
-        """Forget the current epoch (after its ack, or a rollback)."""
+    def drop(self, epoch: int, attempt: int) -> EpochSlot[T] | None:
+        """Forget ``(epoch, attempt)`` (after its ack, or a rollback) if it is current; a
+        newer attempt that replaced it is left alone."""
         with self._cond:
-            old, self._slot = self._slot, None
+            old = self._slot
+            if old is None or (old.epoch, old.attempt) != (epoch, attempt):
+                return None
+            self._slot = None
             self._cond.notify_all()
             return old

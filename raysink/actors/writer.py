@@ -34,7 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import _faults
-from raysink.actors.mailbox import Mailbox, Verdict
+from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
 from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import EpochFailedError, RaySinkError, SchemaMismatchError
 from raysink.sinks.base import Sink
@@ -69,7 +69,6 @@ class SinkWriterActor:
         self._lock = threading.Lock()
         self._mailbox: Mailbox[pa.Table] = Mailbox()
         self._done: tuple[int, int] = (-1, -1)
-        self._schema: pa.Schema | None = None
         self._rows_total = 0
         self._closed = threading.Event()
         self._metrics = _Metrics(config)
@@ -86,8 +85,6 @@ class SinkWriterActor:
         old = self._mailbox.begin(epoch, attempt)
         if old is not None:
             self._rollback_writer(old.epoch, old.attempt)
-        if old is not None or self._mailbox.slot is not None:
-            self._schema = None if old is not None else self._schema
         return True
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any]) -> int:
@@ -119,7 +116,7 @@ class SinkWriterActor:
             try:
                 with self._lock:
                     for _, table in run:
-                        self._apply(table)
+                        self._apply(slot, table)
                         rows += table.num_rows
                         _faults.hit("writer.during_write", runtime=self._config.runtime,
                                     epoch=epoch, writer=self._config.writer_id,
@@ -132,13 +129,13 @@ class SinkWriterActor:
                 self._mailbox.applied(epoch, attempt, len(run), rows)
                 self._metrics.rows(rows)
 
-    def _apply(self, table: pa.Table) -> None:
-        if self._schema is None:
-            self._schema = table.schema
-        elif not table.schema.equals(self._schema, check_metadata=False):
+    def _apply(self, slot: EpochSlot[pa.Table], table: pa.Table) -> None:
+        if slot.schema is None:
+            slot.schema = table.schema
+        elif not table.schema.equals(slot.schema, check_metadata=False):
             raise SchemaMismatchError(
                 "a batch's schema differs from the epoch's: "
-                f"{_schema_diff(self._schema, table.schema)}; send one schema per epoch",
+                f"{_schema_diff(slot.schema, table.schema)}; send one schema per epoch",
                 runtime=self._config.runtime, sink=self._config.sink_name)
         for batch in table.to_batches():
             if batch.num_rows:
@@ -156,7 +153,7 @@ class SinkWriterActor:
         self._await_writes(epoch, attempt, last_seq)
         slot = self._mailbox.slot
         rows = slot.rows if slot else 0
-        schema = _schema_text(self._schema)
+        schema = _schema_text(slot.schema if slot else None)
         with self._lock:
             self._writer.flush()
             manifest = self._writer.pre_commit(epoch, attempt)
@@ -165,8 +162,9 @@ class SinkWriterActor:
         try:
             self._request_commit(epoch, attempt, manifest, schema)
         except BaseException:
-            self._rollback_writer(epoch, attempt)
-            self._mailbox.drop()
+            # The epoch may be PENDING already (the coordinator died after recording it):
+            # staged data stays until the coordinator's resolve says ABORTED.
+            self._mailbox.drop(epoch, attempt)
             raise
         self._ack(epoch, attempt, rows)
         _faults.hit("writer.after_ack", runtime=self._config.runtime, epoch=epoch,
@@ -183,7 +181,7 @@ class SinkWriterActor:
         slot = self._mailbox.slot
         poison = slot.poison if slot else None
         self._rollback_writer(epoch, attempt)
-        self._mailbox.drop()
+        self._mailbox.drop(epoch, attempt)
         self._done = max(self._done, (epoch, attempt))
         if isinstance(poison, RaySinkError):
             raise poison
@@ -209,9 +207,8 @@ class SinkWriterActor:
             raise
 
     def _ack(self, epoch: int, attempt: int, rows: int) -> None:
-        self._mailbox.drop()
+        self._mailbox.drop(epoch, attempt)
         self._done = max(self._done, (epoch, attempt))
-        self._schema = None
         self._rows_total += rows
 
     # ------------------------------------------------------------------ control group
@@ -220,13 +217,11 @@ class SinkWriterActor:
         """Drop what ``(epoch, attempt)`` staged; later writes of it are ignored."""
         self._mailbox.cancel(epoch, attempt)
         self._rollback_writer(epoch, attempt)
-        if self._is_current(epoch, attempt):
-            self._mailbox.drop()
+        self._mailbox.drop(epoch, attempt)
         self._done = max(self._done, (epoch, attempt))
 
     def _rollback_writer(self, epoch: int, attempt: int) -> None:
         with self._lock:
-            self._schema = None
             self._writer.rollback(epoch, attempt)
 
     def cancel(self, epoch: int, attempt: int) -> None:
