@@ -17,7 +17,6 @@ up to ``max_attempts`` attempts.
 from __future__ import annotations
 
 import logging
-import os
 import random
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -189,13 +188,20 @@ class SinkRuntime:
             raise
         return self
 
+    def _metastore_url(self) -> str:
+        """The meta store's URL, the default resolved here in the driver's directory (the
+        actors may run elsewhere)."""
+        from raysink.coordinator.metastore import default_url
+
+        return self._options.metastore or default_url(self.name)
+
     def _check_metastore(self) -> None:
         """Reachable and writable, and the sink set is what it was (or changed on purpose):
         refused here, in the driver, before any actor starts."""
         from raysink.coordinator.metastore import open_metastore
         from raysink.coordinator.metastore._sql import check_sink_set
 
-        store = open_metastore(self._options.metastore, self.name)
+        store = open_metastore(self._metastore_url(), self.name)
         try:
             record = store.load(self.name)
             if record is not None:
@@ -207,16 +213,15 @@ class SinkRuntime:
 
     def _actor_set(self) -> ActorSet:
         opts = self._options
-        workdir = os.getcwd()
         coordinator = CoordinatorConfig(
-            runtime=self.name, metastore=opts.metastore,
+            runtime=self.name, metastore=self._metastore_url(),
             sinks=self._sinks, writers=opts.writers,
             max_pending_epochs=opts.max_pending_epochs, retry_cap=opts.retry_cap,
-            add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks, workdir=workdir)
+            add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks)
         writer_configs = {
             sink_name: [WriterConfig(runtime=self.name, sink_name=sink_name, sink=sink,
                                      writer_id=i, coordinator=coordinator_name(self.name),
-                                     flush_interval=opts.flush_interval, workdir=workdir)
+                                     flush_interval=opts.flush_interval)
                         for i in range(opts.writers)]
             for sink_name, sink in self._sinks.items()}
         return ActorSet(coordinator_config=coordinator, writer_configs=writer_configs,

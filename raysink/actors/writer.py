@@ -55,14 +55,12 @@ class WriterConfig:
     coordinator: str
     flush_interval: float = 5.0
     barrier_timeout: float = 600.0
-    workdir: str = "."
 
 
 class SinkWriterActor:
     """Named ``<runtime>.<sink>.writer-<i>`` in the ``raysink`` namespace."""
 
     def __init__(self, config: WriterConfig) -> None:
-        os.chdir(config.workdir)
         self._config = config
         self._writer = config.sink.create_writer(config.writer_id)
         self._writer.open()

@@ -59,7 +59,6 @@ class CoordinatorConfig:
     retry_cap: float = 60.0
     add_sinks: tuple[str, ...] = ()
     drop_sinks: tuple[str, ...] = ()
-    workdir: str = "."
 
 
 @dataclass(kw_only=True, slots=True)
@@ -78,11 +77,8 @@ class CoordinatorActor:
     """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace."""
 
     def __init__(self, config: CoordinatorConfig) -> None:
-        import os
-
         from raysink.coordinator.metastore import open_metastore
 
-        os.chdir(config.workdir)
         self._config = config
         self._store = open_metastore(config.metastore, config.runtime)
         kinds = {name: sink.kind for name, sink in config.sinks.items()}
