@@ -4,8 +4,11 @@
 
     RaySinkError
     ├── ConfigError (ValueError)      an option, sink set, routing key or epoch source is wrong
+    │   └── VnodeOverlapError         two writers claim the same vnodes
     ├── SchemaMismatchError           bad data: nothing of the epoch is written
     ├── EpochRegressionError          an epoch below one still in flight
+    ├── StaleAttemptError             a request for an attempt that is no longer open
+    ├── BarrierOrderError (ValueError) an input broke the barrier protocol
     ├── BackpressureError             too many outstanding epochs, or a full mailbox
     ├── EpochFailedError              a write poisoned the epoch, or all attempts are used
     ├── SinkUnavailableError          target unreachable, refused, or holding something else
@@ -25,6 +28,7 @@ from typing import Any
 
 __all__ = [
     "BackpressureError",
+    "BarrierOrderError",
     "ConfigError",
     "DataLossError",
     "EpochFailedError",
@@ -35,6 +39,8 @@ __all__ = [
     "RuntimeInUseError",
     "SchemaMismatchError",
     "SinkUnavailableError",
+    "StaleAttemptError",
+    "VnodeOverlapError",
 ]
 
 
@@ -155,3 +161,56 @@ class RuntimeInUseError(RaySinkError):
 
 class FencedError(RaySinkError):
     """A newer coordinator generation wrote to the meta store first; this one must stop."""
+
+
+class VnodeOverlapError(ConfigError):
+    """Two writers claim the same vnodes; ``vnodes`` lists them, ``writer_id`` is the writer
+    whose claim was refused."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        vnodes: tuple[int, ...] = (),
+        writer_id: int | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.vnodes = vnodes
+        self.writer_id = writer_id
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "vnodes": self.vnodes, "writer_id": self.writer_id}
+
+
+class BarrierOrderError(RaySinkError, ValueError):
+    """An input broke the barrier protocol: a repeated or regressing barrier, a barrier
+    whose epoch disagrees with another input's for the same checkpoint, or an event handed
+    over for an input in the wrong phase. ``input_id`` and ``checkpoint_id`` locate it."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        input_id: int | None = None,
+        checkpoint_id: int | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.input_id = input_id
+        self.checkpoint_id = checkpoint_id
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {
+            **super()._fields(),
+            "input_id": self.input_id,
+            "checkpoint_id": self.checkpoint_id,
+        }
+
+
+class StaleAttemptError(RaySinkError):
+    """A commit request for an attempt that is no longer the open one."""

@@ -28,10 +28,10 @@ import math
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any, Generic, TypeAlias, TypeVar
+from typing import Generic, TypeAlias, TypeVar
 
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.errors import ConfigError, RaySinkError
+from raysink.errors import BarrierOrderError, ConfigError
 
 __all__ = [
     "AlignAction",
@@ -56,31 +56,7 @@ __all__ = [
 T = TypeVar("T")
 
 
-class BarrierOrderError(RaySinkError, ValueError):
-    """An input broke the barrier protocol: a repeated or regressing barrier, a barrier
-    whose epoch disagrees with another input's for the same checkpoint, or an event handed
-    over for an input in the wrong phase. ``input_id`` and ``checkpoint_id`` locate it."""
 
-    def __init__(
-        self,
-        message: str,
-        *,
-        input_id: int | None = None,
-        checkpoint_id: int | None = None,
-        runtime: str | None = None,
-        sink: str | None = None,
-        epoch: int | None = None,
-    ) -> None:
-        self.input_id = input_id
-        self.checkpoint_id = checkpoint_id
-        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
-
-    def _fields(self) -> dict[str, Any]:
-        return {
-            **super()._fields(),
-            "input_id": self.input_id,
-            "checkpoint_id": self.checkpoint_id,
-        }
 
 
 def _check_num_inputs(num_inputs: object) -> int:

@@ -37,6 +37,7 @@ from raysink.errors import (
     MetaStoreError,
     RaySinkError,
     SchemaMismatchError,
+    StaleAttemptError,
 )
 from raysink.sinks.base import Manifest, Sink
 
@@ -57,10 +58,6 @@ class Resolution(str, enum.Enum):
     COMMITTED = "COMMITTED"
     ROLLING_FORWARD = "ROLLING_FORWARD"
     ABORTED = "ABORTED"
-
-
-class StaleAttemptError(RaySinkError):
-    """A commit request for an attempt that is no longer the open one."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -27,7 +27,7 @@ import numpy.typing as npt
 import pyarrow as pa
 import pyarrow.compute as pc
 
-from raysink.errors import ConfigError
+from raysink.errors import ConfigError, VnodeOverlapError
 
 __all__ = [
     "VNODE_COUNT",
@@ -55,28 +55,6 @@ _ROW_SEED = np.uint64(0xBB67AE8584CAA73B)
 _INT_SALT = np.uint64(0x3C6EF372FE94F82B)
 _LEN_SALT = np.uint64(0xA54FF53A5F1D36F1)
 _CHUNK_BYTES = 1 << 20
-
-
-class VnodeOverlapError(ConfigError):
-    """Two writers claim the same vnodes; ``vnodes`` lists them, ``writer_id`` is the writer
-    whose claim was refused."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        vnodes: tuple[int, ...] = (),
-        writer_id: int | None = None,
-        runtime: str | None = None,
-        sink: str | None = None,
-        epoch: int | None = None,
-    ) -> None:
-        self.vnodes = vnodes
-        self.writer_id = writer_id
-        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
-
-    def _fields(self) -> dict[str, Any]:
-        return {**super()._fields(), "vnodes": self.vnodes, "writer_id": self.writer_id}
 
 
 # --- hashing ---------------------------------------------------------------------------
