@@ -11,6 +11,7 @@ import os
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -19,6 +20,26 @@ os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 
 _LAYERS = ("unit", "integration", "spark", "chaos")
+# Seconds each layer may take in the default run; the summary flags a layer over budget.
+BUDGETS = {"unit": 60.0, "integration": 480.0, "spark": 480.0, "chaos": 180.0}
+_SPENT: dict[str, float] = dict.fromkeys(_LAYERS, 0.0)
+
+
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    for layer in _LAYERS:
+        if layer in report.keywords:
+            _SPENT[layer] += report.duration
+
+
+def pytest_terminal_summary(terminalreporter: Any) -> None:
+    lines = []
+    for layer in _LAYERS:
+        spent, budget = _SPENT[layer], BUDGETS[layer]
+        flag = "  OVER BUDGET" if spent > budget else ""
+        lines.append(f"{layer:<12} {spent:7.1f} s of {budget:5.0f} s{flag}")
+    terminalreporter.write_sep("-", "time per test layer")
+    for line in lines:
+        terminalreporter.write_line(line)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -38,4 +59,6 @@ def ray_session() -> Iterator[None]:
         ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
 from tests.support.postgres import pg_server  # noqa: E402,F401
