@@ -23,7 +23,8 @@ chaos: setup
 	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q
 
 bench: setup
-	$(PY) bench/write_arrow.py
+	$(PY) bench/spark_write.py
+	$(PY) bench/spark_memory.py
 
 lint: setup
 	$(VENV)/bin/ruff check raysink tests bench

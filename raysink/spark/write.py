@@ -67,12 +67,14 @@ def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
         return rt._run_refs(ready, epoch)
 
 
-def write_micro_batch(rt: SinkRuntime, df: Any, batch_id: int) -> None:
-    """``foreachBatch`` entry: bind to the query, then write the batch as its epoch."""
+def write_micro_batch(rt: SinkRuntime, df: Any, batch_id: int) -> EpochReport:
+    """``foreachBatch`` entry: bind to the query, then write the batch as its epoch.
+    Returns the epoch's report (``SinkRuntime.foreach_batch`` drops it)."""
     offset = rt._bind_source(_query_id(df))
     report = write_dataframe(rt, df, epoch=int(batch_id) + 1 + offset)
     log.info("%s: micro-batch %s -> epoch %s (%s rows, %s)", rt.name, batch_id, report.epoch,
              report.rows, "skipped, already committed" if report.skipped else "committed")
+    return report
 
 
 def _query_id(df: Any) -> str:

@@ -1,0 +1,341 @@
+"""Benchmark: writing one cached Spark DataFrame as Parquet, three ways (not a test).
+
+One DataFrame (default 5 M rows, 8 partitions: a long, a double, a string, an int) is
+cached in Spark on Ray (RayDP, 2 executors x 1 core), then alternating rounds time:
+
+* ``spark``       ``df.write.parquet``: Spark's own writer, in the executors;
+* ``from_spark``  ``ray.data.from_spark(df)``, then one Ray task per block writing it with
+                  ``pyarrow.parquet.write_table``: what a Spark-on-Ray user does today,
+                  without exactly-once;
+* ``raysink``     ``rt.write(df)`` into a ``ParquetSink`` with 2 writers: one exactly-once
+                  epoch (the runtime is started once, before the rounds).
+
+All three use the same compression (``--compression``, default snappy: Spark's default).
+Each round prints seconds and rows/s; the end prints medians and the ratios
+raysink / from_spark+tasks (target >= 1.3) and raysink / Spark (target >= 0.8).
+
+``--profile`` adds one more raysink epoch, timed phase by phase from the driver (Spark
+prepare, partitions ready, feed + pre-commit, coordinator commit), with the Ray timeline
+of the fetch tasks and writer calls, and, when ``py-spy`` is installed, a sampled profile
+of the writer actors grouped by what they were doing.
+
+    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--profile]
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import json
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import ray
+
+from raysink import SinkRuntime
+from raysink.sinks import ParquetSink
+
+
+@ray.remote(num_cpus=1)
+def _write_block(table: pa.Table, path: str, compression: str) -> int:
+    """One Ray task: one block to one Parquet file."""
+    pq.write_table(table, path, compression=compression)
+    return int(table.num_rows)
+
+
+def build_frame(spark: Any, rows: int, partitions: int) -> Any:
+    """The cached DataFrame every variant writes."""
+    df = spark.range(0, rows, 1, partitions).selectExpr(
+        "id",
+        "id * 0.5 AS x",
+        "concat('customer-', CAST(id % 100003 AS STRING)) AS s",
+        "CAST(id % 97 AS INT) AS k",
+    )
+    df.cache()
+    df.count()
+    return df
+
+
+class Bench:
+    """The variants, sharing one output root and one started runtime."""
+
+    def __init__(self, df: Any, root: Path, compression: str, writers: int) -> None:
+        self.df = df
+        self.root = root
+        self.compression = compression
+        self.rt = SinkRuntime(
+            "bench-spark-write",
+            ParquetSink(str(root / "raysink"), compression=compression),  # type: ignore[arg-type]
+            writers=writers, metastore=f"sqlite:///{root / 'meta.db'}",
+        ).start()
+
+    def spark(self, round_no: int) -> int:
+        target = self.root / f"spark-{round_no}"
+        self.df.write.option("compression", self.compression).mode("overwrite").parquet(
+            str(target))
+        return -1
+
+    def from_spark(self, round_no: int) -> int:
+        from raydp.spark.dataset import release_spark_recoverable
+
+        target = self.root / f"from_spark-{round_no}"
+        target.mkdir()
+        dataset = ray.data.from_spark(self.df)
+        refs = dataset.to_arrow_refs()
+        done = [_write_block.remote(ref, str(target / f"part-{i:05d}.parquet"), self.compression)
+                for i, ref in enumerate(refs)]
+        rows = sum(ray.get(done))
+        release_spark_recoverable(self.df)
+        return rows
+
+    def raysink(self, round_no: int) -> int:
+        report = self.rt.write(self.df)
+        if not report.committed:
+            raise RuntimeError(f"raysink epoch not committed: {report}")
+        return report.rows
+
+    def close(self) -> None:
+        self.rt.close()
+
+
+# ---------------------------------------------------------------------------- profile
+
+#: What a writer's sampled stack was doing, first match wins (matched on the frame text).
+_CATEGORIES = (
+    ("coordinator commit wait", ("_request_commit",)),
+    ("object fetch (ray.get of partitions)", ("_fetch (", "get_objects", "ray.get")),
+    ("parquet encode + file write", ("write_table", "ParquetWriter", "_write_buffer")),
+    ("fsync / rename", ("fsync", "_stage_flushed", "_finish_file")),
+    ("batch split / schema conform", ("to_batches", "_conform", "_as_table", "from_batches")),
+    ("reorder / mailbox", ("mailbox", "_drain")),
+)
+
+
+class _PhaseClock:
+    """Wraps driver-side steps of ``rt.write`` to time them (profile round only)."""
+
+    def __init__(self) -> None:
+        self.marks: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
+        self.ready: list[float] = []
+        self._undo: list[Callable[[], None]] = []
+
+    def wrap(self, owner: Any, name: str, label: str) -> None:
+        original = owner.__dict__[name]
+        func = original.__func__ if isinstance(original, classmethod) else original
+
+        def timed(*args: Any, **kwargs: Any) -> Any:
+            start = time.perf_counter()
+            try:
+                return func(*args, **kwargs)
+            finally:
+                self.marks[label].append((start, time.perf_counter()))
+
+        setattr(owner, name, classmethod(timed) if isinstance(original, classmethod) else timed)
+        self._undo.append(lambda: setattr(owner, name, original))
+
+    def wrap_ready(self, owner: Any) -> None:
+        original = owner.as_ready
+
+        def as_ready(this: Any, *args: Any, **kwargs: Any) -> Any:
+            for item in original(this, *args, **kwargs):
+                self.ready.append(time.perf_counter())
+                yield item
+
+        owner.as_ready = as_ready
+        self._undo.append(lambda: setattr(owner, "as_ready", original))
+
+    def restore(self) -> None:
+        for undo in reversed(self._undo):
+            undo()
+
+
+def _actor_pids(rt: Any) -> dict[str, int]:
+    actors = rt._actors
+    pids = {f"writer-{i}": ray.get(w.ping.remote()) for i, w in enumerate(actors.all_writers())}
+    pids["coordinator"] = ray.get(actors.coordinator.pid.remote())
+    return pids
+
+
+def _start_pyspy(pids: dict[str, int], out: Path) -> dict[str, tuple[Any, Path]]:
+    spy = shutil.which("py-spy") or str(Path(sys.executable).with_name("py-spy"))
+    if not Path(spy).exists():
+        print("(py-spy not installed: no sampled profile of the actors)")
+        return {}
+    running = {}
+    for name, pid in pids.items():
+        path = out / f"pyspy-{name}.txt"
+        proc = subprocess.Popen([spy, "record", "-p", str(pid), "-r", "200", "-f", "raw",
+                                 "-o", str(path), "--nonblocking", "-d", "600"],
+                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        running[name] = (proc, path)
+    time.sleep(1.0)  # let py-spy attach
+    return running
+
+
+def _stop_pyspy(running: dict[str, tuple[Any, Path]]) -> None:
+    for proc, _ in running.values():
+        proc.send_signal(signal.SIGINT)
+    for proc, _ in running.values():
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _categorise(path: Path, hz: int = 200) -> tuple[float, dict[str, float]]:
+    """Seconds of active samples in a py-spy raw profile, by category."""
+    if not path.exists():
+        return 0.0, {}
+    seconds: dict[str, float] = collections.defaultdict(float)
+    for line in path.read_text().splitlines():
+        stack, _, count = line.rpartition(" ")
+        if not count.isdigit():
+            continue
+        label = next((cat for cat, keys in _CATEGORIES if any(k in stack for k in keys)),
+                     "other (" + stack.split(";")[-1][:60] + ")")
+        seconds[label] += int(count) / hz
+    return sum(seconds.values()), dict(seconds)
+
+
+def _timeline(since: float, out: Path) -> dict[str, tuple[int, float, float]]:
+    """Ray timeline events after ``since``: name -> (count, total s, max s)."""
+    path = out / "timeline.json"
+    ray.timeline(filename=str(path))
+    stats: dict[str, list[float]] = collections.defaultdict(list)
+    for event in json.loads(path.read_text()):
+        if event.get("ph") != "X" or float(event.get("ts", 0)) < since * 1e6:
+            continue
+        name = str(event.get("name", "?"))
+        if name.startswith("task::") or name.startswith("task:"):
+            name = name.split("::", 1)[-1]
+        stats[name].append(float(event.get("dur", 0)) / 1e6)
+    return {n: (len(v), sum(v), max(v)) for n, v in stats.items()}
+
+
+def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
+    """One more ``rt.write(df)``, with phase timings, the Ray timeline and py-spy."""
+    from raysink.runtime import SinkRuntime as Runtime
+    from raysink.spark.handoff import SparkPartitions
+
+    clock = _PhaseClock()
+    clock.wrap(SparkPartitions, "open", "spark prepare (JVM toArrowBatchRdd, cache, count)")
+    clock.wrap_ready(SparkPartitions)
+    clock.wrap(Runtime, "_open_epoch", "open epoch at the coordinator")
+    clock.wrap(Runtime, "_feed_and_commit", "feed writers + barriers (until all pre-committed)")
+    clock.wrap(Runtime, "_finish", "wait for the sink commit")
+    spies = _start_pyspy(_actor_pids(rt), out)
+    wall_start = time.time()
+    start = time.perf_counter()
+    try:
+        report = rt.write(df)
+    finally:
+        total = time.perf_counter() - start
+        _stop_pyspy(spies)
+        clock.restore()
+    print(f"\nprofile: one raysink epoch of {report.rows:,} rows, {total:.2f} s "
+          f"({rows / total / 1e6:.2f} M rows/s; EpochReport.seconds {report.seconds:.2f})")
+    for label, spans in clock.marks.items():
+        for begin, end in spans:
+            print(f"  {label:<52} {begin - start:6.2f} -> {end - start:6.2f} s  "
+                  f"({end - begin:.2f} s)")
+    if clock.ready:
+        print("  partitions ready at (s after start): "
+              + ", ".join(f"{t - start:.2f}" for t in clock.ready))
+    print("  Ray timeline (count, total s, longest s):")
+    for name, (count, seconds, longest) in sorted(_timeline(wall_start, out).items(),
+                                                  key=lambda kv: -kv[1][1])[:12]:
+        print(f"    {name[:60]:<60} {count:4d} {seconds:7.2f} {longest:6.2f}")
+    for name, (_, path) in spies.items():
+        active, cats = _categorise(path)
+        print(f"  py-spy {name}: {active:.2f} s active (of {total:.2f} s)")
+        for label, seconds in sorted(cats.items(), key=lambda kv: -kv[1])[:8]:
+            print(f"    {label[:70]:<70} {seconds:6.2f} s")
+
+
+def rate(rows: int, seconds: float) -> str:
+    return f"{rows / seconds / 1e6:.2f} M rows/s"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=(__doc__ or "").splitlines()[0])
+    parser.add_argument("--rows", type=int, default=5_000_000)
+    parser.add_argument("--partitions", type=int, default=8)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--compression", default="snappy",
+                        choices=["snappy", "zstd", "lz4", "gzip", "none"])
+    parser.add_argument("--profile", action="store_true",
+                        help="after the rounds, profile one more raysink epoch")
+    parser.add_argument("--dir", default=None, help="output root (default: a temp dir)")
+    args = parser.parse_args()
+
+    from raysink.spark import init_spark, stop_spark
+
+    root = Path(args.dir or tempfile.mkdtemp(prefix="raysink-bench-write-"))
+    root.mkdir(parents=True, exist_ok=True)
+    ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    spark = init_spark("raysink-bench-write", executors=2, executor_cores=1,
+                       executor_memory="2g", configs={"spark.ui.showConsoleProgress": "false"})
+    bench: Bench | None = None
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        started = time.perf_counter()
+        df = build_frame(spark, args.rows, args.partitions)
+        print(f"cached {args.rows:,} rows in {args.partitions} partitions "
+              f"({time.perf_counter() - started:.1f} s); output under {root}")
+        bench = Bench(df, root, args.compression, args.writers)
+        variants: dict[str, Callable[[int], int]] = {
+            "spark": bench.spark, "from_spark": bench.from_spark, "raysink": bench.raysink}
+        times: dict[str, list[float]] = {name: [] for name in variants}
+        for round_no in range(args.rounds):
+            order = list(variants)
+            if round_no % 2:
+                order.reverse()  # alternate which variant runs first
+            for name in order:
+                start = time.perf_counter()
+                rows = variants[name](round_no)
+                seconds = time.perf_counter() - start
+                times[name].append(seconds)
+                if rows not in (-1, args.rows):
+                    raise RuntimeError(f"{name} wrote {rows} rows, expected {args.rows}")
+                print(f"round {round_no} {name:>10}: {seconds:6.2f} s  "
+                      f"{rate(args.rows, seconds)}", flush=True)
+        summarise(times, args.rows)
+        if args.profile:
+            profile_raysink_epoch(bench.rt, df, args.rows, root)
+    finally:
+        if bench is not None:
+            bench.close()
+        stop_spark()
+        ray.shutdown()
+        if args.dir is None:
+            shutil.rmtree(root, ignore_errors=True)
+
+
+def summarise(times: dict[str, list[float]], rows: int) -> None:
+    median = {name: statistics.median(values) for name, values in times.items()}
+    print()
+    for name, seconds in median.items():
+        print(f"{name:>10}: median {seconds:6.2f} s  {rate(rows, seconds)} "
+              f"(best {rate(rows, min(times[name]))})")
+    print(f"raysink / from_spark+tasks: {median['from_spark'] / median['raysink']:.2f}x "
+          "(target >= 1.3)")
+    print(f"raysink / spark:            {median['spark'] / median['raysink']:.2f}x "
+          "(target >= 0.8; goal 1.0)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,301 @@
+"""The ``raysink`` command: ``demo``, ``status`` and ``bench``.
+
+::
+
+    raysink demo [--events N] [--batches K] [--workdir DIR] [--sink delta|parquet]
+    raysink status NAME [--metastore URL] [--json]
+    raysink bench [write|memory|handoff|...] [-- ARGS...]
+
+``status`` reads the meta store directly (no Ray, no actors): last committed epoch,
+pending and open epochs, the epoch source, and each sink's state with its last error and
+history. Passwords in meta store URLs are never printed.
+
+Expected failures (any :class:`~raysink.errors.RaySinkError`) print their message and
+exit with status 2, without a traceback; an interrupt exits with 130.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import subprocess
+import sys
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Any
+
+from raysink.errors import ConfigError, RaySinkError
+from raysink.runtime import RuntimeStatus, SinkStatus
+
+__all__ = ["StoredStatus", "main", "read_status"]
+
+log = logging.getLogger(__name__)
+
+EXIT_ERROR = 2
+EXIT_INTERRUPTED = 130
+
+#: Benchmarks ``raysink bench`` knows by short name (file under ``bench/``).
+BENCHMARKS = {
+    "write": "spark_write.py",
+    "memory": "spark_memory.py",
+    "handoff": "spark_handoff.py",
+    "delta-iceberg": "sinks_delta_iceberg.py",
+    "postgres": "sink_postgres.py",
+}
+
+
+# ---------------------------------------------------------------------------- status
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StoredStatus:
+    """What the meta store says about a runtime, read without starting it."""
+
+    status: RuntimeStatus
+    generation: int
+    open_epochs: list[int]
+    epoch_source: dict[str, Any] | None
+    sink_kinds: dict[str, str]
+
+
+def read_status(name: str, metastore: str | None = None) -> StoredStatus:
+    """Read runtime ``name``'s status from its meta store (default: the SQLite file under
+    ``./.raysink/``). Raises ``ConfigError`` when there is no such store or runtime; a
+    SQLite file is never created by looking."""
+    from raysink.coordinator.metastore import default_url, open_metastore, redact_url
+
+    url = metastore or default_url(name)
+    _require_sqlite_file(url, name)
+    store = open_metastore(url, name)
+    try:
+        record = store.load(name)
+        if record is None:
+            raise ConfigError(f"no runtime named {name!r} in meta store {redact_url(url)}; "
+                              "check the name, or pass --metastore with the URL the job used",
+                              runtime=name)
+        records = store.records(name)
+        statuses = store.sink_statuses(name)
+        shown_url = store.url
+    finally:
+        store.close()
+    committed: dict[str, int] = {}
+    pending: set[int] = set()
+    opened: set[int] = set()
+    for rec in records:
+        if rec.state.value == "COMMITTED":
+            committed[rec.sink] = max(rec.epoch, committed.get(rec.sink, rec.epoch))
+        elif rec.state.value == "PENDING":
+            pending.add(rec.epoch)
+        elif rec.state.value == "OPEN":
+            opened.add(rec.epoch)
+    live = [s for s in record.sinks if s not in record.dropped]
+    sinks: dict[str, SinkStatus] = {}
+    for sink in [*live, *record.dropped]:
+        stored = statuses.get(sink)
+        dropped = sink in record.dropped
+        sinks[sink] = SinkStatus(
+            state="dropped" if dropped else _state(stored.state if stored else "starting"),
+            last_committed_epoch=committed.get(sink),
+            last_error=stored.last_error if stored else None,
+            history=list(stored.history) if stored else [])
+    per_sink = [committed.get(s) for s in live]
+    last = None if not per_sink or None in per_sink else min(e for e in per_sink if e is not None)
+    status = RuntimeStatus(name=name, metastore=shown_url, last_committed_epoch=last,
+                           pending_epochs=sorted(pending), sinks=sinks)
+    return StoredStatus(status=status, generation=record.generation, open_epochs=sorted(opened),
+                        epoch_source=record.epoch_source, sink_kinds=dict(record.sinks))
+
+
+def _state(value: str) -> Any:
+    known = ("starting", "running", "stalled", "paused", "dropped")
+    return value if value in known else "starting"
+
+
+def _require_sqlite_file(url: str, name: str) -> None:
+    """A SQLite meta store must exist already: looking must not create one."""
+    if not url.lower().startswith("sqlite:"):
+        return
+    path = url.split(":", 1)[1].removeprefix("///")
+    if not Path(path).is_file():
+        raise ConfigError(f"no meta store at {path}: runtime {name!r} never ran with it here. "
+                          "Run `raysink status` from the directory the job ran in, or pass "
+                          "--metastore sqlite:////abs/path.db (or the postgresql:// URL)",
+                          runtime=name)
+
+
+def format_status(stored: StoredStatus) -> str:
+    """A person-readable report of ``stored``."""
+    status = stored.status
+    source = stored.epoch_source
+    if source and source.get("kind") == "query":
+        bound = (f"streaming query {source.get('id')} "
+                 f"(epoch = batch_id + 1 + {source.get('offset', 0)})")
+    else:
+        bound = "its own epoch numbering"
+    lines = [
+        f"runtime               {status.name}",
+        f"meta store            {status.metastore}",
+        f"generation            {stored.generation}",
+        f"epoch source          {bound}",
+        f"last committed epoch  {_epoch(status.last_committed_epoch)}",
+        f"pending epochs        {_epochs(status.pending_epochs)}",
+        f"open epochs           {_epochs(stored.open_epochs)}",
+        "sinks",
+    ]
+    for sink, info in status.sinks.items():
+        kind = stored.sink_kinds.get(sink, "?")
+        lines.append(f"  {sink} ({kind}): {info.state}, last committed epoch "
+                     f"{_epoch(info.last_committed_epoch)}")
+        if info.last_error:
+            lines.append(f"    last error: {info.last_error}")
+        for entry in info.history[-5:]:
+            lines.append(f"    {_when(entry.get('time'))}  {entry.get('state')}"
+                         + (f"  ({entry['error']})" if entry.get("error") else ""))
+    return "\n".join(lines)
+
+
+def _epoch(value: int | None) -> str:
+    return "none" if value is None else str(value)
+
+
+def _epochs(values: Sequence[int]) -> str:
+    return ", ".join(map(str, values)) if values else "none"
+
+
+def _when(value: Any) -> str:
+    if not isinstance(value, int | float):
+        return "?"
+    return datetime.fromtimestamp(value).isoformat(sep=" ", timespec="seconds")
+
+
+def _cmd_status(args: argparse.Namespace) -> int:
+    stored = read_status(args.name, args.metastore)
+    if args.json:
+        print(json.dumps({**asdict(stored.status), "generation": stored.generation,
+                          "open_epochs": stored.open_epochs,
+                          "epoch_source": stored.epoch_source,
+                          "sink_kinds": stored.sink_kinds}, indent=2, default=str))
+    else:
+        print(format_status(stored))
+    return 0
+
+
+# ---------------------------------------------------------------------------- bench
+
+
+def bench_dir() -> Path | None:
+    """``bench/`` of a source checkout (editable install), or ``None``."""
+    candidate = Path(__file__).resolve().parent.parent / "bench"
+    return candidate if candidate.is_dir() else None
+
+
+def _cmd_bench(args: argparse.Namespace) -> int:
+    where = bench_dir()
+    if where is None:
+        print("the benchmarks live in bench/ of a source checkout of raysink: clone it, run "
+              "`make setup`, then `raysink bench write` or `python bench/spark_write.py`")
+        return 0
+    if args.name is None:
+        print("benchmarks (run one with `raysink bench NAME [-- ARGS]`):")
+        for short, file_name in BENCHMARKS.items():
+            path = where / file_name
+            if path.is_file():
+                print(f"  {short:<14} {path}  {_first_doc_line(path)}")
+        return 0
+    script = where / BENCHMARKS[args.name]
+    if not script.is_file():
+        raise ConfigError(f"benchmark {args.name!r} is not in this checkout ({script} missing)")
+    extra = [a for a in args.args if a != "--"]
+    return subprocess.call([sys.executable, str(script), *extra])
+
+
+def _first_doc_line(path: Path) -> str:
+    for line in path.read_text().splitlines():
+        text = line.strip().strip('"').strip()
+        if text:
+            return text
+    return ""
+
+
+# ---------------------------------------------------------------------------- demo
+
+
+def _cmd_demo(args: argparse.Namespace) -> int:
+    from raysink.demo import DemoOptions, run_demo
+
+    options = DemoOptions(events=args.events, batches=args.batches, workdir=args.workdir,
+                          sink=args.sink, writers=args.writers)
+    return 0 if run_demo(options).exact else 1
+
+
+# ---------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    """The argument parser of ``raysink``."""
+    parser = argparse.ArgumentParser(
+        prog="raysink", description="Exactly-once sinks for Spark-on-Ray (RayDP) jobs.")
+    commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    demo = commands.add_parser(
+        "demo", help="stream synthetic order events through Spark into a table, then check it")
+    demo.add_argument("--events", type=_positive, default=1_000_000,
+                      help="order events in all (default: %(default)s)")
+    demo.add_argument("--batches", type=_positive, default=8,
+                      help="micro-batches (default: %(default)s)")
+    demo.add_argument("--workdir", default="raysink-demo",
+                      help="directory for input, checkpoint, table and meta store "
+                           "(default: ./%(default)s)")
+    demo.add_argument("--sink", choices=("delta", "parquet"), default="delta",
+                      help="table format (default: %(default)s)")
+    demo.add_argument("--writers", type=_positive, default=2,
+                      help="writer actors (default: %(default)s)")
+    demo.set_defaults(run=_cmd_demo)
+
+    status = commands.add_parser(
+        "status", help="a runtime's epochs and sinks, read from its meta store")
+    status.add_argument("name", help="the runtime's name")
+    status.add_argument("--metastore", default=None,
+                        help="meta store URL (default: sqlite:///<cwd>/.raysink/<name>.db)")
+    status.add_argument("--json", action="store_true", help="print JSON")
+    status.set_defaults(run=_cmd_status)
+
+    bench = commands.add_parser("bench", help="list or run the benchmarks in bench/")
+    bench.add_argument("name", nargs="?", choices=sorted(BENCHMARKS), default=None,
+                       help="benchmark to run; without it, list them")
+    bench.add_argument("args", nargs=argparse.REMAINDER,
+                       help="arguments for the benchmark script (after --)")
+    bench.set_defaults(run=_cmd_bench)
+    return parser
+
+
+def _positive(text: str) -> int:
+    try:
+        value = int(text.replace("_", ""))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a whole number, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected at least 1, got {value}")
+    return value
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the ``raysink`` command; returns the exit status."""
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.WARNING, format="%(levelname)s %(name)s: %(message)s")
+    try:
+        code: int = args.run(args)
+    except RaySinkError as exc:
+        print(f"raysink {args.command}: error: {exc}", file=sys.stderr)
+        return EXIT_ERROR
+    except KeyboardInterrupt:
+        print(f"raysink {args.command}: interrupted", file=sys.stderr)
+        return EXIT_INTERRUPTED
+    return code
+
+
+if __name__ == "__main__":
+    sys.exit(main())
