@@ -225,6 +225,32 @@ def _timeline(since: float, out: Path) -> dict[str, tuple[int, float, float]]:
     return {n: (len(v), sum(v), max(v)) for n, v in stats.items()}
 
 
+def _fetch_casts(df: Any) -> str:
+    """Whether ``conform`` in raysink's fetch task copies: the executor's IPC schema vs
+    the schema raysink normalises to (partition 0)."""
+    from raysink.spark.handoff import (
+        _jvm_arrow_schema,
+        _RecoverableRdd,
+        cross_language_calls,
+        normalise_schema,
+    )
+
+    schema = normalise_schema(_jvm_arrow_schema(df))
+    rdd = _RecoverableRdd.prepare(df, schema)
+    try:
+        executor = ray.get_actor(f"raydp-executor-{rdd.locations[0]}")
+        with cross_language_calls():
+            ref: Any = executor.getRDDPartition.remote(rdd.rdd_id, 0, rdd.schema_json,
+                                                  rdd.driver_agent_url)
+        got = pa.ipc.open_stream(pa.py_buffer(ray.get(ref))).read_all()
+    finally:
+        rdd.release()
+    got_schema = got.replace_schema_metadata().schema
+    if got_schema.equals(schema):
+        return "no (schemas equal)"
+    return f"YES: executor sends {got_schema} but raysink expects {schema}"
+
+
 def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
     """One more ``rt.write(df)``, with phase timings, the Ray timeline and py-spy."""
     from raysink.runtime import SinkRuntime as Runtime
@@ -254,6 +280,7 @@ def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
     if clock.ready:
         print("  partitions ready at (s after start): "
               + ", ".join(f"{t - start:.2f}" for t in clock.ready))
+    print(f"  fetched tables need a schema cast in the fetch task: {_fetch_casts(df)}")
     print("  Ray timeline (count, total s, longest s):")
     for name, (count, seconds, longest) in sorted(_timeline(wall_start, out).items(),
                                                   key=lambda kv: -kv[1][1])[:12]:
@@ -274,6 +301,8 @@ def main() -> None:
     parser.add_argument("--rows", type=int, default=5_000_000)
     parser.add_argument("--partitions", type=int, default=8)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="rounds run first and not counted (JIT, worker start-up)")
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--compression", default="snappy",
                         choices=["snappy", "zstd", "lz4", "gzip", "none"])
@@ -300,19 +329,21 @@ def main() -> None:
         variants: dict[str, Callable[[int], int]] = {
             "spark": bench.spark, "from_spark": bench.from_spark, "raysink": bench.raysink}
         times: dict[str, list[float]] = {name: [] for name in variants}
-        for round_no in range(args.rounds):
+        for round_no in range(args.warmup + args.rounds):
             order = list(variants)
             if round_no % 2:
                 order.reverse()  # alternate which variant runs first
+            warmup = round_no < args.warmup
             for name in order:
                 start = time.perf_counter()
                 rows = variants[name](round_no)
                 seconds = time.perf_counter() - start
-                times[name].append(seconds)
+                if not warmup:
+                    times[name].append(seconds)
                 if rows not in (-1, args.rows):
                     raise RuntimeError(f"{name} wrote {rows} rows, expected {args.rows}")
-                print(f"round {round_no} {name:>10}: {seconds:6.2f} s  "
-                      f"{rate(args.rows, seconds)}", flush=True)
+                print(f"{'warm-up' if warmup else 'round'} {round_no} {name:>10}: "
+                      f"{seconds:6.2f} s  {rate(args.rows, seconds)}", flush=True)
         summarise(times, args.rows)
         if args.profile:
             profile_raysink_epoch(bench.rt, df, args.rows, root)

@@ -246,7 +246,7 @@ def build_parser() -> argparse.ArgumentParser:
                       help="order events in all (default: %(default)s)")
     demo.add_argument("--batches", type=_positive, default=8,
                       help="micro-batches (default: %(default)s)")
-    demo.add_argument("--workdir", default="raysink-demo",
+    demo.add_argument("--workdir", default=".raysink/demo",
                       help="directory for input, checkpoint, table and meta store "
                            "(default: ./%(default)s)")
     demo.add_argument("--sink", choices=("delta", "parquet"), default="delta",

@@ -74,7 +74,7 @@ class DemoOptions:
 
     events: int = 1_000_000
     batches: int = 8
-    workdir: str = "raysink-demo"
+    workdir: str = ".raysink/demo"
     sink: Literal["delta", "parquet"] = "delta"
     writers: int = 2
     executors: int = 2
@@ -437,7 +437,7 @@ def print_summary(result: DemoResult, options: DemoOptions, out: TextIO) -> None
             f"n={len(result.latencies)}); whole micro-batch p50 "
             f"{statistics.median(result.batch_seconds):.2f} s")
     lines += [
-        f"  table ({options.sink:<7})     {result.table}",
+        f"  {f'table ({options.sink})':<20}{result.table}",
         f"  meta store          {result.metastore}",
         f"  status              raysink status {RUNTIME_NAME} --metastore {result.metastore}",
     ]
