@@ -516,6 +516,9 @@ def _bind_sinks(runtime: str, sinks: Sink | Mapping[str, Sink]) -> dict[str, Sin
 def _short(exc: BaseException | None) -> str:
     if exc is None:
         return "unknown"
+    cause = getattr(exc, "cause", None)  # a RayTaskError: name the remote error itself
+    if isinstance(cause, BaseException) and cause is not exc:
+        exc = cause
     text = str(exc).strip().splitlines()
     return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
 

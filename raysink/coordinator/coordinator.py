@@ -34,6 +34,7 @@ from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
     FencedError,
+    MetaStoreError,
     RaySinkError,
 )
 from raysink.sinks.base import Manifest, Sink
@@ -195,7 +196,7 @@ class CoordinatorActor:
                 raise
             except Exception as exc:
                 self._mark_stalled(sink, exc)
-                await self._locked(self._persist_health)
+                await self._record_health()
                 delay = min(backoff, self._config.retry_cap) * random.uniform(0.5, 1.0)
                 log.warning("%s: commit of epoch %s to sink %s failed (%s); retrying in "
                             "%.2fs", self._config.runtime, epoch, sink, exc, delay)
@@ -204,8 +205,17 @@ class CoordinatorActor:
                 continue
             backoff = _BACKOFF_START
             self._after_commit(outcome.epoch, outcome.sink, outcome.skipped, started)
-            await self._locked(self._persist_health)
+            await self._record_health()
             await self._notify()
+
+    async def _record_health(self) -> None:
+        """Persist sink states from the commit loop. A meta store that is unreachable for a
+        while (a PostgreSQL restart) only delays this: the loop must live on and retry."""
+        try:
+            await self._locked(self._persist_health)
+        except MetaStoreError as exc:
+            log.warning("%s: could not record sink states (%s); the commit loop goes on",
+                        self._config.runtime, exc)
 
     def _after_commit(self, epoch: int, sink: str, skipped: bool, started: float) -> None:
         health = self._health[sink]

@@ -885,6 +885,15 @@ class PostgresWriter(SinkWriter):
             raise RuntimeError("PostgresWriter used before open()")
         return self._conn
 
+    def _live_conn(self) -> psycopg.Connection[Any]:
+        """The connection, re-opened when it broke (e.g. a server restart) while no rows
+        of the current segment are in it. A segment with rows never reconnects: its rows
+        went with the broken transaction, and its attempt fails and is retried."""
+        conn = self._conn
+        if (conn is None or conn.closed or conn.broken) and not self._segment.rows:
+            self.open()
+        return self._require_conn()
+
     @contextmanager
     def _guard(self, epoch: int | None = None) -> Iterator[None]:
         """Map server errors: bad data -> ``SchemaMismatchError``, connection ->
@@ -920,7 +929,7 @@ class PostgresWriter(SinkWriter):
         if batch.num_rows == 0:
             return
         self._check_batch(batch)
-        conn = self._require_conn()
+        conn = self._live_conn()
         if not self._types:
             self._ddl(self.sink.pg_types(batch.schema))
         self._check_columns(batch)
@@ -980,7 +989,7 @@ class PostgresWriter(SinkWriter):
         it. A repeated call for the same ``(epoch, attempt)`` returns the same manifest."""
         if self._last and self._last[:2] == (epoch, attempt) and not self._segment.rows:
             return self._last[2]
-        conn = self._require_conn()
+        conn = self._live_conn()
         seg = self._segment
         manifest: Manifest = {"method": self.sink.method, "writer": self.writer_id,
                               "epoch": epoch, "attempt": attempt, "rows": seg.rows,
@@ -1024,7 +1033,7 @@ class PostgresWriter(SinkWriter):
         """Drop the open transaction and anything this writer staged or prepared for
         ``(epoch, attempt)``; idempotent."""
         self._reset()
-        conn = self._require_conn()
+        conn = self._live_conn()
         if self._last and self._last[:2] == (epoch, attempt):
             self._last = None
         conn.autocommit = True

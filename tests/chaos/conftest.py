@@ -1,0 +1,73 @@
+"""Options and fixtures of the chaos suite.
+
+``--chaos-seed`` (default 1) and ``--chaos-trials`` (default 12: the sample in the default
+test run, a few minutes) choose the trials; ``--chaos-report`` the directory the report goes
+to (default ``bench/out/chaos``). ``make chaos SEED=1 TRIALS=200`` runs the full suite.
+The report (JSON and Markdown) is written and printed at the end of the session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chaos.harness import TrialResult
+from tests.chaos.plan import make_plan
+from tests.chaos.report import markdown, summarise, write_report
+
+DEFAULT_SEED = 1
+DEFAULT_TRIALS = 12
+_REPO = Path(__file__).resolve().parents[2]
+_RESULTS = pytest.StashKey[list[TrialResult]]()
+
+
+def pytest_addoption(parser: pytest.Parser) -> None:
+    group = parser.getgroup("chaos", "raysink chaos suite")
+    group.addoption("--chaos-seed", type=int, default=None,
+                    help=f"seed of the chaos trials (default {DEFAULT_SEED})")
+    group.addoption("--chaos-trials", type=int, default=None,
+                    help=f"number of chaos trials (default {DEFAULT_TRIALS})")
+    group.addoption("--chaos-report", default=None,
+                    help="directory for the chaos report (default bench/out/chaos)")
+
+
+def _option(config: pytest.Config, name: str, default: Any) -> Any:
+    try:
+        value = config.getoption(name)
+    except (ValueError, AttributeError):
+        value = None
+    return default if value is None else value
+
+
+def chaos_seed(config: pytest.Config) -> int:
+    return int(_option(config, "--chaos-seed", DEFAULT_SEED))
+
+
+def chaos_trials(config: pytest.Config) -> int:
+    return int(_option(config, "--chaos-trials", DEFAULT_TRIALS))
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    if "trial" in metafunc.fixturenames:
+        plan = make_plan(chaos_seed(metafunc.config), chaos_trials(metafunc.config))
+        metafunc.parametrize("trial", plan, ids=[spec.name for spec in plan])
+
+
+@pytest.fixture(scope="session")
+def chaos_results(request: pytest.FixtureRequest) -> list[TrialResult]:
+    """Every trial's result, for the report at the end of the session."""
+    return request.config.stash.setdefault(_RESULTS, [])
+
+
+def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
+    results = config.stash.get(_RESULTS, [])
+    if not results:
+        return
+    summary = summarise(results, seed=chaos_seed(config), trials=chaos_trials(config))
+    directory = Path(_option(config, "--chaos-report", _REPO / "bench" / "out" / "chaos"))
+    json_path, md_path = write_report(summary, directory)
+    terminalreporter.write_sep("=", "raysink chaos report")
+    terminalreporter.write_line(markdown(summary))
+    terminalreporter.write_line(f"report: {json_path} and {md_path}")

@@ -1,0 +1,230 @@
+"""The sinks a chaos trial writes into, and reading each target back.
+
+``build_sinks(spec, ...)`` makes the trial's sinks from its JSON-able description (the same
+function runs in the test process and in a driver subprocess). ``read_target`` returns the
+rows readers see (``id``, ``epoch``, ``feed``) and ``commit_order`` the epochs in the order
+the target recorded their commits: the Parquet commit log (by ``committed_at``), Delta
+versions (their ``txn`` actions), Iceberg snapshots (by sequence number), PostgreSQL
+progress rows (by ``committed_at``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+
+from raysink.sinks.base import Sink
+
+__all__ = ["KINDS", "build_sinks", "commit_order", "epoch_table", "read_target", "sink_specs"]
+
+KINDS = ("parquet", "delta", "iceberg", "postgres")
+COLUMNS = ["id", "epoch", "feed"]
+ID_BASE = 1_000_000
+
+
+def epoch_table(epoch: int, rows: int, feed: int) -> pa.Table:
+    """Rows of ``epoch``: ids ``epoch * 1e6 + i`` (the same in every attempt), ``feed`` the
+    driver's write call that carried them (tells an aborted feed's rows apart)."""
+    return pa.table({
+        "id": pa.array([epoch * ID_BASE + i for i in range(rows)], pa.int64()),
+        "epoch": pa.array([epoch] * rows, pa.int64()),
+        "feed": pa.array([feed] * rows, pa.int32()),
+        "payload": pa.array([f"p{epoch}-{i % 97}" for i in range(rows)]),
+    })
+
+
+def sink_specs(kind: str, trial_dir: Path, table: str, *, data_dir: Path | None = None,
+               pg_dsn: str | None = None, two_sinks: bool = False,
+               stall: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+    """JSON-able descriptions of the trial's sinks: ``main`` of ``kind``, and optionally a
+    Parquet ``copy``. ``data_dir`` holds file targets (a tmpfs in filesystem trials)."""
+    root = data_dir or trial_dir
+    main: dict[str, Any] = {"kind": kind}
+    if kind == "parquet":
+        main["path"] = str(root / "main")
+    elif kind == "delta":
+        main["path"] = str(root / "delta")
+    elif kind == "iceberg":
+        main["catalog"] = {"uri": f"sqlite:///{trial_dir / 'catalog.db'}",
+                           "warehouse": f"file://{trial_dir / 'warehouse'}"}
+        main["identifier"] = "chaos.t"
+    elif kind == "postgres":
+        main["dsn"] = pg_dsn
+        main["table"] = table
+    if stall:
+        main["stall"] = {**stall, "state_dir": str(trial_dir / "failing")}
+    specs = {"main": main}
+    if two_sinks:
+        specs["copy"] = {"kind": "parquet", "path": str(trial_dir / "copy")}
+    return specs
+
+
+def _build_one(spec: Mapping[str, Any]) -> Sink:
+    kind = spec["kind"]
+    sink: Sink
+    if kind == "parquet":
+        from raysink.sinks import ParquetSink
+
+        sink = ParquetSink(spec["path"])
+    elif kind == "delta":
+        from raysink.sinks import DeltaSink
+
+        sink = DeltaSink(spec["path"])
+    elif kind == "iceberg":
+        from raysink.sinks import IcebergSink
+
+        sink = IcebergSink(spec["identifier"], catalog=spec["catalog"],
+                           catalog_name="chaos")
+    elif kind == "postgres":
+        from raysink.sinks import PostgresSink
+
+        sink = PostgresSink(spec["dsn"], spec["table"])
+    else:
+        raise ValueError(f"unknown sink kind {kind!r}")
+    stall = spec.get("stall")
+    if stall:
+        from raysink.testing import FailingSink
+
+        sink = FailingSink(sink, state_dir=stall["state_dir"],
+                           stall_commit_seconds=float(stall["seconds"]),
+                           stall_commit_times=stall.get("times"))
+    return sink
+
+
+def build_sinks(specs: Mapping[str, Mapping[str, Any]]) -> dict[str, Sink]:
+    return {name: _build_one(spec) for name, spec in specs.items()}
+
+
+# --------------------------------------------------------------------------- reading back
+
+
+def _empty() -> pa.Table:
+    return pa.table({"id": pa.array([], pa.int64()), "epoch": pa.array([], pa.int64()),
+                     "feed": pa.array([], pa.int32())})
+
+
+def read_target(spec: Mapping[str, Any], pg: Any = None) -> pa.Table:
+    """Every row readers of the target see (columns ``id``, ``epoch``, ``feed``)."""
+    kind = spec["kind"]
+    if kind == "parquet":
+        return _read_parquet(Path(spec["path"]))
+    if kind == "delta":
+        return _read_delta(spec["path"])
+    if kind == "iceberg":
+        return _read_iceberg(spec)
+    return _read_postgres(spec, pg)
+
+
+def _read_parquet(path: Path) -> pa.Table:
+    import pyarrow.dataset as ds
+
+    if not path.is_dir():
+        return _empty()
+    dataset = ds.dataset(str(path), format="parquet")
+    if not dataset.files:
+        return _empty()
+    return dataset.to_table(columns=COLUMNS)
+
+
+def _read_delta(path: str) -> pa.Table:
+    from deltalake import DeltaTable
+    from deltalake.exceptions import TableNotFoundError
+
+    try:
+        table = DeltaTable(path)
+    except TableNotFoundError:
+        return _empty()
+    return table.to_pyarrow_table(columns=COLUMNS)
+
+
+def _iceberg_table(spec: Mapping[str, Any]) -> Any:
+    from pyiceberg.catalog import load_catalog
+    from pyiceberg.exceptions import NoSuchTableError
+
+    catalog = load_catalog("chaos", **spec["catalog"])
+    try:
+        return catalog.load_table(spec["identifier"])
+    except NoSuchTableError:
+        return None
+
+
+def _read_iceberg(spec: Mapping[str, Any]) -> pa.Table:
+    table = _iceberg_table(spec)
+    if table is None:
+        return _empty()
+    return table.scan(selected_fields=tuple(COLUMNS)).to_arrow().select(COLUMNS)
+
+
+def _read_postgres(spec: Mapping[str, Any], pg: Any) -> pa.Table:
+    from psycopg import sql
+
+    exists = pg.execute("SELECT to_regclass(%s)", (f'public."{spec["table"]}"',),
+                        dbname="raysink")
+    if not exists or exists[0][0] is None:
+        return _empty()
+    query = sql.SQL("SELECT id, epoch, feed FROM public.{}").format(
+        sql.Identifier(spec["table"])).as_string(None)
+    rows = pg.execute(query, dbname="raysink")
+    return pa.table({"id": pa.array([r[0] for r in rows], pa.int64()),
+                     "epoch": pa.array([r[1] for r in rows], pa.int64()),
+                     "feed": pa.array([r[2] for r in rows], pa.int32())})
+
+
+def commit_order(spec: Mapping[str, Any], runtime: str, sink: str, pg: Any = None) -> list[int]:
+    """The epochs the target recorded as committed, in the order it recorded them."""
+    kind = spec["kind"]
+    if kind == "parquet":
+        return _parquet_order(Path(spec["path"]))
+    if kind == "delta":
+        return _delta_order(Path(spec["path"]))
+    if kind == "iceberg":
+        return _iceberg_order(spec)
+    return _postgres_order(runtime, sink, pg)
+
+
+def _parquet_order(path: Path) -> list[int]:
+    folder = path / "_raysink" / "commits"
+    entries = [json.loads(p.read_text()) for p in folder.glob("*.json")] if folder.is_dir() else []
+    entries.sort(key=lambda e: (float(e["committed_at"]), int(e["epoch"])))
+    return [int(e["epoch"]) for e in entries]
+
+
+def _delta_order(path: Path) -> list[int]:
+    order: list[int] = []
+    log_dir = path / "_delta_log"
+    files = sorted(log_dir.glob("*.json")) if log_dir.is_dir() else []
+    for file in files:
+        for line in file.read_text().splitlines():
+            action = json.loads(line) if line.strip() else {}
+            txn = action.get("txn")
+            if txn and str(txn.get("appId", "")).startswith("raysink:"):
+                order.append(int(txn["version"]))
+    return order
+
+
+def _iceberg_order(spec: Mapping[str, Any]) -> list[int]:
+    table = _iceberg_table(spec)
+    if table is None:
+        return []
+    snapshots = sorted(table.metadata.snapshots, key=lambda s: s.sequence_number or 0)
+    order: list[int] = []
+    for snapshot in snapshots:
+        summary = snapshot.summary
+        value = summary.get("raysink.epoch") if summary is not None else None
+        if value is not None:
+            order.append(int(value))
+    return order
+
+
+def _postgres_order(runtime: str, sink: str, pg: Any) -> list[int]:
+    exists = pg.execute("SELECT to_regclass('public._raysink_progress')", dbname="raysink")
+    if not exists or exists[0][0] is None:
+        return []
+    rows = pg.execute("SELECT epoch FROM public._raysink_progress WHERE runtime = %s AND "
+                      "sink = %s AND writer = -1 ORDER BY committed_at, epoch",
+                      (runtime, sink), dbname="raysink")
+    return [int(r[0]) for r in rows]

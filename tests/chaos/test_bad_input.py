@@ -1,0 +1,102 @@
+"""Bad input the other test modules do not already cover, through the real runtime.
+
+Each case is a row of ``docs/bad_input.md``: a new streaming query on an old runtime, an
+unknown sink option, a target deleted after data was committed, a progress marker deleted
+while an epoch is pending.
+"""
+
+from __future__ import annotations
+
+import shutil
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raysink import ConfigError, DataLossError, SinkRuntime
+from raysink.runtime import source_offset
+from raysink.sinks import DeltaSink, ParquetSink
+from raysink.testing import arm_fault
+from tests.chaos.faults import run_in_thread, wait_fired
+from tests.chaos.targets import epoch_table
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _meta(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'meta.db'}"
+
+
+def test_new_streaming_query_on_an_old_runtime(tmp_path: Path) -> None:
+    name = "bad-new-query"
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=_meta(tmp_path)) as rt:
+        assert rt._bind_source("query-1") == 0
+        assert rt.write_arrow(epoch_table(1, 10, 1), epoch=1).committed
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=_meta(tmp_path)) as rt:
+        assert rt._bind_source("query-1") == 0  # the same query carries on
+        with pytest.raises(ConfigError, match=r"epoch_offset=1"):
+            rt._bind_source("query-2")  # a new checkpoint: batch ids restart at 0
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=_meta(tmp_path),
+                     epoch_offset=1) as rt:
+        assert rt._bind_source("query-2") == 1  # re-bound on purpose
+
+
+@pytest.mark.parametrize(("current", "query", "offset", "last", "fragment"), [
+    # bound to its own numbering, now fed by a query
+    (None, "q", None, 4, "own epoch numbering"),
+    # re-bound below what is committed: the first batches would be skipped
+    ({"kind": "query", "id": "old", "offset": 0}, "q", 2, 4, "below the last committed"),
+    # the bound query with another offset than the recorded one
+    ({"kind": "query", "id": "q", "offset": 3}, "q", 5, 4, "bound to query q"),
+])
+def test_source_offset_refusals(current: dict[str, object] | None, query: str,
+                                offset: int | None, last: int | None, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment):
+        source_offset("rt", current, query, offset, last)
+
+
+@pytest.mark.parametrize(("cls", "options"), [
+    (ParquetSink, {"compresion": "zstd"}),  # misspelt option
+    (DeltaSink, {"partition": "day"}),      # an option DeltaSink does not have
+])
+def test_unknown_sink_option_is_refused(tmp_path: Path, cls: Any,
+                                        options: dict[str, Any]) -> None:
+    with pytest.raises(TypeError, match="unexpected keyword argument"):
+        cls(str(tmp_path / "t"), **options)
+
+
+def test_target_deleted_after_commit_is_data_loss(tmp_path: Path) -> None:
+    name, out = "bad-deleted", tmp_path / "out"
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path)) as rt:
+        assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
+    shutil.rmtree(out)
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path),
+                     commit_timeout=5) as rt:
+        with pytest.raises(DataLossError, match="deleted after raysink committed"):
+            rt.write_arrow(epoch_table(2, 20, 2), epoch=2)
+        assert "DataLossError" in (rt.status().sinks["main"].last_error or "")
+    assert not out.exists()  # nothing re-created behind the user's back
+
+
+def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path) -> None:
+    name, out = "bad-marker-pending", tmp_path / "out"
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path),
+                     commit_timeout=3, retry_cap=0.2) as rt:
+        assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
+        arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,
+                  when={"epoch": 2})
+        thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(2, 20, 2), epoch=2))
+        assert wait_fired(name, "coordinator.after_pending", 60.0, box)
+        (out / "_raysink" / "commits" / f"{1:012d}.json").unlink()
+        thread.join(timeout=60)
+        assert not box["result"].committed  # decided, never made visible
+        status = rt.status()
+    error = status.sinks["main"].last_error or ""
+    assert status.sinks["main"].state == "stalled" and error.startswith("DataLossError"), error
+    assert "while epoch 2 is pending" in error
+
+
+def test_routing_key_outside_the_upsert_key(tmp_path: Path) -> None:
+    upsert = DeltaSink(str(tmp_path / "d"), mode="upsert", key=["id"])
+    with pytest.raises(ConfigError, match="not within the upsert key"):
+        SinkRuntime("bad-key", upsert, key=["customer"], metastore=_meta(tmp_path))

@@ -1,0 +1,61 @@
+"""The seeded chaos trials (see ``tests.chaos.plan``): each ends exact, row by row."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.chaos.harness import TrialEnv, TrialResult, run_trial
+from tests.chaos.plan import TrialSpec
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+def _needs_postgres(trial: TrialSpec) -> bool:
+    return trial.sink == "postgres" or trial.pg_metastore
+
+
+@pytest.fixture(scope="module")
+def spark_sessions() -> Iterator[dict[str, Any]]:
+    """One RayDP session for the module's Spark trials, started at the first of them and
+    stopped with the module (the Spark tests start their own)."""
+    holder: dict[str, Any] = {}
+    yield holder
+    if holder:
+        from raysink.spark import stop_spark
+
+        stop_spark()
+
+
+def _spark(trial: TrialSpec, holder: dict[str, Any]) -> Any:
+    if trial.via != "spark":
+        return None
+    if "session" not in holder:
+        from raysink.spark import init_spark
+
+        holder["session"] = init_spark(
+            "raysink-chaos", executors=2, executor_cores=1, executor_memory="1g",
+            configs={"spark.ui.showConsoleProgress": "false"})
+        holder["session"].sparkContext.setLogLevel("ERROR")
+    return holder["session"]
+
+
+@pytest.mark.timeout(600)
+def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
+               chaos_results: list[TrialResult], spark_sessions: dict[str, Any]) -> None:
+    import ray
+
+    pg = request.getfixturevalue("pg_server") if _needs_postgres(trial) else None
+    env = TrialEnv(root=tmp_path, ray_address=ray.get_runtime_context().gcs_address, pg=pg,
+                   spark=_spark(trial, spark_sessions))
+    result = run_trial(trial, env)
+    chaos_results.append(result)
+    assert result.failure is None, f"{trial.name}: {result.failure}\nnotes: {result.notes}"
+    for outcome in result.checks:
+        assert outcome.ok, (f"{trial.name} sink {outcome.sink}: lost {outcome.lost}, "
+                            f"duplicated {outcome.duplicated}, from aborted attempts "
+                            f"{outcome.aborted}, uncommitted {outcome.uncommitted}; "
+                            f"{outcome.problems}\nnotes: {result.notes}")

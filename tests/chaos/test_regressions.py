@@ -1,0 +1,126 @@
+"""Bugs the chaos suite found, each replayed at the exact point it was found.
+
+1. ``fs_readonly`` trial (seed 1, trial 2): under a read-only Parquet directory the driver's
+   ``EpochFailedError`` quoted only Ray's wrapper (``RayTaskError(OSError): ray::
+   SinkWriterActor.barrier() (pid=…)``), not the error itself. Fixed in
+   ``raysink.runtime._short``: the remote cause is named.
+2. ``point_external`` trial (seed 1, trial 5): an empty first epoch into a Delta (or
+   Iceberg) sink commits without creating the table, so it leaves no marker; the
+   coordinator still counts it as the sink's committed epoch, and the next epoch's commit
+   fails forever with ``DataLossError`` ("the progress marker … is gone … while epoch 2 is
+   pending"). Not fixed here (the coordinator needs to know whether a sink ever received
+   rows, which the meta store does not keep); reported to the lead. ``xfail(strict=True)``
+   so the test turns red when it gets fixed, and the chaos plan avoids an empty first epoch
+   into these sinks meanwhile (``tests.chaos.plan.KNOWN_BUG_EMPTY_FIRST_EPOCH``).
+3. ``pg_restart`` trials (seed 1, trials 8 and 18): after a PostgreSQL crash-restart
+   between epochs, a ``PostgresWriter`` kept its broken connection (``open()`` only ran
+   when the actor started), so every later attempt failed and the epoch ended in
+   ``EpochFailedError``. Fixed in ``PostgresWriter._live_conn``: a writer with no rows in
+   flight reconnects.
+4. ``pg_restart`` trial (seed 1, trial 8, PostgreSQL meta store): a sink commit failed
+   while the server restarted, and recording the STALLED state in the meta store failed
+   too; that error left the coordinator's commit loop, which stopped for good (the epoch
+   stayed PENDING until the driver restarted). Fixed in
+   ``CoordinatorActor._record_health``: the loop logs the meta store error and retries.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from raysink import EpochFailedError, SinkRuntime
+from raysink.sinks import DeltaSink, IcebergSink, ParquetSink, PostgresSink
+from raysink.sinks.base import Sink
+from raysink.testing import arm_fault
+from tests.chaos.faults import Tmpfs, run_in_thread, wait_fired
+from tests.chaos.targets import epoch_table, read_target
+from tests.support.postgres import PostgresServer
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+
+@pytest.mark.skipif(not Tmpfs.allowed(), reason="mounting a tmpfs needs root")
+def test_read_only_directory_error_names_the_cause(tmp_path: Path) -> None:
+    fs = Tmpfs(tmp_path / "mnt")
+    with fs.mounted_at():
+        sink = ParquetSink(str(fs.path / "main"))
+        with SinkRuntime("reg-readonly", sink, metastore=f"sqlite:///{tmp_path / 'm.db'}",
+                         max_attempts=2, flush_interval=0.2) as rt:
+            assert rt.write_arrow(epoch_table(1, 100, 1), epoch=1).committed
+            fs.readonly()
+            with pytest.raises(EpochFailedError) as info:
+                rt.write_arrow(epoch_table(2, 100, 2), epoch=2)
+            message = str(info.value)
+            assert "Read-only file system" in message, message
+            assert "RayTaskError" not in message and "pid=" not in message, message
+            fs.writable()
+            assert rt.write_arrow(epoch_table(2, 100, 3), epoch=2).committed
+        rows = read_target({"kind": "parquet", "path": str(fs.path / "main")})
+        assert sorted(rows.column("id").to_pylist()) == sorted(
+            [1_000_000 + i for i in range(100)] + [2_000_000 + i for i in range(100)])
+
+
+def _sink(kind: str, tmp_path: Path) -> Sink:
+    sink: Sink
+    if kind == "delta":
+        sink = DeltaSink(str(tmp_path / "delta"))
+    else:
+        sink = IcebergSink("reg.t", catalog={"uri": f"sqlite:///{tmp_path / 'cat.db'}",
+                                             "warehouse": f"file://{tmp_path / 'wh'}"})
+    return sink
+
+
+@pytest.mark.xfail(strict=True, reason="empty first epoch leaves no marker; the next "
+                   "commit stalls with DataLossError (reported to the lead)")
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_empty_first_epoch_then_data(tmp_path: Path, kind: str) -> None:
+    empty = epoch_table(1, 0, 1)
+    with SinkRuntime(f"reg-empty-first-{kind}", _sink(kind, tmp_path), commit_timeout=3,
+                     metastore=f"sqlite:///{tmp_path / 'm.db'}", retry_cap=0.2) as rt:
+        assert rt.write_arrow(empty, epoch=1).committed
+        report = rt.write_arrow(epoch_table(2, 50, 2), epoch=2)
+        status = rt.status()
+    assert report.committed, status.sinks["main"].last_error
+
+
+@pytest.mark.parametrize("method", ["prepared", "staging"])
+def test_postgres_restart_between_epochs(pg_server: PostgresServer, tmp_path: Path,
+                                         method: str) -> None:
+    table = f"reg_pg_restart_{method}"
+    spec = {"kind": "postgres", "table": table}
+    with SinkRuntime(f"reg-pg-restart-{method}", PostgresSink(pg_server.dsn(), table,
+                                                             method=method),
+                     metastore=f"sqlite:///{tmp_path / 'm.db'}", retry_cap=0.2) as rt:
+        assert rt.write_arrow([epoch_table(1, 60, 1).slice(0, 30),
+                               epoch_table(1, 60, 1).slice(30)], epoch=1).committed
+        pg_server.restart("immediate")  # every writer's connection is now broken
+        report = rt.write_arrow([epoch_table(2, 60, 2).slice(0, 30),
+                                 epoch_table(2, 60, 2).slice(30)], epoch=2)
+        assert report.committed
+    ids = sorted(read_target(spec, pg_server).column("id").to_pylist())
+    assert ids == [1_000_000 + i for i in range(60)] + [2_000_000 + i for i in range(60)]
+
+
+def test_metastore_down_while_a_commit_retries(pg_server: PostgresServer,
+                                               tmp_path: Path) -> None:
+    name, out = "reg-meta-down", tmp_path / "out"
+    spec = {"kind": "parquet", "path": str(out)}
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=pg_server.dsn(), retry_cap=0.3,
+                     commit_timeout=60) as rt:
+        assert rt.write_arrow(epoch_table(1, 40, 1), epoch=1).committed
+        arm_fault(name, "coordinator.after_pending", action="sleep", seconds=1.0,
+                  when={"epoch": 2})
+        thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(2, 40, 2), epoch=2))
+        assert wait_fired(name, "coordinator.after_pending", 60.0, box)
+        pg_server.stop("immediate")  # the commit and the STALLED record both fail
+        try:
+            thread.join(timeout=3)
+        finally:
+            pg_server.start()
+        thread.join(timeout=90)
+        assert box["result"].committed, rt.status()
+        assert rt.write_arrow(epoch_table(3, 40, 3), epoch=3).committed
+    ids = sorted(read_target(spec).column("id").to_pylist())
+    assert ids == [e * 1_000_000 + i for e in (1, 2, 3) for i in range(40)]
