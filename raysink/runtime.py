@@ -453,6 +453,11 @@ class SinkRuntime:
     def key(self) -> tuple[str, ...] | None:
         return self._key
 
+    @property
+    def writers(self) -> int:
+        """Writer actors per sink."""
+        return self._options.writers
+
 
 def _status_from(raw: Mapping[str, Any]) -> RuntimeStatus:
     sinks = {name: SinkStatus(state=info["state"],

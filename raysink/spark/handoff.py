@@ -15,7 +15,8 @@ Lifecycle of a :class:`SparkPartitions`:
 1. ``open(df)`` caches and counts the DataFrame in Spark; nothing moves to Ray yet.
    A DataFrame with zero partitions never reaches RayDP (its conversion throws on one):
    it has an empty partition list and the right schema.
-2. ``refs()`` or ``as_ready()`` submit one fetch task per partition, all at once. The
+2. ``refs()`` submits one fetch task per partition at once; ``as_ready(window=n)`` keeps
+   at most ``n`` in flight. The
    refs are owned by the calling process, so a consumer actor that crashes loses nothing
    but its borrow; hand them to actors nested in a list (``actor.write.remote([ref])``).
    The handoff keeps no ref itself: a partition's object lives as long as its consumer
@@ -127,17 +128,24 @@ class SparkPartitions:
         return [self._fetch(index) for index in range(self._num_partitions)]
 
     def as_ready(
-        self, timeout: float | None = None
+        self, timeout: float | None = None, *, window: int | None = None
     ) -> Iterator[tuple[int, ray.ObjectRef[pa.Table]]]:
         """Yield ``(index, ref)`` for each partition as soon as its fetch has finished.
+
+        ``window`` bounds the fetches in flight (default: all at once): a new fetch is
+        submitted as each one finishes and the consumer takes it, so a consumer that applies
+        backpressure (the runtime's credit window) also bounds what waits in the object
+        store, and fetches do not crowd the writers out of the CPUs.
 
         ``timeout`` (default: ``fetch_timeout``) bounds the wait for the next partition;
         past it the remaining fetches are cancelled and :class:`SinkUnavailableError`
         names the partitions still missing. A fetch that failed is yielded like one that
         succeeded: ``ray.get`` of its ref raises the failure.
         """
+        self._check_open()
         bound = self._fetch_timeout if timeout is None else timeout
-        return self._wait_each(dict(enumerate(self.refs())), bound)
+        size = self._num_partitions if window is None else max(1, window)
+        return self._wait_each(iter(range(self._num_partitions)), size, bound)
 
     def refetch(self, index: int) -> ray.ObjectRef[pa.Table]:
         """Fetch partition ``index`` again from the cached RDD."""
@@ -183,9 +191,18 @@ class SparkPartitions:
             )
 
     def _wait_each(
-        self, pending: dict[int, ray.ObjectRef[pa.Table]], bound: float
+        self, indexes: Iterator[int], window: int, bound: float
     ) -> Iterator[tuple[int, ray.ObjectRef[pa.Table]]]:
-        by_ref = {ref: index for index, ref in pending.items()}
+        by_ref: dict[ray.ObjectRef[pa.Table], int] = {}
+
+        def refill() -> None:
+            while len(by_ref) < window:
+                index = next(indexes, None)
+                if index is None:
+                    return
+                by_ref[self._fetch(index)] = index
+
+        refill()
         while by_ref:
             ready, _ = ray.wait(list(by_ref), num_returns=1, timeout=bound, fetch_local=False)
             if not ready:
@@ -193,6 +210,7 @@ class SparkPartitions:
                 raise self._timeout_error(sorted(by_ref.values()), bound)
             for ref in ready:
                 yield by_ref.pop(ref), ref
+            refill()
 
     def _timeout_error(self, missing: list[int], bound: float) -> SinkUnavailableError:
         others = f" (and {len(missing) - 1} more)" if len(missing) > 1 else ""

@@ -63,7 +63,7 @@ def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
     with SparkPartitions.open(df, fetch_timeout=fetch_timeout) as parts:
         if parts.num_partitions == 0:
             return rt.write_arrow(parts.schema.empty_table(), epoch=epoch)
-        ready = (ref for _, ref in parts.as_ready())
+        ready = (ref for _, ref in parts.as_ready(window=2 * rt.writers))
         return rt._run_refs(ready, epoch)
 
 
