@@ -194,30 +194,39 @@ def send(
     credits: int,
     checkpoint_id: int,
     shuffle: random.Random | None = None,
+    on_rows: Callable[[int], None] | None = None,
 ) -> list[Any]:
     """Send the plan's writes with a credit window, then every writer's barrier.
 
     Writer ``k`` of every sink receives the items routed to ``k``, numbered ``seq`` 0, 1, ...
     Returns the barrier refs (each resolves once its writer got the coordinator's ack).
     Raises what a write raised (a dead actor, poisoned data) as soon as it is seen.
+    ``on_rows`` hears the rows each acknowledged write carried (counted once, not per sink).
     """
     from ray.exceptions import PendingCallsLimitExceeded
 
     count = len(next(iter(writers.values())))
+    first = next(iter(writers))
     seqs = [0] * count
     windows: dict[tuple[str, int], deque[Any]] = {}
+
+    def settle(sink: str, ref: Any) -> None:
+        rows = _settle(ref)
+        if on_rows is not None and sink == first:
+            on_rows(rows)
+
     try:
         for sink, k, seq, ref in _numbered(plan, writers, seqs, shuffle):
             window = windows.setdefault((sink, k), deque())
             while len(window) >= credits:
-                _settle(window.popleft())
+                settle(sink, window.popleft())
             window.append(writers[sink][k].write.remote(epoch, attempt, seq, [ref]))
     except PendingCallsLimitExceeded as exc:
         raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
                                 retry_after=0.5, epoch=epoch) from exc
-    for window in windows.values():
+    for (sink, _), window in windows.items():
         while window:
-            _settle(window.popleft())
+            settle(sink, window.popleft())
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
     return [handle.barrier.remote(barrier, attempt, seqs[k])
             for handles in writers.values() for k, handle in enumerate(handles)]
@@ -242,7 +251,7 @@ def _numbered(plan: FeedPlan, writers: Mapping[str, Sequence[Any]], seqs: list[i
     yield from everything
 
 
-def _settle(ref: Any) -> None:
+def _settle(ref: Any) -> int:
     import ray
 
-    ray.get(ref)
+    return int(ray.get(ref))

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import logging
 import random
+import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -34,6 +35,7 @@ from raysink.errors import (
     RaySinkError,
     SchemaMismatchError,
 )
+from raysink.progress import Progress
 from raysink.sinks.base import Sink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
@@ -110,6 +112,11 @@ class SinkRuntime:
 
     A single sink is named ``"main"``. Every epoch decision is shared by all sinks: an
     epoch is visible in all of them or (eventually, after roll-forward) in none.
+
+    Options beyond DESIGN's list: ``add_sinks``/``drop_sinks`` change the sink set on
+    purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
+    on stderr while writing (``None``: only on a terminal; ``False``: never; or a
+    ``raysink.progress.Progress`` of your own).
     """
 
     def __init__(
@@ -130,6 +137,7 @@ class SinkRuntime:
         actor_options: Mapping[str, Any] | None = None,
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
+        progress: Progress | bool | None = None,
     ) -> None:
         _check_name(name)
         self.name = name
@@ -148,6 +156,7 @@ class SinkRuntime:
         self._checkpoint_id = 0
         self._shuffle: random.Random | None = None
         self._bound: tuple[str, int] | None = None
+        self._progress = _progress(name, progress)
         self._inflight: list[Any] = []
 
     # ------------------------------------------------------------------ set-up
@@ -248,6 +257,8 @@ class SinkRuntime:
         finally:
             actors.stop()
             self._actors = None
+            if self._progress is not None:
+                self._progress.close()
 
     def _drain_outstanding(self, actors: ActorSet) -> None:
         status = self._call(actors.coordinator.status.remote(), timeout=30)
@@ -337,9 +348,11 @@ class SinkRuntime:
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
                          plan: _feed.FeedPlan) -> int:
         self._checkpoint_id += 1
+        progress = self._progress
+        on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
         barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
-                              shuffle=self._shuffle)
+                              shuffle=self._shuffle, on_rows=on_rows)
         self._inflight = barriers
         results = self._call(barriers)
         self._inflight = []
@@ -399,6 +412,8 @@ class SinkRuntime:
 
     def _report(self, epoch: int, rows: int, committed: bool, skipped: bool,
                 skipped_sinks: tuple[str, ...], attempts: int, started: float) -> EpochReport:
+        if self._progress is not None:
+            self._progress.advance(epochs=1, skipped=int(skipped))
         return EpochReport(epoch=epoch, rows=rows, committed=committed, skipped=skipped,
                            skipped_sinks=skipped_sinks, attempts=attempts,
                            seconds=time.monotonic() - started)
@@ -497,6 +512,15 @@ def source_offset(runtime: str, current: Mapping[str, Any] | None, query_id: str
             f"the new query's first batches would be skipped. Use at least {last_committed}",
             runtime=runtime)
     return epoch_offset
+
+
+def _progress(name: str, choice: Progress | bool | None) -> Progress | None:
+    """A progress line on stderr: drawn only on a terminal unless forced with ``True``."""
+    if choice is False:
+        return None
+    if isinstance(choice, Progress):
+        return choice
+    return Progress(label=name, stream=sys.stderr, enabled=True if choice else None)
 
 
 def _check_name(name: str) -> None:
