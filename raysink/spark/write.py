@@ -6,16 +6,34 @@ handed to a writer as soon as its fetch finishes. The cached RDD stays pinned un
 epoch is decided and visible, so a partition that a crashed writer had buffered can be
 fetched again for the next attempt; it is released after.
 
+Checks made before anything is cached or written:
+
+* ``df`` is a DataFrame of a running Spark session (else ``ConfigError``). The session is
+  the DataFrame's own, not the thread's "active" one: ``foreachBatch`` callbacks and other
+  Python threads have no active session.
+* every column type, nested ones included, converts to Arrow and can be stored by some
+  sink (else ``SchemaMismatchError``): Spark's ``CalendarIntervalType`` has no Arrow form,
+  ``YearMonthIntervalType`` becomes an Arrow month interval that no file format holds.
+
+With a routing key the rows are split by vnode beside the data (one small Ray task per
+partition, see ``raysink._feed``), with the same hash as ``write_arrow``: a key lands on
+the same writer whichever way it arrived, and Spark runs no extra shuffle.
+
 Structured Streaming: micro-batch ``batch_id`` of query ``Q`` is epoch
 ``batch_id + 1 + offset``. The runtime is bound to ``Q`` (its ``id``, which lives in the
 checkpoint, not the ``runId``) in the meta store. A batch from another query — a new
 checkpoint location restarts ``batch_id`` at 0 — is a ``ConfigError`` unless the runtime
 was opened with ``epoch_offset=`` to re-bind, since every batch would otherwise be skipped
-as "already committed".
+as "already committed". The query id comes from the Spark local property
+``sql.streaming.queryId``, which the stream's execution thread sets and which the
+``foreachBatch`` callback sees (PySpark pins each callback to that JVM thread). A batch
+Spark replays after a restart whose epoch is already committed is skipped before Spark
+computes it again.
 """
 
 from __future__ import annotations
 
+import json
 import logging
 from typing import TYPE_CHECKING, Any
 
@@ -29,10 +47,21 @@ __all__ = ["write_dataframe", "write_micro_batch"]
 log = logging.getLogger(__name__)
 
 _QUERY_ID_PROPERTY = "sql.streaming.queryId"
-_UNSTORABLE = ("CalendarIntervalType", "ObjectType", "VariantType")
+# Spark types no sink can store, by their JSON names in a schema: no Arrow form, or an
+# Arrow form no file format holds.
+_NO_ARROW = "Spark cannot convert it to Arrow"
+_MONTHS = "its Arrow month interval has no Parquet, Delta or Iceberg form"
+_UNSTORABLE = {
+    "interval": _NO_ARROW,  # CalendarIntervalType
+    "interval year": _MONTHS,  # YearMonthIntervalType, each field range
+    "interval year to month": _MONTHS,
+    "interval month": _MONTHS,
+    "variant": _NO_ARROW,
+}
 
 
 def _check_dataframe(runtime: str, df: Any) -> None:
+    """``df`` is a DataFrame of a running session and every column can be stored."""
     try:
         from pyspark.sql import DataFrame
     except ImportError as exc:
@@ -41,17 +70,56 @@ def _check_dataframe(runtime: str, df: Any) -> None:
     if not isinstance(df, DataFrame):
         raise ConfigError(f"write() takes a Spark DataFrame; got {type(df).__name__}. "
                           "Use write_arrow() for Arrow data", runtime=runtime)
-    from pyspark.sql import SparkSession
-
-    if SparkSession.getActiveSession() is None:
-        raise ConfigError("no active Spark session: start one with "
-                          "raysink.spark.init_spark() before write(df)", runtime=runtime)
-    for field in df.schema.fields:
-        kind = type(field.dataType).__name__
-        if kind in _UNSTORABLE or "CalendarInterval" in field.dataType.simpleString():
+    if not _session_running(df):
+        raise ConfigError("the DataFrame's Spark session is stopped (no Spark session): "
+                          "start one with raysink.spark.init_spark() and build the DataFrame "
+                          "in it before write(df)", runtime=runtime)
+    # the JVM's schema as JSON: PySpark cannot even parse some of these types
+    schema = json.loads(str(df._jdf.schema().json()))
+    for field in schema.get("fields", []):
+        reason = _unstorable(field["type"])
+        if reason is not None:
             raise SchemaMismatchError(
-                f"column {field.name!r} has type {field.dataType.simpleString()}, which no "
-                "sink can store; cast it (e.g. to a string) before writing", runtime=runtime)
+                f"column {field['name']!r} has a type which no sink can store ({reason}); "
+                "cast it (e.g. to a string) before writing", runtime=runtime)
+
+
+def _session_running(df: Any) -> bool:
+    """Whether the session ``df`` belongs to still has a live SparkContext."""
+    context = df.sparkSession.sparkContext
+    java_context = getattr(context, "_jsc", None)
+    if java_context is None:
+        return False
+    try:
+        return not bool(java_context.sc().isStopped())
+    except Exception as exc:  # the JVM gateway itself is gone
+        log.debug("Spark context check failed: %s", exc)
+        return False
+
+
+def _unstorable(data_type: Any) -> str | None:
+    """Why ``data_type`` (a type in Spark's JSON schema form), or a type nested in it,
+    cannot be stored; ``None`` when it can."""
+    if isinstance(data_type, str):
+        reason = _UNSTORABLE.get(data_type)
+        return None if reason is None else f"{data_type}: {reason}"
+    if not isinstance(data_type, dict):
+        return None
+    kind = data_type.get("type")
+    children: list[Any] = []
+    if kind == "array":
+        children = [data_type.get("elementType")]
+    elif kind == "map":
+        children = [data_type.get("keyType"), data_type.get("valueType")]
+    elif kind == "struct":
+        children = [field.get("type") for field in data_type.get("fields", [])]
+    elif kind == "udt":
+        children = [data_type.get("sqlType")]
+    for child in children:
+        reason = _unstorable(child)
+        if reason is not None:
+            return reason
+    return None
 
 
 def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
@@ -60,6 +128,8 @@ def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
     from raysink.spark.handoff import SparkPartitions
 
     _check_dataframe(rt.name, df)
+    if epoch is not None and _committed_through(rt) >= epoch:
+        return rt.write_arrow([], epoch=epoch)  # reported skipped; Spark computes nothing
     with SparkPartitions.open(df, fetch_timeout=fetch_timeout) as parts:
         if parts.num_partitions == 0:
             return rt.write_arrow(parts.schema.empty_table(), epoch=epoch)
@@ -67,22 +137,29 @@ def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
         return rt._run_refs(ready, epoch)
 
 
+def _committed_through(rt: SinkRuntime) -> int:
+    """The last committed epoch of the runtime (0 when none)."""
+    last = rt.status().last_committed_epoch
+    return 0 if last is None else int(last)
+
+
 def write_micro_batch(rt: SinkRuntime, df: Any, batch_id: int) -> EpochReport:
     """``foreachBatch`` entry: bind to the query, then write the batch as its epoch.
     Returns the epoch's report (``SinkRuntime.foreach_batch`` drops it)."""
-    offset = rt._bind_source(_query_id(df))
+    offset = rt._bind_source(_query_id(rt.name, df))
     report = write_dataframe(rt, df, epoch=int(batch_id) + 1 + offset)
     log.info("%s: micro-batch %s -> epoch %s (%s rows, %s)", rt.name, batch_id, report.epoch,
              report.rows, "skipped, already committed" if report.skipped else "committed")
     return report
 
 
-def _query_id(df: Any) -> str:
+def _query_id(runtime: str, df: Any) -> str:
     """The streaming query's ``id`` (stable across restarts from one checkpoint)."""
+    _check_dataframe(runtime, df)
     context = df.sparkSession.sparkContext
     query_id = context.getLocalProperty(_QUERY_ID_PROPERTY)
     if not query_id:
         raise ConfigError("foreach_batch must be called by writeStream.foreachBatch: no "
                           "streaming query id on this thread. For a batch DataFrame use "
-                          "write(df)")
+                          "write(df)", runtime=runtime)
     return str(query_id)
