@@ -1,0 +1,243 @@
+"""Bad input through the real runtime: the error of DESIGN's table, committed data intact.
+
+Cases already covered elsewhere are not repeated here: schemas differing within an epoch
+(local tables and object refs), an epoch below a PENDING one, a changed sink set, an empty
+epoch and four invalid options are in ``test_runtime.py``; a new streaming query, unknown
+sink options, deleted targets and markers, and a routing key outside the upsert key are in
+``tests/chaos/test_bad_input.py``. Every case here first commits epoch 1 where it can, and
+checks afterwards that epoch 1 is still there, exactly, and that the runtime goes on.
+Messages are checked for what the user must change, not only for the error type.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+
+from raysink import (
+    ConfigError,
+    EpochRegressionError,
+    MetaStoreError,
+    SchemaMismatchError,
+    SinkRuntime,
+    SinkUnavailableError,
+)
+from raysink.sinks import DeltaSink, ParquetSink
+from tests.integration.helpers import assert_exactly, epoch_table
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+ROWS = 50
+
+
+def _meta(tmp_path: Path) -> str:
+    return f"sqlite:///{tmp_path / 'meta.db'}"
+
+
+@pytest.fixture
+def committed(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SinkRuntime]:
+    """A started runtime (routing key ``customer``) with epoch 1 committed; afterwards the
+    table must still hold exactly epoch 1 plus whatever the test wrote on purpose."""
+    name = f"bad-{request.node.name.split('[')[0][5:].replace('_', '-')}"[:40]
+    rt = SinkRuntime(name, ParquetSink(str(tmp_path / "table")), metastore=_meta(tmp_path),
+                     key=["customer"], progress=False).start()
+    try:
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+        yield rt
+    finally:
+        rt.close()
+
+
+def _with_null_keys(epoch: int) -> pa.Table:
+    table = epoch_table(epoch, ROWS)
+    customers = table.column("customer").to_pylist()
+    customers[7] = None
+    return table.set_column(1, "customer", pa.array(customers, pa.string()))
+
+
+# --------------------------------------------------------------------------- data
+
+
+def test_null_keys_in_a_local_table(tmp_path: Path, committed: SinkRuntime) -> None:
+    with pytest.raises(SchemaMismatchError, match=r"key column 'customer' holds 1 null") as info:
+        committed.write_arrow(_with_null_keys(2), epoch=2)
+    assert "must not be null" in str(info.value)
+    assert committed.write_arrow(epoch_table(2, ROWS), epoch=2).committed
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+def test_null_keys_behind_an_object_ref(tmp_path: Path, committed: SinkRuntime) -> None:
+    """The ref is split by key in a Ray task, which finds the nulls; nothing is written."""
+    with pytest.raises(SchemaMismatchError, match=r"key column 'customer' holds 1 null"):
+        committed.write_arrow([ray.put(_with_null_keys(2))], epoch=2)
+    assert committed.write_arrow(epoch_table(2, ROWS), epoch=2).committed
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+def test_missing_routing_key_column(tmp_path: Path, committed: SinkRuntime) -> None:
+    with pytest.raises(SchemaMismatchError, match=r"routing key column 'customer' is not in"):
+        committed.write_arrow(epoch_table(2, ROWS).drop_columns(["customer"]), epoch=2)
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+@pytest.mark.parametrize("data", [
+    {"id": [1, 2]},  # a dict of columns
+    "id,customer\n1,a",  # CSV text
+    [epoch_table(2, 5), [1, 2, 3]],  # one good table and a list
+])
+def test_non_arrow_data(tmp_path: Path, committed: SinkRuntime, data: Any) -> None:
+    with pytest.raises(ConfigError, match="write_arrow takes a pyarrow Table, RecordBatch "
+                                          "or ObjectRef") as info:
+        committed.write_arrow(data, epoch=2)
+    assert "got " in str(info.value)
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_batch_differs_from_the_targets_schema(tmp_path: Path) -> None:
+    """A sink given a schema refuses a batch of another one, in the writer."""
+    schema = epoch_table(1, 1).schema
+    sink = ParquetSink(str(tmp_path / "table"), schema=schema)
+    with SinkRuntime("bad-target-schema", sink, metastore=_meta(tmp_path),
+                     progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+        wrong = epoch_table(2, ROWS).set_column(2, "amount", pa.array(range(ROWS)))
+        with pytest.raises(SchemaMismatchError, match=r"'amount': expected double, got int64"):
+            rt.write_arrow(wrong, epoch=2)
+        assert rt.write_arrow(epoch_table(2, ROWS), epoch=2).committed
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+# --------------------------------------------------------------------------- epochs
+
+
+def test_negative_epoch(tmp_path: Path, committed: SinkRuntime) -> None:
+    with pytest.raises(EpochRegressionError, match="non-negative"):
+        committed.write_arrow(epoch_table(2, ROWS), epoch=-1)
+    assert committed.write_arrow(epoch_table(2, ROWS)).epoch == 2
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+def test_regression_message_names_both_epochs(tmp_path: Path) -> None:
+    """Below an epoch still in flight: the message says which and what to do."""
+    from raysink.testing import FailingSink
+
+    sink = FailingSink(ParquetSink(str(tmp_path / "table")), fail_commit_times=1000,
+                       state_dir=str(tmp_path / "faults"))
+    with SinkRuntime("bad-regress-msg", sink, metastore=_meta(tmp_path), commit_timeout=1.0,
+                     retry_cap=0.2, progress=False) as rt:
+        assert not rt.write_arrow(epoch_table(4, 5), epoch=4).committed
+        with pytest.raises(EpochRegressionError) as info:
+            rt.write_arrow(epoch_table(2, 5), epoch=2)
+    text = str(info.value)
+    assert "epoch 2 is below epoch 4" in text and "increasing order" in text
+    assert info.value.epoch == 2
+
+
+# --------------------------------------------------------------------------- meta store
+
+
+def test_metastore_under_a_regular_file(tmp_path: Path) -> None:
+    """Root ignores file modes: a path under a regular file is unwritable for anyone."""
+    out = tmp_path / "table"
+    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=_meta(tmp_path),
+                     progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+    blocker = tmp_path / "plain-file"
+    blocker.write_text("not a directory")
+    bad = f"sqlite:///{blocker / 'sub' / 'meta.db'}"
+    with pytest.raises(MetaStoreError, match="choose a path under a writable directory") as info:
+        SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=bad).start()
+    assert str(blocker / "sub") in str(info.value)
+    assert blocker.read_text() == "not a directory"
+    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=_meta(tmp_path),
+                     progress=False) as rt:  # nothing was left running or half-claimed
+        assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
+    assert_exactly(out, [1, 2], ROWS)
+
+
+def test_metastore_file_is_not_a_database(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.db"
+    junk.write_bytes(b"this is not SQLite " * 100)
+    with pytest.raises(MetaStoreError, match="must be a SQLite file") as info:
+        SinkRuntime("bad-meta-junk", ParquetSink(str(tmp_path / "table")),
+                    metastore=f"sqlite:///{junk}").start()
+    assert "choose another path" in str(info.value)
+    assert junk.read_bytes() == b"this is not SQLite " * 100
+
+
+@pytest.mark.parametrize(("url", "fragment"), [
+    ("mysql://u:secret@h/db", "metastore must be"),  # an unsupported backend
+    ("sqlite:///relative/meta.db", "an absolute path"),  # three slashes: relative
+])
+def test_metastore_url_of_no_accepted_form(url: str, fragment: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=fragment) as info:
+        SinkRuntime("bad-meta-url", ParquetSink(str(tmp_path / "t")), metastore=url).start()
+    assert "secret" not in str(info.value)  # a password is never quoted
+
+
+# --------------------------------------------------------------------------- sinks
+
+
+def test_sink_path_is_a_file(tmp_path: Path) -> None:
+    target = tmp_path / "table"
+    target.write_text("someone's file")
+    with pytest.raises(SinkUnavailableError, match="is a file; give a directory"):
+        SinkRuntime("bad-sink-file", ParquetSink(str(target)), metastore=_meta(tmp_path)).start()
+    assert target.read_text() == "someone's file"
+    with pytest.raises(SinkUnavailableError, match="is a file; give a directory"):
+        SinkRuntime("bad-sink-file", ParquetSink(str(target / "sub")),
+                    metastore=_meta(tmp_path)).start()
+
+
+def test_sink_of_another_kind_under_the_same_name(tmp_path: Path) -> None:
+    meta = _meta(tmp_path)
+    with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
+                     progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+    with pytest.raises(ConfigError, match="give a sink of another kind a new name") as info:
+        SinkRuntime("bad-kind", DeltaSink(str(tmp_path / "delta")), metastore=meta).start()
+    assert "parquet -> delta" in str(info.value)
+    with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
+                     progress=False) as rt:
+        assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+def test_changed_sink_set_says_how_to_change_it(tmp_path: Path) -> None:
+    meta = _meta(tmp_path)
+    with SinkRuntime("bad-set", ParquetSink(str(tmp_path / "a")), metastore=meta,
+                     progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+    renamed = {"other": ParquetSink(str(tmp_path / "a"))}
+    with pytest.raises(ConfigError, match=r"new \['other'\], missing \['main'\]") as info:
+        SinkRuntime("bad-set", renamed, metastore=meta).start()
+    assert "add=/drop=" in str(info.value)
+    assert_exactly(tmp_path / "a", [1], ROWS)
+
+
+# --------------------------------------------------------------------------- options
+
+
+@pytest.mark.parametrize(("make", "fragment"), [
+    # options test_runtime.py does not cover
+    (lambda p: SinkRuntime("r", ParquetSink(p), flush_interval=0), "flush_interval must be > 0"),
+    (lambda p: SinkRuntime("r", ParquetSink(p), max_attempts=0), "max_attempts must be at least"),
+    (lambda p: SinkRuntime("r", ParquetSink(p), retry_cap=0), "retry_cap must be > 0"),
+    (lambda p: SinkRuntime("r.x", ParquetSink(p)), "letters, digits"),  # a dot in the name
+    (lambda p: SinkRuntime("r", {}), "give at least one sink"),
+    (lambda p: SinkRuntime("r", {"main": p}), "is not a raysink Sink; got str"),
+    (lambda p: ParquetSink(p, compression="lzma"),  # type: ignore[arg-type]
+     "compression must be one of"),
+    (lambda p: ParquetSink(p, row_group_size=0), "row_group_size must be a positive int"),
+    (lambda p: ParquetSink("s3://bucket/t"), "use DeltaSink or IcebergSink"),
+])
+def test_invalid_options_say_what_to_change(tmp_path: Path, make: Any, fragment: str) -> None:
+    with pytest.raises(ConfigError, match=fragment) as info:
+        make(str(tmp_path / "t"))
+    assert isinstance(info.value, ValueError)  # a ConfigError is also a ValueError
+    assert not (tmp_path / "t").exists()  # nothing created
