@@ -191,6 +191,10 @@ class SinkRuntime:
         self._actors = actors
         try:
             self._call(actors.coordinator.ping.remote())
+            # wait for recovery (open attempts swept, markers checked against the meta
+            # store): a deleted target or marker is an error of start() itself.
+            # ``epoch_source`` is the cheapest call that waits for it.
+            self._call(actors.coordinator.epoch_source.remote())
         except BaseException:
             actors.stop()
             self._actors = None

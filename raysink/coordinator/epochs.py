@@ -215,14 +215,16 @@ class EpochCoordinator:
             expected = self._sink_committed.get(name)
             if expected is None:
                 continue
-            marker = sink.committed_epoch()
-            if marker is not None and marker >= expected:
-                continue
+            # the target first: a marker kept apart from the data (PostgreSQL's progress
+            # table) survives a deleted data table
             if not _target_exists(sink):
                 raise DataLossError(
                     f"the target of sink {name!r} was deleted after raysink committed epoch "
                     f"{expected} to it; restore it, or drop the sink from the runtime",
                     runtime=self.runtime, sink=name, epoch=expected)
+            marker = sink.committed_epoch()
+            if marker is not None and marker >= expected:
+                continue
             log.warning("sink %s: progress marker behind the meta store (%s < %s); re-creating",
                         name, marker, expected)
             sink.recreate_marker(expected)

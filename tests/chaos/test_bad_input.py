@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 
 from raysink import ConfigError, DataLossError, SinkRuntime
+from raysink.coordinator.metastore import open_metastore
 from raysink.runtime import source_offset
 from raysink.sinks import DeltaSink, ParquetSink
 from raysink.testing import arm_fault
@@ -70,11 +71,15 @@ def test_target_deleted_after_commit_is_data_loss(tmp_path: Path) -> None:
     with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path)) as rt:
         assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
     shutil.rmtree(out)
-    with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path),
-                     commit_timeout=5) as rt:
-        with pytest.raises(DataLossError, match="deleted after raysink committed"):
-            rt.write_arrow(epoch_table(2, 20, 2), epoch=2)
-        assert "DataLossError" in (rt.status().sinks["main"].last_error or "")
+    with pytest.raises(DataLossError, match="deleted after raysink committed"):
+        SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path),
+                    commit_timeout=5).start()  # recovery checks the target in start()
+    store = open_metastore(_meta(tmp_path), name)
+    try:
+        status = store.sink_statuses(name)["main"]
+    finally:
+        store.close()
+    assert status.state == "stalled" and "DataLossError" in (status.last_error or "")
     assert not out.exists()  # nothing re-created behind the user's back
 
 
