@@ -210,7 +210,11 @@ class CoordinatorActor:
 
     async def _record_health(self) -> None:
         """Persist sink states from the commit loop. A meta store that is unreachable for a
-        while (a PostgreSQL restart) only delays this: the loop must live on and retry."""
+        while (a PostgreSQL restart) only delays this: the loop must live on and retry.
+        Unchanged states are neither written nor read back (most commits change none)."""
+        if not self._health_changed():
+            self._take_snapshot()
+            return
         try:
             await self._locked(self._persist_health)
         except MetaStoreError as exc:
@@ -236,6 +240,16 @@ class CoordinatorActor:
         health.state = "stalled"
         health.last_error = f"{type(exc).__name__}: {exc}"
         health.failures += 1
+
+    def _health_changed(self) -> bool:
+        """Whether a sink's state or error differs from what was last stored (only this
+        generation writes its statuses, so the copy kept in ``_stored`` is current)."""
+        for name, health in self._health.items():
+            stored = self._stored.get(name)
+            if stored is None or (stored.state, stored.last_error) != (
+                    health.state, health.last_error):
+                return True
+        return False
 
     def _persist_health(self) -> None:
         """Write changed sink states to the meta store (runs in the worker thread)."""

@@ -388,6 +388,8 @@ class ParquetSink(Sink):
         _rmtree(self.layout.epoch_dir(epoch))
 
     def _move_into_place(self, epoch: int, entries: list[_StagedEntry]) -> list[dict[str, Any]]:
+        if not entries:  # an empty epoch: nothing to move, nothing to fsync
+            return []
         root = self.layout.root
         _makedirs(root)
         moved = []
@@ -452,8 +454,11 @@ class ParquetSink(Sink):
             names = os.listdir(self.layout.commits)
         except (FileNotFoundError, NotADirectoryError):
             return None
-        epochs = [int(m.group(1)) for n in names if (m := _COMMIT_ENTRY.fullmatch(n))]
-        return max(epochs, default=None)
+        # The test of _COMMIT_ENTRY without a regex per name: the log grows by one entry
+        # per epoch and is scanned at every commit.
+        return max((int(n[:12]) for n in names
+                    if len(n) == 17 and n.endswith(".json") and n[:12].isdecimal()),
+                   default=None)
 
     def target_exists(self) -> bool:
         """Whether the directory exists (probed by the coordinator before it re-creates a
