@@ -212,8 +212,14 @@ def read_back(table: Path, sink: str) -> pa.Table:
     if sink == "delta":
         from deltalake import DeltaTable
 
-        result: pa.Table = DeltaTable(str(table)).to_pyarrow_table(columns=columns)
-        return result
+        # The files the Delta log references, read with pyarrow's own local filesystem:
+        # delta-rs's Python filesystem hands out Python-owned buffers, which pyarrow's
+        # read-ahead threads may still be releasing when the process exits (an abort in
+        # interpreter shutdown, seen here).
+        files = [uri.removeprefix("file://") for uri in DeltaTable(str(table)).file_uris()]
+        parts = [pq.read_table(path, columns=columns) for path in files]
+        empty = pa.schema([ORDER_SCHEMA.field(c) for c in columns]).empty_table()
+        return pa.concat_tables(parts) if parts else empty
     import pyarrow.dataset as ds
 
     return ds.dataset(str(table), format="parquet").to_table(columns=columns)

@@ -401,7 +401,7 @@ class FailingSink(Sink):
     def create_writer(self, writer_id: int) -> SinkWriter:
         return _FailingWriter(self, self._inner.create_writer(writer_id))
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         call = self._count("commit")
         stall = self._stall_commit_times is None or call <= self._stall_commit_times
         if self._stall_commit_seconds > 0 and stall:
@@ -409,9 +409,10 @@ class FailingSink(Sink):
         failing = call <= self._fail_commit_times
         if failing and self._fail_commit_mode == "before":
             raise self._failure("commit", call, epoch)
-        self._inner.commit(epoch, manifests)
+        marked = self._inner.commit(epoch, manifests)
         if failing:
             raise self._failure("commit", call, epoch)
+        return marked
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         call = self._count("abort")
@@ -580,7 +581,8 @@ class InMemoryMetaStore:
                     sink, epoch, attempt, EpochState.PENDING, layout=row["layout"],
                     manifests=text)
 
-    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str) -> None:
+    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str, *,
+                      marked: bool = True) -> None:
         with self._lock:
             self._fence(runtime, generation)
             row = self._epochs.get((runtime, sink, epoch))
@@ -589,6 +591,7 @@ class InMemoryMetaStore:
                 raise MetaStoreError(f"only a PENDING epoch can be committed, found {state}",
                                      runtime=runtime, sink=sink, epoch=epoch)
             self._epochs[(runtime, sink, epoch)] = {**row, "state": EpochState.COMMITTED,
+                                                    "marked": marked,
                                                     "updated_at": time.time()}
             self._prune_committed(runtime, sink)
 
@@ -662,14 +665,16 @@ def _check_sink_set(runtime: str, old: Mapping[str, str], new: Mapping[str, str]
 def _row(sink: str, epoch: int, attempt: int, state: EpochState, *, layout: str = "{}",
          manifests: str | None = None) -> dict[str, Any]:
     return {"sink": sink, "epoch": epoch, "attempt": attempt, "state": state,
-            "layout": layout, "manifests": manifests, "updated_at": time.time()}
+            "layout": layout, "manifests": manifests, "updated_at": time.time(),
+            "marked": True}
 
 
 def _decode(row: dict[str, Any]) -> EpochRecord:
     manifests = None if row["manifests"] is None else json.loads(row["manifests"])
     return EpochRecord(sink=row["sink"], epoch=row["epoch"], attempt=row["attempt"],
                        state=row["state"], layout=json.loads(row["layout"]),
-                       manifests=manifests, updated_at=row["updated_at"])
+                       manifests=manifests, updated_at=row["updated_at"],
+                       marked=bool(row.get("marked", True)))
 
 
 # --------------------------------------------------------------------------- faults

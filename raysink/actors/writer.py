@@ -135,6 +135,11 @@ class SinkWriterActor:
                 "a batch's schema differs from the epoch's: "
                 f"{_schema_diff(slot.schema, table.schema)}; send one schema per epoch",
                 runtime=self._config.runtime, sink=self._config.sink_name)
+        if table.num_rows == 0:
+            # no rows, but the schema: a sink whose target does not exist yet creates it
+            # from the schema at commit, so an empty first epoch leaves its marker too
+            self._writer.write(pa.RecordBatch.from_pylist([], schema=table.schema))
+            return
         for batch in table.to_batches():
             if batch.num_rows:
                 self._writer.write(batch)

@@ -120,6 +120,9 @@ class EpochCoordinator:
         self._last_committed: int | None = None
         self._aborted: dict[int, int] = {}
         self._sink_committed: dict[str, int | None] = dict.fromkeys(self.sinks)
+        # the last committed epoch whose commit left the sink's marker in its target:
+        # what the marker must match (an empty first epoch with no schema leaves none)
+        self._sink_marked: dict[str, int | None] = dict.fromkeys(self.sinks)
 
     # ------------------------------------------------------------------ queries
 
@@ -186,7 +189,7 @@ class EpochCoordinator:
         states = {r.state for r in records}
         for record in records:
             if record.state is EpochState.COMMITTED:
-                self._note_sink_committed(record.sink, epoch)
+                self._note_sink_committed(record.sink, epoch, marked=record.marked)
         if states <= {EpochState.COMMITTED}:
             self._complete(epoch)
             return False
@@ -212,7 +215,7 @@ class EpochCoordinator:
         if self.pending_epochs():
             return
         for name, sink in self.sinks.items():
-            expected = self._sink_committed.get(name)
+            expected = self._sink_marked.get(name)
             if expected is None:
                 continue
             # the target first: a marker kept apart from the data (PostgreSQL's progress
@@ -388,17 +391,18 @@ class EpochCoordinator:
         marker = target.committed_epoch()
         self._check_marker_for_pending(sink, target, marker, epoch)
         skipped = marker is not None and marker >= epoch
+        marked = True
         if not skipped:
             started = time.monotonic()
-            target.commit(epoch, entry.manifests.get(sink, []))
-            log.debug("sink %s committed epoch %s in %.3fs", sink, epoch,
-                      time.monotonic() - started)
+            marked = target.commit(epoch, entry.manifests.get(sink, [])) is not False
+            log.debug("sink %s committed epoch %s in %.3fs%s", sink, epoch,
+                      time.monotonic() - started, "" if marked else " (no target, no marker)")
         _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=epoch, sink=sink)
-        self.store.put_committed(self.runtime, self.generation, epoch, sink)
+        self.store.put_committed(self.runtime, self.generation, epoch, sink, marked=marked)
         entry.committed.add(sink)
         if skipped:
             entry.skipped.add(sink)
-        self._note_sink_committed(sink, epoch)
+        self._note_sink_committed(sink, epoch, marked=marked)
         if entry.committed >= set(self.sinks):
             self._complete(epoch)
         return CommitOutcome(epoch=epoch, sink=sink, skipped=skipped)
@@ -406,7 +410,7 @@ class EpochCoordinator:
     def _check_marker_for_pending(
         self, name: str, sink: Sink, marker: int | None, epoch: int
     ) -> None:
-        expected = self._sink_committed.get(name)
+        expected = self._sink_marked.get(name)
         if expected is None or (marker is not None and marker >= expected):
             return
         raise DataLossError(
@@ -415,10 +419,12 @@ class EpochCoordinator:
             "whether that epoch reached the target. Restore the marker or the target",
             runtime=self.runtime, sink=name, epoch=epoch)
 
-    def _note_sink_committed(self, sink: str, epoch: int) -> None:
-        current = self._sink_committed.get(sink)
-        if current is None or epoch > current:
-            self._sink_committed[sink] = epoch
+    def _note_sink_committed(self, sink: str, epoch: int, *, marked: bool) -> None:
+        for seen in (self._sink_committed, self._sink_marked) if marked else (
+                self._sink_committed,):
+            current = seen.get(sink)
+            if current is None or epoch > current:
+                seen[sink] = epoch
 
     def _complete(self, epoch: int) -> None:
         """Every sink committed ``epoch``: forget it, raise the high-water mark."""

@@ -24,7 +24,8 @@ Lifecycle, and where each call runs::
                  w.close()                       never called twice; nothing after it
     coordinator  sink.committed_epoch()          highest epoch whose marker is in the target
                  sink.commit(epoch, manifests)   make the epoch visible with its marker;
-                                                 idempotent, safe to re-run after a crash
+                                                 idempotent, safe to re-run after a crash;
+                                                 False: no target and nothing to create it
                  sink.abort(epoch, manifests)    remove staged data; ``None`` sweeps by epoch;
                                                  idempotent
 
@@ -131,8 +132,13 @@ class Sink(ABC):
         """A new writer for one writer actor."""
 
     @abstractmethod
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
-        """Make ``epoch`` visible together with its marker. Idempotent."""
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Make ``epoch`` visible together with its marker. Idempotent.
+
+        Returns ``False`` only when the target does not exist and the epoch carried
+        nothing to create it with (an empty epoch whose schema no writer saw): nothing was
+        written, not even the marker, and the coordinator records the epoch committed
+        without one. Any other return means the marker is in the target."""
 
     @abstractmethod
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:

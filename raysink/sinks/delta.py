@@ -36,8 +36,9 @@ two leaves new empty nullable columns, which the re-run accepts.
 
 A missing table: ``committed_epoch()`` is ``None`` and ``target_exists()`` is ``False``.
 The coordinator, which knows from the meta store whether this sink ever committed rows,
-raises ``DataLossError`` when it did; otherwise ``commit`` creates the table (an empty
-epoch before any data creates nothing: there is no schema to create it with).
+raises ``DataLossError`` when it did; otherwise ``commit`` creates the table, an empty
+epoch included (its writers saw the schema). Only an epoch that carried no schema at all
+creates nothing: ``commit`` returns ``False`` and the meta store records it unmarked.
 """
 
 from __future__ import annotations
@@ -378,17 +379,18 @@ class DeltaSink(Sink):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
         """Add the epoch's staged files (or MERGE its rows) in one Delta commit carrying
         ``Transaction(marker_id, epoch)``. Idempotent: returns at once when the marker
         says ``epoch`` is in; a lost race with another committer of the same epoch is
-        recognised by re-checking the marker."""
+        recognised by re-checking the marker. ``False``: no table and no schema to
+        create one with (an empty epoch nobody saw a schema for), nothing written."""
         self._check_key()
         files = self._checked_files(epoch, manifests)
         dt = self._opts.load()
         if dt is not None and self._has_marker(dt, epoch):
             self._cleanup_committed(epoch, files)
-            return
+            return True
         schema = self._epoch_schema(epoch, manifests)
         commit_failed = _deltalake().exceptions.CommitFailedError
         try:
@@ -404,6 +406,7 @@ class DeltaSink(Sink):
             self._cleanup_committed(epoch, files)
             logger.info("Delta sink %s committed epoch %d (%d files)", self.marker_id, epoch,
                         len(files))
+        return committed
 
     def _commit_once(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
                      files: list[dict[str, Any]], schema: pa.Schema | None) -> bool:

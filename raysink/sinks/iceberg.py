@@ -280,9 +280,10 @@ class IcebergSink(Sink):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
         """One fast-append snapshot of every staged file, marked with this sink and epoch.
-        Idempotent; a lost compare-and-swap re-checks the marker before retrying."""
+        Idempotent; a lost compare-and-swap re-checks the marker before retrying.
+        ``False``: no table and no schema to create one with, nothing written."""
         schema = _epoch_schema(manifests, self._where(epoch))
         errors = _pyiceberg().exceptions
         last: Exception | None = None
@@ -292,10 +293,10 @@ class IcebergSink(Sink):
                 if schema is None:
                     logger.info("Iceberg sink %s: epoch %d is empty and there is no table yet; "
                                 "nothing to commit", self.marker_id, epoch)
-                    return
+                    return False
                 table = self._create_table(schema)
             if self._is_committed(table, epoch):
-                return
+                return True
             uris = self._checked_files(epoch, manifests, table)
             try:
                 self._append(self._without_retry(table), epoch, uris, schema)
@@ -304,7 +305,7 @@ class IcebergSink(Sink):
                 continue
             logger.info("Iceberg sink %s committed epoch %d (%d files)", self.marker_id, epoch,
                         len(uris))
-            return
+            return True
         raise SinkUnavailableError(
             f"commits to {self._opts.identifier!r} kept losing to concurrent ones after "
             f"{self._opts.commit_attempts} attempts; it will be retried", **self._where(epoch)

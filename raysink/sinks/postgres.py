@@ -68,6 +68,9 @@ logger = logging.getLogger(__name__)
 
 Method = Literal["staging", "prepared"]
 T = TypeVar("T")
+Outcome = Literal["committed", "already", "unmarked"]
+"""What one commit did: made the epoch visible now, found it there, or found no target
+and nothing to create one with (an empty epoch nobody saw a schema for: nothing written)."""
 
 PROGRESS_TABLE = "_raysink_progress"
 STAGED_TABLE = "_raysink_staged"
@@ -461,18 +464,19 @@ class PostgresSink(Sink):
 
     # -- commit ---------------------------------------------------------------------
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
-        """Make ``epoch`` visible with its progress row; idempotent, safe after a crash."""
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+        """Make ``epoch`` visible with its progress row; idempotent, safe after a crash.
+        A missing table is created from the epoch's schema (an empty epoch's too);
+        ``False`` when there is none and no writer saw a schema: nothing is written."""
         started = time.perf_counter()
-        if self.method == "prepared":
-            done = self._run(lambda conn: _commit_prepared(self, conn, epoch, manifests))
-        else:
-            done = self._run(lambda conn: _commit_staging(self, conn, epoch, manifests))
-        if done:
+        commit = _commit_prepared if self.method == "prepared" else _commit_staging
+        outcome = self._run(lambda conn: commit(self, conn, epoch, manifests))
+        if outcome == "committed":
             logger.info("postgres sink %s/%s committed epoch %d (%d rows) in %.3fs",
                         self.runtime, self.name, epoch,
                         sum(int(m.get("rows", 0)) for m in manifests),
                         time.perf_counter() - started)
+        return outcome != "unmarked"
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Drop what was staged or prepared for ``epoch``; ``None`` sweeps by epoch."""
@@ -566,9 +570,26 @@ def _manifest_columns(sink: PostgresSink, epoch: int, manifests: Sequence[Manife
     return list(column_sets.pop()) if column_sets else []
 
 
+def _ensure_target(sink: PostgresSink, conn: psycopg.Connection[Any], t: _Target,
+                   manifests: Sequence[Manifest]) -> bool:
+    """The target exists, or is created now from the column types a writer saw (an
+    empty epoch's); ``False`` when it is missing and no writer saw a schema."""
+    if t.regclass(conn, sink.table):
+        return True
+    types = next((dict(m["types"]) for m in manifests if m.get("types")), None)
+    if types is None:
+        return False
+    if not sink.create_table:
+        raise sink._err(SinkUnavailableError, f"table {sink.schema}.{sink.table} does not "
+                        "exist and create_table=False")
+    t.lock(conn)
+    t.create_target(conn, types, sink.key)
+    return True
+
+
 def _commit_staging(
     sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
-) -> bool:
+) -> Outcome:
     """One transaction: progress row first (fences a concurrent committer), move, unstage."""
     t = sink._tables()
     staged = [m for m in manifests if m.get("rows")]
@@ -576,8 +597,10 @@ def _commit_staging(
         if not t.regclass(conn, PROGRESS_TABLE):
             t.lock(conn)
             t.ensure_progress(conn)
+        if not staged and not _ensure_target(sink, conn, t, manifests):
+            return "unmarked"
         if not _insert_progress(conn, t, epoch, EPOCH_ROW):
-            return False
+            return "already"
         if staged:
             _check_target(sink, conn, t, epoch)
             expected = sum(int(m["rows"]) for m in staged)
@@ -590,7 +613,7 @@ def _commit_staging(
                                 f"{expected} staged rows; staged data was deleted", epoch)
             _forget_staged(conn, t, epoch)
         hit("sink.mid_commit", runtime=sink.runtime, sink=sink.name, epoch=epoch)
-    return True
+    return "committed"
 
 
 def _check_target(
@@ -637,12 +660,12 @@ def _finish_prepared(conn: psycopg.Connection[Any], verb: str, txid: str) -> boo
 
 def _commit_prepared(
     sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
-) -> bool:
+) -> Outcome:
     """``COMMIT PREPARED`` per writer, then the epoch row; stale attempts are rolled back."""
     t = sink._tables()
     if _has_progress_row(conn, t, epoch, EPOCH_ROW):
         _sweep_prepared(conn, sink, epoch, keep=())
-        return False
+        return "already"
     for m in manifests:
         if m.get("gid") and not _finish_prepared(conn, "COMMIT", str(m["gid"])) \
                 and not _has_progress_row(conn, t, epoch, int(m["writer"])):
@@ -654,9 +677,11 @@ def _commit_prepared(
         if not t.regclass(conn, PROGRESS_TABLE):
             t.lock(conn)
             t.ensure_progress(conn)
+        if not _ensure_target(sink, conn, t, manifests):
+            return "unmarked"
         inserted = _insert_progress(conn, t, epoch, EPOCH_ROW)
     _sweep_prepared(conn, sink, epoch, keep=())
-    return inserted
+    return "committed" if inserted else "already"
 
 
 def _sweep_prepared(
@@ -826,6 +851,7 @@ class _Segment:
     token: int = field(default_factory=lambda: secrets.randbits(62))
     rows: int = 0
     columns: tuple[str, ...] = ()
+    types: dict[str, str] = field(default_factory=dict)
 
 
 class PostgresWriter(SinkWriter):
@@ -925,14 +951,21 @@ class PostgresWriter(SinkWriter):
     # -- write ----------------------------------------------------------------------
 
     def write(self, batch: pa.RecordBatch) -> None:
-        """COPY ``batch`` into the open transaction (target, or staging for upserts)."""
-        if batch.num_rows == 0:
-            return
+        """COPY ``batch`` into the open transaction (target, or staging for upserts). An
+        empty batch only tells the epoch's schema (the commit creates a missing table
+        from it)."""
         self._check_batch(batch)
+        types = self.sink.pg_types(batch.schema)
+        if batch.num_rows == 0:
+            if self._types:
+                self._check_columns(batch)
+            self._segment.columns, self._segment.types = tuple(batch.schema.names), types
+            return
         conn = self._live_conn()
         if not self._types:
-            self._ddl(self.sink.pg_types(batch.schema))
+            self._ddl(types)
         self._check_columns(batch)
+        self._segment.types = types
         prefix = self._prefix(batch.num_rows)
         data = _csv_bytes(batch, self.sink.pg_types(batch.schema), prefix)
         copy_sql = self._copy_sql(list(prefix) + batch.schema.names)
@@ -993,7 +1026,8 @@ class PostgresWriter(SinkWriter):
         seg = self._segment
         manifest: Manifest = {"method": self.sink.method, "writer": self.writer_id,
                               "epoch": epoch, "attempt": attempt, "rows": seg.rows,
-                              "columns": list(seg.columns), "token": None, "gid": None}
+                              "columns": list(seg.columns), "types": seg.types or None,
+                              "token": None, "gid": None}
         with self._guard(epoch):
             if not seg.rows:
                 conn.rollback()

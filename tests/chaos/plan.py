@@ -51,11 +51,6 @@ SPARK_SHARE = 0.15
 """Share of the in-process kill and stall trials that write through Spark (``rt.write``)."""
 _SPARK_KINDS = ("writer_point", "coordinator_point", "point_external", "random_kill",
                 "stall_commit")
-KNOWN_BUG_EMPTY_FIRST_EPOCH = ("delta", "iceberg", "postgres")
-"""Sinks where an empty first epoch breaks what follows (see
-``tests/chaos/test_regressions.py::test_empty_first_epoch_then_data`` and
-``::test_postgres_empty_first_epoch_then_writer_restart``): until that is fixed their first
-epoch gets at least one row. Empty epochs later on are still tried."""
 
 
 @dataclass(kw_only=True)
@@ -123,8 +118,6 @@ def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str) -> T
         spec.epochs += 1
         spec.rows.append(rng.randint(1, 500))
         spec.pieces.append(rng.randint(1, 3))
-    if sink in KNOWN_BUG_EMPTY_FIRST_EPOCH and spec.rows[0] == 0:
-        spec.rows[0] = 1
     _fault_details(rng, spec)
     return spec
 

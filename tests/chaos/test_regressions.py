@@ -5,24 +5,27 @@
    SinkWriterActor.barrier() (pid=…)``), not the error itself. Fixed in
    ``raysink.runtime._short``: the remote cause is named.
 2. ``point_external`` trial (seed 1, trial 5): an empty first epoch into a Delta (or
-   Iceberg) sink commits without creating the table, so it leaves no marker; the
-   coordinator still counts it as the sink's committed epoch, and the next epoch's commit
-   fails forever with ``DataLossError`` ("the progress marker … is gone … while epoch 2 is
-   pending"). Not fixed here (the coordinator needs to know whether a sink ever received
-   rows, which the meta store does not keep); reported to the lead. ``xfail(strict=True)``
-   so the test turns red when it gets fixed, and the chaos plan avoids an empty first epoch
-   into these sinks meanwhile (``tests.chaos.plan.KNOWN_BUG_EMPTY_FIRST_EPOCH``).
+   Iceberg) sink committed without creating the table, so it left no marker; the
+   coordinator still counted it as the sink's committed epoch, and the next epoch's commit
+   failed forever with ``DataLossError`` ("the progress marker … is gone … while epoch 2 is
+   pending"). Fixed twice over: the writer actor hands a sink writer the schema of an
+   empty table, so the commit creates the target from it (with its marker); and an epoch
+   that carried no schema at all (``write_arrow([])``), which cannot create a target,
+   makes ``Sink.commit`` answer ``False`` and the meta store record it unmarked, so no
+   marker is expected of it.
 3. ``pg_restart`` trials (seed 1, trials 8 and 18): after a PostgreSQL crash-restart
    between epochs, a ``PostgresWriter`` kept its broken connection (``open()`` only ran
    when the actor started), so every later attempt failed and the epoch ended in
    ``EpochFailedError``. Fixed in ``PostgresWriter._live_conn``: a writer with no rows in
    flight reconnects.
 5. ``writer_point`` trial (seed 1, trial 60, via Spark): the same family as 2 in
-   PostgreSQL: an empty first epoch records progress rows but creates no table (no
-   schema); a writer that restarts (killed at ``writer.after_ack`` of epoch 2, whose
-   ``CREATE TABLE`` is still inside a prepared transaction) finds progress rows and no
-   table and refuses with ``DataLossError`` ("target table … was deleted"), so the
-   writer never comes back. Reported to the lead with 2; ``xfail(strict=True)``.
+   PostgreSQL: an empty first epoch recorded progress rows but created no table (no
+   schema); a writer that restarted (killed at ``writer.after_ack`` of epoch 2, whose
+   ``CREATE TABLE`` was still inside a prepared transaction) found progress rows and no
+   table and refused with ``DataLossError`` ("target table … was deleted"), so the
+   writer never came back. Fixed with 2: the empty epoch's commit creates the table from
+   the schema its writers saw (the manifest carries the column types), and an epoch
+   without any schema writes no progress row.
 4. ``pg_restart`` trial (seed 1, trial 8, PostgreSQL meta store): a sink commit failed
    while the server restarted, and recording the STALLED state in the meta store failed
    too; that error left the coordinator's commit loop, which stopped for good (the epoch
@@ -74,21 +77,35 @@ def _sink(kind: str, tmp_path: Path) -> Sink:
         sink = DeltaSink(str(tmp_path / "delta"))
     else:
         sink = IcebergSink("reg.t", catalog={"uri": f"sqlite:///{tmp_path / 'cat.db'}",
-                                             "warehouse": f"file://{tmp_path / 'wh'}"})
+                                             "warehouse": f"file://{tmp_path / 'wh'}"},
+                           catalog_name="chaos")  # the name read_target loads
     return sink
 
 
-@pytest.mark.xfail(strict=True, reason="empty first epoch leaves no marker; the next "
-                   "commit stalls with DataLossError (reported to the lead)")
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
-def test_empty_first_epoch_then_data(tmp_path: Path, kind: str) -> None:
-    empty = epoch_table(1, 0, 1)
-    with SinkRuntime(f"reg-empty-first-{kind}", _sink(kind, tmp_path), commit_timeout=3,
-                     metastore=f"sqlite:///{tmp_path / 'm.db'}", retry_cap=0.2) as rt:
+@pytest.mark.parametrize("schema_known", [True, False], ids=["empty-table", "no-table"])
+@pytest.mark.parametrize("kind", ["delta", "iceberg", "postgres"])
+def test_empty_first_epoch_then_data(request: pytest.FixtureRequest, tmp_path: Path,
+                                     kind: str, schema_known: bool) -> None:
+    """An empty first epoch (with its schema, or with none at all), then data, then a fresh
+    runtime on the same meta store: every epoch commits and the target holds epoch 2."""
+    pg = request.getfixturevalue("pg_server") if kind == "postgres" else None
+    name = f"reg-empty-first-{kind}-{'schema' if schema_known else 'none'}"
+    table = name.replace("-", "_")
+    sink = (PostgresSink(pg.dsn(), table) if pg is not None else _sink(kind, tmp_path))
+    meta = f"sqlite:///{tmp_path / 'm.db'}"
+    empty = epoch_table(1, 0, 1) if schema_known else []
+    with SinkRuntime(name, sink, commit_timeout=10, metastore=meta, retry_cap=0.2) as rt:
         assert rt.write_arrow(empty, epoch=1).committed
         report = rt.write_arrow(epoch_table(2, 50, 2), epoch=2)
-        status = rt.status()
-    assert report.committed, status.sinks["main"].last_error
+        assert report.committed, rt.status().sinks["main"].last_error
+    with SinkRuntime(name, sink, commit_timeout=10, metastore=meta, retry_cap=0.2) as rt:
+        assert rt.write_arrow(epoch_table(3, 10, 3), epoch=3).committed
+    spec = ({"kind": "postgres", "table": table} if pg is not None else
+            {"kind": kind, "path": str(tmp_path / "delta"), "identifier": "reg.t",
+             "catalog": {"uri": f"sqlite:///{tmp_path / 'cat.db'}",
+                         "warehouse": f"file://{tmp_path / 'wh'}"}})
+    ids = sorted(read_target(spec, pg).column("id").to_pylist())
+    assert ids == [2_000_000 + i for i in range(50)] + [3_000_000 + i for i in range(10)]
 
 
 @pytest.mark.parametrize("method", ["prepared", "staging"])
@@ -132,8 +149,6 @@ def test_metastore_down_while_a_commit_retries(pg_server: PostgresServer,
     assert ids == [e * 1_000_000 + i for e in (1, 2, 3) for i in range(40)]
 
 
-@pytest.mark.xfail(strict=True, reason="empty first epoch: progress rows without a table "
-                   "read as a deleted target (reported to the lead)")
 def test_postgres_empty_first_epoch_then_writer_restart(pg_server: PostgresServer,
                                                         tmp_path: Path) -> None:
     name, table = "reg-pg-empty-first", "reg_pg_empty_first"

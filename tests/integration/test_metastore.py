@@ -216,6 +216,31 @@ def test_put_committed_refused_unless_pending(store: MetaStore, rt: str) -> None
         store.put_committed(rt, gen, 2, "a")
 
 
+def test_committed_records_say_whether_the_marker_was_left(store: MetaStore, rt: str) -> None:
+    gen = store.claim(rt, SINKS).generation
+    store.put_open(rt, gen, 1, 0, ["a", "b"], {})
+    store.put_pending(rt, gen, 1, 0, {"a": [], "b": []})
+    store.put_committed(rt, gen, 1, "a", marked=False)  # no target yet, nothing to make one
+    store.put_committed(rt, gen, 1, "b")
+    assert {r.sink: r.marked for r in store.records(rt)} == {"a": False, "b": True}
+    store.put_open(rt, gen, 2, 0, ["a", "b"], {})
+    assert {r.sink: r.marked for r in store.records(rt) if r.epoch == 2} == {"a": True,
+                                                                             "b": True}
+
+
+def test_a_store_from_before_the_marked_column_is_brought_up_to_date(
+        backend: Backend, store: MetaStore, rt: str) -> None:
+    gen = store.claim(rt, SINKS).generation
+    store.put_open(rt, gen, 1, 0, ["a"], {})
+    store.close()
+    backend.raw("ALTER TABLE raysink_epochs DROP COLUMN marked", ())
+    reopened = backend.open()
+    assert [(r.epoch, r.marked) for r in reopened.records(rt)] == [(1, True)]
+    reopened.put_pending(rt, gen, 1, 0, {"a": []})
+    reopened.put_committed(rt, gen, 1, "a", marked=False)
+    assert [r.marked for r in reopened.records(rt)] == [False]
+
+
 def test_put_open_refuses_unknown_sink(store: MetaStore, rt: str) -> None:
     gen = store.claim(rt, SINKS).generation
     with pytest.raises(MetaStoreError, match="not in the runtime's sink set"):

@@ -23,6 +23,7 @@ class MemoryTarget:
     marker: int | None = None
     fail_commits: int = 0
     commits: int = 0
+    exists: bool = True  # False: created by the first commit that carries rows
 
 
 class MemoryWriter(SinkWriter):
@@ -57,18 +58,23 @@ class MemorySink(Sink):
     def create_writer(self, writer_id: int) -> MemoryWriter:
         return MemoryWriter(self.target, writer_id)
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
         if self.target.fail_commits > 0:
             self.target.fail_commits -= 1
             raise ConnectionError("target refused the commit (injected)")
         if self.target.marker is not None and self.target.marker >= epoch:
-            return
+            return True
+        if not self.target.exists:
+            if not any(m["rows"] for m in manifests):
+                return False  # nothing to create the target with: no marker either
+            self.target.exists = True
         for manifest in manifests:
             key = (epoch, int(manifest["attempt"]), int(manifest["writer"]))
             rows = self.target.staged.pop(key)
             self.target.visible.extend((epoch, key[1], row) for row in rows)
         self.target.marker = epoch
         self.target.commits += 1
+        return True
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         for key in [k for k in self.target.staged if k[0] == epoch]:
@@ -76,6 +82,12 @@ class MemorySink(Sink):
 
     def committed_epoch(self) -> int | None:
         return self.target.marker
+
+    def target_exists(self) -> bool:
+        return self.target.exists
+
+    def recreate_marker(self, epoch: int) -> None:
+        self.target.marker = epoch
 
     def visible_epochs(self) -> list[int]:
         return sorted({e for e, _, _ in self.target.visible})

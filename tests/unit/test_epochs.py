@@ -248,3 +248,26 @@ def test_deleted_marker_without_pending_is_recreated() -> None:
     sink.recreate_marker = recreated.append  # type: ignore[method-assign]
     h.core.check_markers()
     assert recreated == [1]
+
+
+def test_empty_epoch_before_the_target_exists_is_committed_without_a_marker() -> None:
+    """An empty first epoch nobody saw a schema for cannot create the target, so it
+    leaves no marker; neither the next epoch nor a recovery may read that as a loss."""
+    h = Harness(sinks=("a",))
+    target = h.targets["a"]
+    target.exists = False
+    d = h.core.open_epoch(1)
+    assert h.precommit_all(1, d.attempt, rows=0)
+    h.commit_all()
+    assert h.core.last_committed == 1 and target.marker is None and not target.exists
+    assert [r.marked for r in h.store.records(RUNTIME)] == [False]
+    h.crash()
+    h.core.check_markers()  # no target, no marker, and none was ever expected
+    assert h.write_epoch(2) == 2
+    assert target.exists and target.marker == 2
+    assert sorted({e for e, _, _ in target.visible}) == [2]
+    h.crash()
+    h.core.check_markers()
+    target.exists, target.marker = False, None  # now the target is lost for real
+    with pytest.raises(DataLossError):
+        h.core.check_markers()

@@ -11,7 +11,7 @@ Tables (the same DDL on both backends; JSON is stored as text, never pickle)::
 
     raysink_runtimes     (name PK, generation, sinks, dropped, epoch_source, updated_at)
     raysink_epochs       (runtime, sink, epoch PK; attempt, state, layout, manifests,
-                          updated_at)
+                          updated_at, marked)
     raysink_sink_status  (runtime, sink PK; state, last_error, history, updated_at)
 
 Fencing: every mutating method reads the runtime's row inside its transaction and raises
@@ -66,6 +66,7 @@ SCHEMA: tuple[str, ...] = (
         layout TEXT NOT NULL,
         manifests TEXT,
         updated_at DOUBLE PRECISION NOT NULL,
+        marked INTEGER NOT NULL DEFAULT 1,
         PRIMARY KEY (runtime, sink, epoch))""",
     f"""CREATE TABLE IF NOT EXISTS {STATUS} (
         runtime TEXT NOT NULL,
@@ -78,10 +79,16 @@ SCHEMA: tuple[str, ...] = (
 )
 """DDL shared by SQLite and PostgreSQL (SQLite maps the type names by affinity)."""
 
+COLUMNS_ADDED: tuple[tuple[str, str, str], ...] = (
+    (EPOCHS, "marked", "INTEGER NOT NULL DEFAULT 1"),
+)
+"""``(table, column, definition)`` added after the first release of a table: a store
+created before is brought up to date when it is opened (``ALTER TABLE ... ADD COLUMN``)."""
+
 _RUNTIME_COLUMNS = "name, generation, sinks, dropped, epoch_source"
 SELECT_RUNTIME = f"SELECT {_RUNTIME_COLUMNS} FROM {RUNTIMES} WHERE name = ?"
 
-_EPOCH_COLUMNS = "sink, epoch, attempt, state, layout, manifests, updated_at"
+_EPOCH_COLUMNS = "sink, epoch, attempt, state, layout, manifests, updated_at, marked"
 
 _REDACTED = "***"
 _CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
@@ -157,7 +164,8 @@ def epoch_from_row(row: Sequence[Any], runtime: str, url: str) -> EpochRecord:
         return EpochRecord(sink=sink, epoch=epoch, attempt=int(row[2]),
                            state=EpochState(row[3]),
                            layout=_typed(json.loads(row[4]), dict, "layout"),
-                           manifests=manifests, updated_at=float(row[6]))
+                           manifests=manifests, updated_at=float(row[6]),
+                           marked=bool(row[7]))
     except (TypeError, ValueError) as exc:
         raise _corrupt(url, EPOCHS, exc, runtime=runtime, sink=sink, epoch=epoch) from exc
 
@@ -333,11 +341,11 @@ class SqlMetaStore(abc.ABC):
             now = time.time()
             for sink in sinks:
                 tx.run(f"INSERT INTO {EPOCHS} (runtime, {_EPOCH_COLUMNS}) "
-                       "VALUES (?, ?, ?, ?, ?, ?, NULL, ?) "
+                       "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, 1) "
                        "ON CONFLICT (runtime, sink, epoch) DO UPDATE SET "
                        "attempt = excluded.attempt, state = excluded.state, "
                        "layout = excluded.layout, manifests = NULL, "
-                       "updated_at = excluded.updated_at",
+                       "updated_at = excluded.updated_at, marked = 1",
                        runtime, sink, epoch, attempt, EpochState.OPEN.value, text, now)
         logger.debug("runtime %r epoch %d attempt %d OPEN for %s", runtime, epoch, attempt,
                      list(sinks))
@@ -365,7 +373,8 @@ class SqlMetaStore(abc.ABC):
         logger.debug("runtime %r epoch %d attempt %d PENDING for %s", runtime, epoch,
                      attempt, sorted(texts))
 
-    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str) -> None:
+    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str, *,
+                      marked: bool = True) -> None:
         """Record one sink's epoch COMMITTED (idempotent) and prune its older ones."""
         with self._transaction(write=True) as tx:
             self._fence(tx, runtime, generation)
@@ -375,9 +384,9 @@ class SqlMetaStore(abc.ABC):
                     f"only a PENDING epoch can be committed, found "
                     f"{'no record' if found is None else found[0]}",
                     runtime=runtime, sink=sink, epoch=epoch)
-            tx.run(f"UPDATE {EPOCHS} SET state = ?, updated_at = ? "
+            tx.run(f"UPDATE {EPOCHS} SET state = ?, marked = ?, updated_at = ? "
                    "WHERE runtime = ? AND sink = ? AND epoch = ?",
-                   EpochState.COMMITTED.value, time.time(), runtime, sink, epoch)
+                   EpochState.COMMITTED.value, int(marked), time.time(), runtime, sink, epoch)
             pruned = self._prune_committed(tx, runtime, sink)
         logger.debug("runtime %r sink %r epoch %d COMMITTED (%d older pruned)", runtime,
                      sink, epoch, pruned)

@@ -10,7 +10,9 @@ One meta store may hold many runtimes; every record is keyed by runtime name. Re
 * PENDING: every writer pre-committed; the decision to commit is durable. Written for all
   sinks of the runtime in one transaction. Always rolls forward.
 * COMMITTED: the sink made the epoch visible. Older COMMITTED rows are pruned; the newest
-  one per sink is kept as the high-water mark.
+  one per sink is kept as the high-water mark. ``marked`` says whether the commit left the
+  sink's progress marker in the target: it did not only when there was no target yet and
+  the epoch carried nothing to create one with (an empty epoch whose schema nobody saw).
 * ABORTED: the attempt will never commit; staging is swept, then the row is deleted.
 
 Every write names the coordinator ``generation`` that makes it; a write from an older
@@ -70,6 +72,7 @@ class EpochRecord:
     layout: dict[str, Any] = field(default_factory=dict)
     manifests: list[Manifest] | None = None
     updated_at: float = 0.0
+    marked: bool = True
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -151,8 +154,12 @@ class MetaStore(Protocol):
         """
         ...
 
-    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str) -> None:
-        """Record one sink's epoch COMMITTED and prune that sink's older COMMITTED rows."""
+    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str, *,
+                      marked: bool = True) -> None:
+        """Record one sink's epoch COMMITTED and prune that sink's older COMMITTED rows.
+
+        ``marked=False``: the commit left no marker in the target (it had no target and
+        nothing to create one with)."""
         ...
 
     def put_aborted(self, runtime: str, generation: int, epoch: int, attempt: int) -> None:

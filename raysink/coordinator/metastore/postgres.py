@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote
 
 from raysink.coordinator.metastore._sql import (
+    COLUMNS_ADDED,
     SCHEMA,
     SELECT_RUNTIME,
     TABLES,
@@ -130,12 +131,23 @@ class PostgresMetaStore(SqlMetaStore):
         """Create missing tables; a role that may only use existing ones needs no CREATE."""
         present = conn.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) "
                                "FROM unnest(%s::text[]) AS t", (list(TABLES),)).fetchone()
-        if present and present[0]:
+        if present and present[0] and not self._missing_columns(conn):
             return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
             for statement in SCHEMA:
                 conn.execute(statement)
+            for table, column, definition in self._missing_columns(conn):
+                conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
+                             f"{definition}")
+
+    @staticmethod
+    def _missing_columns(conn: Any) -> list[tuple[str, str, str]]:
+        """Columns a store made by an earlier raysink lacks."""
+        return [(table, column, definition) for table, column, definition in COLUMNS_ADDED
+                if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE "
+                                    "attrelid = to_regclass(%s) AND attname = %s AND NOT "
+                                    "attisdropped)", (table, column)).fetchone()[0]]
 
     @contextmanager
     def _transaction(self, *, write: bool) -> Iterator[Tx]:

@@ -20,7 +20,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from raysink.coordinator.metastore._sql import SCHEMA, SqlMetaStore, Tx
+from raysink.coordinator.metastore._sql import COLUMNS_ADDED, SCHEMA, SqlMetaStore, Tx
 from raysink.errors import MetaStoreError
 
 __all__ = ["SqliteMetaStore"]
@@ -94,6 +94,7 @@ class SqliteMetaStore(SqlMetaStore):
         try:
             for statement in SCHEMA:
                 conn.execute(statement)
+            _add_missing_columns(conn)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
@@ -122,6 +123,14 @@ class SqliteMetaStore(SqlMetaStore):
         if self._conn is not None:
             self._conn.close()
             self._conn = None
+
+
+def _add_missing_columns(conn: sqlite3.Connection) -> None:
+    """Bring a store made by an earlier raysink up to date (inside the DDL transaction)."""
+    for table, column, definition in COLUMNS_ADDED:
+        present = {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
+        if column not in present:
+            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
 
 
 def _rollback(conn: sqlite3.Connection) -> None:
