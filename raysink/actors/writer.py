@@ -137,8 +137,11 @@ class SinkWriterActor:
                 runtime=self._config.runtime, sink=self._config.sink_name)
         if table.num_rows == 0:
             # no rows, but the schema: a sink whose target does not exist yet creates it
-            # from the schema at commit, so an empty first epoch leaves its marker too
-            self._writer.write(pa.RecordBatch.from_pylist([], schema=table.schema))
+            # from the schema at commit, so an empty first epoch leaves its marker too. A
+            # column of Arrow's null type (an empty Python list) says nothing of its type,
+            # so such a schema must not shape a target.
+            if not any(pa.types.is_null(f.type) for f in table.schema):
+                self._writer.write(pa.RecordBatch.from_pylist([], schema=table.schema))
             return
         for batch in table.to_batches():
             if batch.num_rows:

@@ -33,7 +33,7 @@ def epoch_table(epoch: int, rows: int, feed: int) -> pa.Table:
         "id": pa.array([epoch * ID_BASE + i for i in range(rows)], pa.int64()),
         "epoch": pa.array([epoch] * rows, pa.int64()),
         "feed": pa.array([feed] * rows, pa.int32()),
-        "payload": pa.array([f"p{epoch}-{i % 97}" for i in range(rows)]),
+        "payload": pa.array([f"p{epoch}-{i % 97}" for i in range(rows)], pa.string()),
     })
 
 

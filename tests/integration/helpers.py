@@ -22,8 +22,8 @@ def epoch_table(epoch: int, rows: int = 500, *, writers_hint: int = 0) -> pa.Tab
     ids = [epoch * 1_000_000 + i for i in range(rows)]
     return pa.table({
         "id": pa.array(ids, pa.int64()),
-        "customer": pa.array([f"c{i % 37}" for i in range(rows)]),
-        "amount": pa.array([float(i) * 1.5 for i in range(rows)]),
+        "customer": pa.array([f"c{i % 37}" for i in range(rows)], pa.string()),
+        "amount": pa.array([float(i) * 1.5 for i in range(rows)], pa.float64()),
     })
 
 
