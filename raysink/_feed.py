@@ -28,6 +28,9 @@ log = logging.getLogger(__name__)
 CHUNK_ROWS = 262_144
 """Unkeyed tables are cut into pieces of at most this many rows, spread over writers."""
 
+DEFAULT_MAX_BATCH_BYTES = 512 * 2**20
+"""The largest data message a writer takes (``SinkRuntime(max_batch_bytes=...)``)."""
+
 
 class FeedPlan:
     """The epoch's data as ``(writer index, ref)`` items, produced lazily and kept.
@@ -95,8 +98,11 @@ def check_keys(table: pa.Table, key: Sequence[str]) -> None:
 
 
 def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
-               bitmaps: Sequence[Bitmap]) -> FeedPlan:
-    """Route local tables (split by key, or chunked round-robin) and refs to writers."""
+               bitmaps: Sequence[Bitmap], max_batch_bytes: int | None = None) -> FeedPlan:
+    """Route local tables (split by key, or chunked round-robin) and refs to writers.
+
+    Local tables are cut so that no piece is over ``max_batch_bytes``; a ref is checked by
+    the writer that fetches it."""
     import ray
 
     items = _tables(data)
@@ -110,7 +116,8 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
     turn = 0
     for item in items:
         if isinstance(item, pa.Table):
-            turn = _place_table(item, placed, writers, key, bitmaps, turn, ray.put)
+            turn = _place_table(item, placed, writers, key, bitmaps, turn, ray.put,
+                                max_batch_bytes)
         else:
             rows = None
             turn = _place_ref(item, placed, writers, key, bitmaps, turn)
@@ -134,19 +141,31 @@ def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
 
 def _place_table(table: pa.Table, placed: list[tuple[int, Any]], writers: int,
                  key: Sequence[str] | None, bitmaps: Sequence[Bitmap], turn: int,
-                 put: Callable[[Any], Any]) -> int:
+                 put: Callable[[Any], Any], max_batch_bytes: int | None) -> int:
     if key:
         for index, piece in enumerate(split_by_writer(table, key, bitmaps)):
             if piece is not None and piece.num_rows:
-                placed.append((index, put(_to_table(piece))))
+                for chunk in _chunks(_to_table(piece), max_batch_bytes):
+                    placed.append((index, put(chunk)))
         return turn
     if table.num_rows == 0:
         placed.append((turn % writers, put(table)))
         return turn + 1
-    for offset in range(0, table.num_rows, CHUNK_ROWS):
-        placed.append((turn % writers, put(table.slice(offset, CHUNK_ROWS))))
+    for chunk in _chunks(table, max_batch_bytes):
+        placed.append((turn % writers, put(chunk)))
         turn += 1
     return turn
+
+
+def _chunks(table: pa.Table, max_batch_bytes: int | None) -> Iterator[pa.Table]:
+    """``table`` in slices of at most ``CHUNK_ROWS`` rows and, by its average row size,
+    at most ``max_batch_bytes`` bytes (zero-copy)."""
+    rows = CHUNK_ROWS
+    if max_batch_bytes is not None and table.nbytes > max_batch_bytes:
+        per_row = table.nbytes / max(table.num_rows, 1)
+        rows = max(1, min(rows, int(max_batch_bytes / per_row)))
+    for offset in range(0, table.num_rows, rows):
+        yield table.slice(offset, rows)
 
 
 def _place_ref(ref: Any, placed: list[tuple[int, Any]], writers: int,

@@ -25,6 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raysink import _feed
+from raysink._options import rejects_unknown_options
 from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.actors.writer import WriterConfig
 from raysink.coordinator.coordinator import CoordinatorConfig
@@ -88,6 +89,7 @@ class _Options:
     credits: int
     epoch_offset: int | None
     actor_options: dict[str, Any]
+    max_batch_bytes: int | None
     add_sinks: tuple[str, ...]
     drop_sinks: tuple[str, ...]
 
@@ -101,6 +103,9 @@ class _Options:
             (self.max_attempts >= 1, f"max_attempts must be at least 1; got {self.max_attempts!r}"),
             (self.retry_cap > 0, f"retry_cap must be > 0; got {self.retry_cap!r}"),
             (self.credits >= 1, f"credits must be at least 1; got {self.credits!r}"),
+            (self.max_batch_bytes is None or self.max_batch_bytes >= 1,
+             f"max_batch_bytes must be at least 1 (or None: no limit); got "
+             f"{self.max_batch_bytes!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -113,12 +118,16 @@ class SinkRuntime:
     A single sink is named ``"main"``. Every epoch decision is shared by all sinks: an
     epoch is visible in all of them or (eventually, after roll-forward) in none.
 
-    Options beyond DESIGN's list: ``add_sinks``/``drop_sinks`` change the sink set on
+    Options beyond DESIGN's list: ``max_batch_bytes`` bounds one data message a writer
+    takes (local tables are cut to fit; a larger Spark partition or object ref is a
+    ``SchemaMismatchError`` and nothing of the epoch is written; ``None``: no limit);
+    ``add_sinks``/``drop_sinks`` change the sink set on
     purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
     on stderr while writing (``None``: only on a terminal; ``False``: never; or a
     ``raysink.progress.Progress`` of your own).
     """
 
+    @rejects_unknown_options("SinkRuntime")
     def __init__(
         self,
         name: str,
@@ -135,6 +144,7 @@ class SinkRuntime:
         credits: int = 4,
         epoch_offset: int | None = None,
         actor_options: Mapping[str, Any] | None = None,
+        max_batch_bytes: int | None = _feed.DEFAULT_MAX_BATCH_BYTES,
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
         progress: Progress | bool | None = None,
@@ -147,8 +157,8 @@ class SinkRuntime:
             flush_interval=flush_interval, max_pending_epochs=max_pending_epochs,
             commit_timeout=commit_timeout, max_attempts=max_attempts, retry_cap=retry_cap,
             credits=credits, epoch_offset=epoch_offset,
-            actor_options=dict(actor_options or {}), add_sinks=tuple(add_sinks),
-            drop_sinks=tuple(drop_sinks))
+            actor_options=dict(actor_options or {}), max_batch_bytes=max_batch_bytes,
+            add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks))
         self._options.validate(name)
         self._key = self._routing_key()
         self._bitmaps: list[Bitmap] = assign(writers)
@@ -234,7 +244,8 @@ class SinkRuntime:
         writer_configs = {
             sink_name: [WriterConfig(runtime=self.name, sink_name=sink_name, sink=sink,
                                      writer_id=i, coordinator=coordinator_name(self.name),
-                                     flush_interval=opts.flush_interval)
+                                     flush_interval=opts.flush_interval,
+                                     max_batch_bytes=opts.max_batch_bytes)
                         for i in range(opts.writers)]
             for sink_name, sink in self._sinks.items()}
         return ActorSet(coordinator_config=coordinator, writer_configs=writer_configs,
@@ -277,7 +288,8 @@ class SinkRuntime:
         """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
         actors = self._require_started()
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
-                                bitmaps=self._bitmaps)
+                                bitmaps=self._bitmaps,
+                                max_batch_bytes=self._options.max_batch_bytes)
         return self._run_epoch(actors, epoch, plan)
 
     def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:

@@ -55,6 +55,7 @@ class WriterConfig:
     coordinator: str
     flush_interval: float = 5.0
     barrier_timeout: float = 600.0
+    max_batch_bytes: int | None = None
 
 
 class SinkWriterActor:
@@ -128,6 +129,14 @@ class SinkWriterActor:
                 self._metrics.rows(rows)
 
     def _apply(self, slot: EpochSlot[pa.Table], table: pa.Table) -> None:
+        limit = self._config.max_batch_bytes
+        if limit is not None and table.nbytes > limit:
+            raise SchemaMismatchError(
+                f"a batch of {table.nbytes:,} bytes ({table.num_rows:,} rows) is over "
+                f"max_batch_bytes={limit:,}; split the data into smaller batches (in Spark: "
+                "df.repartition(n) with more partitions) or raise max_batch_bytes",
+                runtime=self._config.runtime, sink=self._config.sink_name,
+                epoch=slot.epoch)
         if slot.schema is None:
             slot.schema = table.schema
         elif not table.schema.equals(slot.schema, check_metadata=False):

@@ -99,6 +99,16 @@ class Sink(ABC):
     runtime: str = ""
     name: str = ""
 
+    def __init_subclass__(cls, **kwargs: Any) -> None:
+        """A subclass's constructor answers an unknown or misspelt option with
+        ``ConfigError`` naming the options it has (not Python's ``TypeError``)."""
+        super().__init_subclass__(**kwargs)
+        init = cls.__dict__.get("__init__")
+        if init is not None:
+            from raysink._options import checked_options
+
+            cls.__init__ = checked_options(cls.__name__, init)  # type: ignore[method-assign]
+
     def bind(self: SinkT, runtime: str, name: str) -> SinkT:
         """A copy of this sink named ``name`` inside the runtime ``runtime``."""
         bound = copy.copy(self)

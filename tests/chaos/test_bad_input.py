@@ -56,14 +56,23 @@ def test_source_offset_refusals(current: dict[str, object] | None, query: str,
         source_offset("rt", current, query, offset, last)
 
 
-@pytest.mark.parametrize(("cls", "options"), [
-    (ParquetSink, {"compresion": "zstd"}),  # misspelt option
-    (DeltaSink, {"partition": "day"}),      # an option DeltaSink does not have
+@pytest.mark.parametrize(("cls", "options", "fragment"), [
+    # misspelt: the closest option is named
+    (ParquetSink, {"compresion": "zstd"}, "no option 'compresion' (did you mean 'compression'"),
+    # an option DeltaSink does not have, and nothing close
+    (DeltaSink, {"bucket": "day"}, "DeltaSink has no option 'bucket'; its options are: path"),
+    # the SinkRuntime's own options are checked the same way
+    (None, {"writer": 3}, "SinkRuntime has no option 'writer' (did you mean 'writers'"),
 ])
-def test_unknown_sink_option_is_refused(tmp_path: Path, cls: Any,
-                                        options: dict[str, Any]) -> None:
-    with pytest.raises(TypeError, match="unexpected keyword argument"):
-        cls(str(tmp_path / "t"), **options)
+def test_unknown_option_is_a_config_error(tmp_path: Path, cls: Any, options: dict[str, Any],
+                                          fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        if cls is None:
+            SinkRuntime("rt", ParquetSink(str(tmp_path / "t")), **options)
+        else:
+            cls(str(tmp_path / "t"), **options)
+    assert fragment in str(info.value)
+    assert not (tmp_path / "t").exists()  # nothing created
 
 
 def test_target_deleted_after_commit_is_data_loss(tmp_path: Path) -> None:

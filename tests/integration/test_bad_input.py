@@ -220,6 +220,25 @@ def test_changed_sink_set_says_how_to_change_it(tmp_path: Path) -> None:
     assert_exactly(tmp_path / "a", [1], ROWS)
 
 
+def test_batch_over_the_size_limit_writes_nothing(tmp_path: Path) -> None:
+    """A local table over ``max_batch_bytes`` is cut to fit and committed; an object ref
+    over it (a Spark partition arrives the same way) is refused by the writer, nothing of
+    the epoch is written, and the epoch can be written again in smaller pieces."""
+    big = epoch_table(2, 20_000)
+    limit = big.nbytes // 8
+    with SinkRuntime("bad-oversized", ParquetSink(str(tmp_path / "table")),
+                     metastore=_meta(tmp_path), max_batch_bytes=limit, progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, 20_000), epoch=1).committed  # cut to fit
+        with pytest.raises(SchemaMismatchError, match=r"over max_batch_bytes=[\d,]+; split "
+                                                      r"the data") as info:
+            rt.write_arrow([ray.put(big)], epoch=2)
+        assert info.value.epoch == 2
+        assert_exactly(tmp_path / "table", [1], 20_000)
+        pieces = [ray.put(big.slice(i, 2_000)) for i in range(0, big.num_rows, 2_000)]
+        assert rt.write_arrow(pieces, epoch=2).committed
+    assert_exactly(tmp_path / "table", [1, 2], 20_000)
+
+
 # --------------------------------------------------------------------------- options
 
 
@@ -228,6 +247,8 @@ def test_changed_sink_set_says_how_to_change_it(tmp_path: Path) -> None:
     (lambda p: SinkRuntime("r", ParquetSink(p), flush_interval=0), "flush_interval must be > 0"),
     (lambda p: SinkRuntime("r", ParquetSink(p), max_attempts=0), "max_attempts must be at least"),
     (lambda p: SinkRuntime("r", ParquetSink(p), retry_cap=0), "retry_cap must be > 0"),
+    (lambda p: SinkRuntime("r", ParquetSink(p), max_batch_bytes=0),
+     "max_batch_bytes must be at least 1"),
     (lambda p: SinkRuntime("r.x", ParquetSink(p)), "letters, digits"),  # a dot in the name
     (lambda p: SinkRuntime("r", {}), "give at least one sink"),
     (lambda p: SinkRuntime("r", {"main": p}), "is not a raysink Sink; got str"),

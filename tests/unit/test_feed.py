@@ -1,0 +1,68 @@
+"""The driver's cutting of local tables (no Ray) and option errors of the constructors."""
+
+from __future__ import annotations
+
+import pyarrow as pa
+import pytest
+
+from raysink._feed import CHUNK_ROWS, _chunks
+from raysink._options import checked_options
+from raysink.errors import ConfigError
+
+
+def _table(rows: int) -> pa.Table:
+    return pa.table({"id": pa.array(range(rows), pa.int64()),
+                     "text": pa.array([f"row {i:06d}" for i in range(rows)], pa.string())})
+
+
+@pytest.mark.parametrize(("rows", "limit", "pieces"), [
+    (1_000, None, 1),                    # no limit, under CHUNK_ROWS: one piece
+    (CHUNK_ROWS + 1, None, 2),           # the row cap alone
+    (1_000, 10**9, 1),                   # a generous limit changes nothing
+])
+def test_chunks_cover_every_row_once(rows: int, limit: int | None, pieces: int) -> None:
+    table = _table(rows)
+    chunks = list(_chunks(table, limit))
+    assert len(chunks) == pieces
+    assert pa.concat_tables(chunks).equals(table)
+
+
+@pytest.mark.parametrize("divisor", [2, 7, 100])
+def test_chunks_stay_under_the_byte_limit(divisor: int) -> None:
+    table = _table(10_000)
+    limit = table.nbytes // divisor
+    chunks = list(_chunks(table, limit))
+    assert all(c.nbytes <= limit for c in chunks)
+    assert pa.concat_tables(chunks).equals(table)
+
+
+def test_a_row_over_the_limit_is_still_one_piece_per_row() -> None:
+    table = _table(5)
+    chunks = list(_chunks(table, 1))  # the writer refuses these; the driver never loops
+    assert [c.num_rows for c in chunks] == [1] * 5
+
+
+class _Example:
+    def __init__(self, path: str, *, compression: str = "zstd", row_group_size: int = 1) -> None:
+        self.path = path
+
+
+_Example.__init__ = checked_options("Example", _Example.__init__)  # type: ignore[method-assign]
+
+
+@pytest.mark.parametrize(("args", "kwargs", "fragment"), [
+    (("p",), {"compresion": "x"}, "no option 'compresion' (did you mean 'compression'?)"),
+    (("p",), {"zzz": 1}, "Example has no option 'zzz'; its options are: path, compression"),
+    (("p", "q"), {}, "takes 1 positional argument(s) (path); pass the others by name"),
+    ((), {}, "missing a required argument: 'path'"),
+])
+def test_constructor_errors_name_the_options(args: tuple[str, ...], kwargs: dict[str, object],
+                                             fragment: str) -> None:
+    with pytest.raises(ConfigError) as info:
+        _Example(*args, **kwargs)  # type: ignore[arg-type]
+    assert fragment in str(info.value)
+    assert isinstance(info.value, ValueError)
+
+
+def test_checked_constructor_still_constructs() -> None:
+    assert _Example("p", compression="snappy").path == "p"
