@@ -34,6 +34,7 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import _faults
+from raysink._metrics import WriterMetrics
 from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
 from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import EpochFailedError, RaySinkError, SchemaMismatchError
@@ -70,7 +71,7 @@ class SinkWriterActor:
         self._done: tuple[int, int] = (-1, -1)
         self._rows_total = 0
         self._closed = threading.Event()
-        self._metrics = _Metrics(config)
+        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
         self._timer = threading.Thread(target=self._flush_timer, daemon=True,
                                        name="raysink-flush")
         self._timer.start()
@@ -111,12 +112,13 @@ class SinkWriterActor:
             if slot is None:
                 return
             epoch, attempt = slot.epoch, slot.attempt
-            rows = 0
+            rows = nbytes = 0
             try:
                 with self._lock:
                     for _, table in run:
                         self._apply(slot, table)
                         rows += table.num_rows
+                        nbytes += table.nbytes
                         _faults.hit("writer.during_write", runtime=self._config.runtime,
                                     epoch=epoch, writer=self._config.writer_id,
                                     sink=self._config.sink_name)
@@ -126,7 +128,7 @@ class SinkWriterActor:
                 self._mailbox.poison(epoch, attempt, exc)
             finally:
                 self._mailbox.applied(epoch, attempt, len(run), rows)
-                self._metrics.rows(rows)
+                self._metrics.applied(rows, nbytes)
 
     def _apply(self, slot: EpochSlot[pa.Table], table: pa.Table) -> None:
         limit = self._config.max_batch_bytes
@@ -327,31 +329,3 @@ def _schema_diff(expected: pa.Schema, got: pa.Schema) -> str:
     parts += [f"{n}: {exp[n]} -> {act[n]}" for n in exp if n in act and exp[n] != act[n]]
     text = "; ".join(p for p in parts if p)
     return text or "column order or nullability differs"
-
-
-class _Metrics:
-    """``ray.util.metrics`` tagged by runtime, sink and writer; inert when unavailable."""
-
-    def __init__(self, config: WriterConfig) -> None:
-        self._tags = {"runtime": config.runtime, "sink": config.sink_name,
-                      "writer": str(config.writer_id)}
-        self._rows: Any = None
-        self._depth: Any = None
-        try:
-            from ray.util import metrics
-
-            keys = tuple(self._tags)
-            self._rows = metrics.Counter("raysink_rows_written", "rows applied by writers",
-                                         tag_keys=keys)
-            self._depth = metrics.Gauge("raysink_mailbox_depth", "out-of-order messages "
-                                        "waiting in a writer's reorder buffer", tag_keys=keys)
-        except Exception as exc:  # metrics are best effort
-            log.debug("metrics unavailable: %s", exc)
-
-    def rows(self, n: int) -> None:
-        if self._rows is not None and n:
-            self._rows.inc(n, tags=self._tags)
-
-    def depth(self, n: int) -> None:
-        if self._depth is not None:
-            self._depth.set(n, tags=self._tags)

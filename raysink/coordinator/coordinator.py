@@ -23,6 +23,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from raysink._metrics import CoordinatorMetrics
 from raysink.coordinator.epochs import (
     EpochCoordinator,
     OpenDecision,
@@ -103,6 +104,7 @@ class CoordinatorActor:
         self._snapshot: dict[str, Any] = {}
         self._stored: dict[str, SinkStatusRecord] = {}
         self._tasks: list[asyncio.Task[None]] = []
+        self._metrics = CoordinatorMetrics(config.runtime)
         log.info("coordinator of %s: generation %s on %s", config.runtime,
                  record.generation, self._store.url)
 
@@ -196,6 +198,7 @@ class CoordinatorActor:
                 raise
             except Exception as exc:
                 self._mark_stalled(sink, exc)
+                self._metrics.retried(sink)
                 await self._record_health()
                 delay = min(backoff, self._config.retry_cap) * random.uniform(0.5, 1.0)
                 log.warning("%s: commit of epoch %s to sink %s failed (%s); retrying in "
@@ -204,6 +207,7 @@ class CoordinatorActor:
                 backoff = min(backoff * 2, self._config.retry_cap)
                 continue
             backoff = _BACKOFF_START
+            self._metrics.committed(sink, time.monotonic() - started)
             self._after_commit(outcome.epoch, outcome.sink, outcome.skipped, started)
             await self._record_health()
             await self._notify()
@@ -279,6 +283,7 @@ class CoordinatorActor:
         """Open an epoch for writing (waiting up to ``timeout`` under backpressure)."""
         await self._until_recovered()
         deadline = time.monotonic() + timeout
+        waited = False
         while True:
             try:
                 decision: OpenDecision = await self._locked(
@@ -288,6 +293,9 @@ class CoordinatorActor:
                 left = deadline - time.monotonic()
                 if left <= 0:
                     raise
+                if not waited:
+                    waited = True
+                    self._metrics.waited()
                 await self._wait_change(min(left, 1.0))
         await self._notify()
         if decision.wait_roll_forward:
