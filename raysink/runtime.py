@@ -370,10 +370,35 @@ class SinkRuntime:
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
                               shuffle=self._shuffle, on_rows=on_rows)
         self._inflight = barriers
-        results = self._call(barriers)
+        try:
+            results = self._call(barriers)
+        except Exception as exc:
+            bad = self._bad_data_among(barriers)
+            if bad is not None and bad is not exc:
+                raise bad from exc
+            raise
         self._inflight = []
         per_sink = len(self._sinks)
         return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1)
+
+    def _bad_data_among(self, barriers: list[Any], timeout: float = 10.0
+                        ) -> SchemaMismatchError | None:
+        """The ``SchemaMismatchError`` one of the failed attempt's barriers raised, if any.
+
+        One writer's bad data makes the coordinator abort the attempt, which fails the other
+        writers' barriers with ``StaleAttemptError``; ``ray.get`` of the list raises
+        whichever it meets first. Bad data must win: retrying it cannot help."""
+        import ray
+
+        ready, _ = ray.wait(barriers, num_returns=len(barriers), timeout=timeout)
+        for ref in ready:
+            try:
+                self._call(ref)
+            except SchemaMismatchError as exc:
+                return exc
+            except Exception as exc:  # the other failures are the coordinator's to resolve
+                log.debug("%s: barrier of the failed attempt: %s", self.name, _short(exc))
+        return None
 
     def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int, started: float,
                 wait: bool = True) -> EpochReport:
