@@ -48,6 +48,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.sinks._staging import write_durably
 from raysink.sinks.base import Manifest, Sink, SinkWriter
 
 __all__ = [
@@ -67,22 +68,6 @@ _F = TypeVar("_F", bound="FailingSink")
 
 
 # --------------------------------------------------------------------------- files
-
-
-def _write_atomic(path: Path, data: bytes) -> None:
-    """Temporary file, fsync, rename, fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as handle:
-        handle.write(data)
-        handle.flush()
-        os.fsync(handle.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 def _ipc_bytes(table: pa.Table) -> bytes:
@@ -158,7 +143,7 @@ class ListSink(Sink):
         if not self._committed(epoch).exists():
             table = self._read_staged(epoch, paths, manifests)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
-            _write_atomic(self._committed(epoch), _ipc_bytes(table))
+            write_durably(self._committed(epoch), _ipc_bytes(table))
         _rmtree(self._staging(epoch))
 
     def _read_staged(self, epoch: int, paths: list[Path],
@@ -196,7 +181,7 @@ class ListSink(Sink):
 
     def recreate_marker(self, epoch: int) -> None:
         if not self._committed(epoch).exists():
-            _write_atomic(self._committed(epoch), _ipc_bytes(pa.table({})))
+            write_durably(self._committed(epoch), _ipc_bytes(pa.table({})))
 
     def read(self) -> pa.Table:
         """Every committed row, in epoch order (an empty table when nothing is committed)."""
@@ -252,7 +237,7 @@ class ListSinkWriter(SinkWriter):
         if self._batches:
             name = f"{attempt:04d}/w{self._writer_id:04d}-{uuid.uuid4().hex}.arrow"
             path = self._sink._staging(epoch) / name
-            _write_atomic(path, _ipc_bytes(pa.Table.from_batches(self._batches)))
+            write_durably(path, _ipc_bytes(pa.Table.from_batches(self._batches)))
             files.append(path.relative_to(self._sink.directory).as_posix())
         manifest: Manifest = {"writer": self._writer_id, "files": files, "rows": rows}
         self._batches, self._last = [], ((epoch, attempt), manifest)
@@ -303,7 +288,7 @@ class _Counters:
         """Count one call of ``key``; the new count (the first call is 1)."""
         with self._locked() as counts:
             counts[key] = counts.get(key, 0) + 1
-            _write_atomic(self._path, json.dumps(counts).encode())
+            write_durably(self._path, json.dumps(counts).encode())
             return counts[key]
 
     def read(self) -> dict[str, int]:
@@ -702,7 +687,7 @@ def arm_fault(
     path.with_suffix(".fired").unlink(missing_ok=True)
     spec = {"action": action, "times": times, "when": dict(when or {}),
             "seconds": seconds, "armed_times": times}
-    _write_atomic(path, json.dumps(spec).encode())
+    write_durably(path, json.dumps(spec).encode())
     return path
 
 

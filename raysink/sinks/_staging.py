@@ -37,6 +37,7 @@ __all__ = [
     "epoch_dir",
     "same_schema",
     "staged_file_path",
+    "write_durably",
 ]
 
 STAGED_FILE = re.compile(r"e(\d{12})-a(\d{4})-w(\d{4})-[0-9a-f]{32}-\d{4}\.parquet")
@@ -154,7 +155,7 @@ class FileStore:
     def write(self, rel: str, data: pa.Buffer) -> None:
         target = self.full(rel)
         if self.local:
-            _write_local(Path(target), data)
+            write_durably(Path(target), data)
             return
         parent = target.rsplit("/", 1)[0] if "/" in target else ""
         if parent:
@@ -192,9 +193,11 @@ class FileStore:
         yield from self.fs.get_file_info(selector)
 
 
-def _write_local(path: Path, data: pa.Buffer) -> None:
+def write_durably(path: Path, data: pa.Buffer | bytes) -> None:
+    """Write ``path`` whole or not at all: a uniquely named temporary file, fsync, rename
+    into place, fsync of the directory."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp")
+    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
     with open(tmp, "wb") as out:
         out.write(memoryview(data))
         out.flush()
