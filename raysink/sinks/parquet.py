@@ -34,11 +34,15 @@ Coordinator side (``ParquetSink``):
 
 * ``commit(epoch, manifests)`` renames every staged file to ``part-<staged name>`` in the
   directory, fsyncs it, writes the commit log entry (temporary file, fsync, rename, fsync),
-  then removes the epoch's staging. Idempotent: with the entry present only the staging is
-  swept; a file already moved is skipped; a staged file missing without its final file is a
-  ``DataLossError``. A re-run after a crash at any step converges.
+  then removes the epoch's staging. Idempotent: with the entry present (or a newer one:
+  older entries are pruned) only the staging is swept; a file already moved is skipped; a
+  staged file missing without its final file is a ``DataLossError``. A re-run after a
+  crash at any step converges.
 * ``abort(epoch, manifests)`` deletes the listed staged files (``None``: the whole
   ``staging/<epoch>``); idempotent; never touches committed files.
+* The commit log keeps the newest ``COMMIT_LOG_KEEP`` entries (older ones are deleted
+  after each commit): the newest is the marker, the others help a person see what the
+  last epochs wrote. A stream of many small epochs keeps a bounded directory.
 * ``committed_epoch()`` is the highest epoch with a commit log entry. It is ``None`` when
   the directory, ``_raysink/commits`` or every entry is missing. The coordinator compares it
   with the meta store: behind it with ``target_exists()`` true, the marker was lost and is
@@ -86,6 +90,8 @@ logger = logging.getLogger(__name__)
 Compression = Literal["zstd", "snappy", "gzip", "brotli", "lz4", "none"]
 _COMPRESSIONS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
 _COMMIT_ENTRY = re.compile(r"(\d{12})\.json")
+COMMIT_LOG_KEEP = 100
+"""Commit log entries kept per sink directory; older ones are pruned."""
 _PS = TypeVar("_PS", bound="ParquetSink")
 
 
@@ -379,13 +385,26 @@ class ParquetSink(Sink):
         only the staging is swept; moved files are skipped.
         """
         entries = self._staged_entries(epoch, manifests)
-        if not self.layout.commit_entry(epoch).exists():
+        if not self._is_committed(epoch):
             moved = self._move_into_place(epoch, entries)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
             self._write_commit_entry(epoch, moved, _first_schema(manifests))
+            self._prune_commit_log()
             logger.debug("parquet sink %r committed epoch %d (%d files)",
                          self.name, epoch, len(moved))
         _rmtree(self.layout.epoch_dir(epoch))
+
+    def _is_committed(self, epoch: int) -> bool:
+        if self.layout.commit_entry(epoch).exists():
+            return True
+        latest = self.committed_epoch()  # its own entry may have been pruned
+        return latest is not None and latest >= epoch
+
+    def _prune_commit_log(self) -> None:
+        """Delete all but the newest ``COMMIT_LOG_KEEP`` entries (the newest is the marker)."""
+        epochs = sorted(self._logged_epochs())
+        for old in epochs[:-COMMIT_LOG_KEEP]:
+            self.layout.commit_entry(old).unlink(missing_ok=True)
 
     def _move_into_place(self, epoch: int, entries: list[_StagedEntry]) -> list[dict[str, Any]]:
         if not entries:  # an empty epoch: nothing to move, nothing to fsync
@@ -450,15 +469,15 @@ class ParquetSink(Sink):
     def committed_epoch(self) -> int | None:
         """The highest epoch with a commit log entry; ``None`` when the directory, the log or
         every entry is missing."""
+        return max(self._logged_epochs(), default=None)
+
+    def _logged_epochs(self) -> list[int]:
+        """The epochs of the commit log's entries (a bounded list: it is pruned)."""
         try:
             names = os.listdir(self.layout.commits)
         except (FileNotFoundError, NotADirectoryError):
-            return None
-        # The test of _COMMIT_ENTRY without a regex per name: the log grows by one entry
-        # per epoch and is scanned at every commit.
-        return max((int(n[:12]) for n in names
-                    if len(n) == 17 and n.endswith(".json") and n[:12].isdecimal()),
-                   default=None)
+            return []
+        return [int(m.group(1)) for n in names if (m := _COMMIT_ENTRY.fullmatch(n))]
 
     def target_exists(self) -> bool:
         """Whether the directory exists (probed by the coordinator before it re-creates a

@@ -119,6 +119,22 @@ def test_commit_twice_changes_nothing(sink: ParquetSink) -> None:
     assert _visible(sink) == [1, 2, 3]
 
 
+def test_commit_log_is_pruned_to_the_newest_entries(sink: ParquetSink,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(parquet_module, "COMMIT_LOG_KEEP", 3)
+    manifests = {}
+    for epoch in range(1, 8):
+        manifests[epoch] = _stage(sink, epoch, 0, [[epoch * 10]])
+        sink.commit(epoch, manifests[epoch])
+    log = sorted(p.name for p in (Path(sink.path) / "_raysink" / "commits").iterdir())
+    assert log == [f"{e:012d}.json" for e in (5, 6, 7)]
+    assert sink.committed_epoch() == 7
+    before = _tree(Path(sink.path))
+    sink.commit(2, manifests[2])  # its entry is pruned, a newer one says it is in
+    assert _tree(Path(sink.path)) == before
+    assert _visible(sink) == [10, 20, 30, 40, 50, 60, 70]
+
+
 def test_epochs_accumulate(sink: ParquetSink) -> None:
     sink.commit(1, _stage(sink, 1, 1, [[1], [2]]))
     sink.commit(2, _stage(sink, 2, 1, [[3], [4]]))
