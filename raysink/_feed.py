@@ -28,6 +28,10 @@ log = logging.getLogger(__name__)
 CHUNK_ROWS = 262_144
 """Unkeyed tables are cut into pieces of at most this many rows, spread over writers."""
 
+MIN_PIECE_ROWS = 4_096
+"""An unkeyed table of at least ``writers * MIN_PIECE_ROWS`` rows is split so that every
+writer gets a piece; a smaller one goes whole to one writer (each message costs a call)."""
+
 DEFAULT_MAX_BATCH_BYTES = 512 * 2**20
 """The largest data message a writer takes (``SinkRuntime(max_batch_bytes=...)``)."""
 
@@ -98,11 +102,14 @@ def check_keys(table: pa.Table, key: Sequence[str]) -> None:
 
 
 def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
-               bitmaps: Sequence[Bitmap], max_batch_bytes: int | None = None) -> FeedPlan:
-    """Route local tables (split by key, or chunked round-robin) and refs to writers.
+               bitmaps: Sequence[Bitmap], max_batch_bytes: int | None = None,
+               first_writer: int = 0) -> FeedPlan:
+    """Route local tables (split by key, or chunked round-robin from ``first_writer``) and
+    refs to writers.
 
     Local tables are cut so that no piece is over ``max_batch_bytes``; a ref is checked by
-    the writer that fetches it."""
+    the writer that fetches it. The caller rotates ``first_writer`` between epochs, so
+    epochs of one small table do not all land on writer 0."""
     import ray
 
     items = _tables(data)
@@ -113,7 +120,7 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
             check_keys(table, key)
     placed: list[tuple[int, Any]] = []
     rows: int | None = sum(t.num_rows for t in local)
-    turn = 0
+    turn = first_writer
     for item in items:
         if isinstance(item, pa.Table):
             turn = _place_table(item, placed, writers, key, bitmaps, turn, ray.put,
@@ -125,12 +132,13 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
 
 
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
-              bitmaps: Sequence[Bitmap], rows: int | None = None) -> FeedPlan:
+              bitmaps: Sequence[Bitmap], rows: int | None = None,
+              first_writer: int = 0) -> FeedPlan:
     """Route remote tables (e.g. Spark partitions, as they become ready) to writers without
-    fetching them here."""
+    fetching them here, round-robin from ``first_writer``."""
 
     def items() -> Iterator[tuple[int, Any]]:
-        turn = 0
+        turn = first_writer
         for ref in refs:
             placed: list[tuple[int, Any]] = []
             turn = _place_ref(ref, placed, writers, key, bitmaps, turn)
@@ -151,16 +159,18 @@ def _place_table(table: pa.Table, placed: list[tuple[int, Any]], writers: int,
     if table.num_rows == 0:
         placed.append((turn % writers, put(table)))
         return turn + 1
-    for chunk in _chunks(table, max_batch_bytes):
+    pieces = min(writers, max(1, table.num_rows // MIN_PIECE_ROWS))
+    for chunk in _chunks(table, max_batch_bytes, pieces):
         placed.append((turn % writers, put(chunk)))
         turn += 1
     return turn
 
 
-def _chunks(table: pa.Table, max_batch_bytes: int | None) -> Iterator[pa.Table]:
-    """``table`` in slices of at most ``CHUNK_ROWS`` rows and, by its average row size,
-    at most ``max_batch_bytes`` bytes (zero-copy)."""
-    rows = CHUNK_ROWS
+def _chunks(table: pa.Table, max_batch_bytes: int | None,
+            pieces: int = 1) -> Iterator[pa.Table]:
+    """``table`` in at least ``pieces`` slices of at most ``CHUNK_ROWS`` rows and, by its
+    average row size, at most ``max_batch_bytes`` bytes (zero-copy)."""
+    rows = min(CHUNK_ROWS, -(-table.num_rows // max(pieces, 1)))
     if max_batch_bytes is not None and table.nbytes > max_batch_bytes:
         per_row = table.nbytes / max(table.num_rows, 1)
         rows = max(1, min(rows, int(max_batch_bytes / per_row)))

@@ -168,6 +168,7 @@ class SinkRuntime:
         self._bound: tuple[str, int] | None = None
         self._progress = _progress(name, progress)
         self._inflight: list[Any] = []
+        self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
 
     # ------------------------------------------------------------------ set-up
 
@@ -289,7 +290,8 @@ class SinkRuntime:
         actors = self._require_started()
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
-                                max_batch_bytes=self._options.max_batch_bytes)
+                                max_batch_bytes=self._options.max_batch_bytes,
+                                first_writer=self._next_first_writer())
         return self._run_epoch(actors, epoch, plan)
 
     def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:
@@ -309,8 +311,13 @@ class SinkRuntime:
         """One epoch from remote tables, sent as each becomes ready (the Spark handoff)."""
         actors = self._require_started()
         plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
-                               bitmaps=self._bitmaps, rows=rows)
+                               bitmaps=self._bitmaps, rows=rows,
+                               first_writer=self._next_first_writer())
         return self._run_epoch(actors, epoch, plan)
+
+    def _next_first_writer(self) -> int:
+        self._feeds += 1
+        return (self._feeds - 1) % self._options.writers
 
     def _run_epoch(self, actors: ActorSet, epoch: int | None,
                    plan: _feed.FeedPlan) -> EpochReport:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from raysink._feed import CHUNK_ROWS, _chunks
+from raysink._feed import CHUNK_ROWS, MIN_PIECE_ROWS, _chunks, _place_table
 from raysink._options import checked_options
 from raysink.errors import ConfigError
 
@@ -66,3 +66,20 @@ def test_constructor_errors_name_the_options(args: tuple[str, ...], kwargs: dict
 
 def test_checked_constructor_still_constructs() -> None:
     assert _Example("p", compression="snappy").path == "p"
+
+
+@pytest.mark.parametrize(("rows", "writers", "first", "expected"), [
+    (100, 2, 0, [0]),                          # small: one piece, to the first writer
+    (100, 2, 1, [1]),                          # ... which rotates between epochs
+    (2 * MIN_PIECE_ROWS, 2, 0, [0, 1]),        # large enough: every writer gets a piece
+    (2 * MIN_PIECE_ROWS, 2, 1, [1, 0]),
+    (3 * MIN_PIECE_ROWS, 4, 0, [0, 1, 2]),     # not enough rows for four pieces
+    (CHUNK_ROWS * 3, 2, 0, [0, 1, 0]),         # the row cap still applies
+])
+def test_unkeyed_tables_are_spread_over_writers(rows: int, writers: int, first: int,
+                                                expected: list[int]) -> None:
+    placed: list[tuple[int, object]] = []
+    table = _table(rows)
+    _place_table(table, placed, writers, None, [], first, lambda t: t, None)
+    assert [w for w, _ in placed] == expected
+    assert pa.concat_tables([t for _, t in placed]).equals(table)  # type: ignore[misc]
