@@ -2,10 +2,11 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 SEED ?= 1
 TRIALS ?= 200
+MINUTES ?= 5
 # The default run: unit, integration, spark and a seeded chaos sample; `slow` is left out.
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: setup test unit demo chaos bench lint typecheck
+.PHONY: setup test unit demo chaos bench soak lint typecheck
 
 setup:
 	@bash scripts/setup.sh
@@ -26,8 +27,12 @@ bench: setup
 	$(PY) bench/spark_write.py
 	$(PY) bench/spark_memory.py
 
+# Minutes of steady writing; checks memory, mailbox, outstanding epochs, meta store, rows.
+soak: setup
+	$(PY) bench/soak.py --minutes $(MINUTES)
+
 lint: setup
-	$(VENV)/bin/ruff check raysink tests bench
+	$(VENV)/bin/ruff check raysink tests bench examples
 	$(VENV)/bin/mypy
 
 typecheck: lint
