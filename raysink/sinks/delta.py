@@ -244,6 +244,48 @@ class _DeltaOptions:
             return None
 
 
+class _TableCache:
+    """One process's copy of the table, kept between calls and brought up to date.
+
+    A full load replays the log from the last checkpoint and lists every file of the
+    table, so its time and memory grow with the table: the coordinator checks the marker
+    and commits, and every writer checks its first batch against the table's schema, at
+    every epoch. ``update_incremental`` reads only the commits made since. Only a local
+    table is cached: there a deleted or re-created table shows in its ``_delta_log``
+    directory (gone, or another inode) before the copy is trusted. A table in an object
+    store is loaded whole each time: nothing cheap tells that one was deleted.
+    """
+
+    def __init__(self, opts: _DeltaOptions) -> None:
+        self._opts = opts
+        self._table: Any | None = None
+        self._log_inode: int | None = None
+
+    def current(self) -> Any | None:
+        """The table at its latest version, or ``None`` when there is none."""
+        if not self._opts.local:
+            return self._opts.load()
+        try:
+            inode = os.stat(os.path.join(self._opts.uri, "_delta_log")).st_ino
+        except (FileNotFoundError, NotADirectoryError):
+            self._table = self._log_inode = None
+            return None
+        if self._table is not None and inode == self._log_inode:
+            try:
+                self._table.update_incremental()
+                return self._table
+            except Exception as exc:  # fall back to a full load
+                logger.debug("incremental update of %s failed: %s", self._opts.uri, exc)
+        self._table, self._log_inode = self._opts.load(), inode
+        return self._table
+
+    def __getstate__(self) -> dict[str, Any]:
+        return {"_opts": self._opts, "_table": None, "_log_inode": None}
+
+    def __setstate__(self, state: dict[str, Any]) -> None:
+        self.__dict__.update(state)
+
+
 class DeltaSink(Sink):
     """Exactly-once appends or upserts into a Delta table.
 
@@ -284,6 +326,7 @@ class DeltaSink(Sink):
             storage_options=dict(storage_options) if storage_options else None,
             schema_evolution=schema_evolution, max_file_rows=max_file_rows,
             compression=compression)
+        self._cache = _TableCache(self._opts)
 
     # ------------------------------------------------------------------ description
 
@@ -387,7 +430,7 @@ class DeltaSink(Sink):
         create one with (an empty epoch nobody saw a schema for), nothing written."""
         self._check_key()
         files = self._checked_files(epoch, manifests)
-        dt = self._opts.load()
+        dt = self._cache.current()
         if dt is not None and self._has_marker(dt, epoch):
             self._cleanup_committed(epoch, files)
             return True
@@ -570,7 +613,7 @@ class DeltaSink(Sink):
     def committed_epoch(self) -> int | None:
         """The epoch of this sink's transaction marker; ``None`` when the table is missing
         (see ``target_exists``) or has no marker of this sink."""
-        dt = self._opts.load()
+        dt = self._cache.current()
         if dt is None:
             return None
         version = dt.transaction_version(self.marker_id)
@@ -643,6 +686,7 @@ class DeltaSinkWriter(SinkWriter):
         self._store: FileStore | None = None
         self._epoch = _EpochState()
         self._staged: dict[tuple[int, int], list[str]] = {}
+        self._table = _TableCache(opts)
 
     def open(self) -> None:
         if self._store is None:
@@ -675,7 +719,7 @@ class DeltaSinkWriter(SinkWriter):
             _check_keys(batch, self._opts.key, self._where)
 
     def _check_against_table(self, schema: pa.Schema) -> None:
-        dt = self._opts.load()
+        dt = self._table.current()
         if dt is None:
             return
         problems = _schema_problems(_table_fields(dt), _delta_fields(schema),

@@ -397,3 +397,31 @@ def test_sink_pickles_without_live_state(tmp_path: Path) -> None:
     clone = pickle.loads(pickle.dumps(sink))
     assert clone.marker_id == "raysink:rt:main" and clone.key == ("id",)
     assert os.listdir(tmp_path) == []
+
+
+def test_kept_table_follows_other_committers_deletion_and_recreation(tmp_path: Path) -> None:
+    """The coordinator keeps its table between calls: it still sees commits made by
+    another process, a deleted table, and a table re-created at the same path."""
+    path = tmp_path / "t"
+    ours, theirs = sink_at(path), sink_at(path)
+    ours.commit(1, stage(ours, 1, [[batch([1, 2])]]))
+    assert ours.committed_epoch() == 1
+    theirs.commit(2, stage(theirs, 2, [[batch([3])]]))
+    assert ours.committed_epoch() == 2  # brought up to date, not reloaded
+    assert read(path)["id"] == [1, 2, 3]
+    shutil.rmtree(path)
+    assert ours.committed_epoch() is None and not ours.target_exists()
+    deltalake.write_deltalake(str(path), pa.table({"id": pa.array([9], pa.int64()),
+                                                   "v": pa.array(["x"], pa.string())}))
+    assert ours.committed_epoch() is None  # another table: no marker of ours
+    ours.commit(3, stage(ours, 3, [[batch([4])]]))
+    assert ours.committed_epoch() == 3
+    assert read(path)["id"] == [4, 9]
+
+
+def test_sink_pickles_without_its_kept_table(tmp_path: Path) -> None:
+    sink = sink_at(tmp_path / "t")
+    sink.commit(1, stage(sink, 1, [[batch([1])]]))
+    assert sink.committed_epoch() == 1
+    clone = pickle.loads(pickle.dumps(sink))
+    assert clone.committed_epoch() == 1
