@@ -35,6 +35,7 @@ from raysink.errors import (
     EpochFailedError,
     RaySinkError,
     SchemaMismatchError,
+    StaleAttemptError,
 )
 from raysink.progress import Progress
 from raysink.sinks.base import Sink
@@ -379,22 +380,26 @@ class SinkRuntime:
         self._inflight = barriers
         try:
             results = self._call(barriers)
-        except Exception as exc:
-            bad = self._bad_data_among(barriers)
-            if bad is not None and bad is not exc:
+        except StaleAttemptError as exc:
+            # the coordinator aborted the attempt, releasing every barrier at once: one of
+            # them may carry the bad data that made it abort
+            bad = self._bad_data_among(barriers, timeout=5.0)
+            if bad is not None:
                 raise bad from exc
             raise
         self._inflight = []
         per_sink = len(self._sinks)
         return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1)
 
-    def _bad_data_among(self, barriers: list[Any], timeout: float = 10.0
+    def _bad_data_among(self, barriers: list[Any], timeout: float
                         ) -> SchemaMismatchError | None:
         """The ``SchemaMismatchError`` one of the failed attempt's barriers raised, if any.
 
         One writer's bad data makes the coordinator abort the attempt, which fails the other
         writers' barriers with ``StaleAttemptError``; ``ray.get`` of the list raises
-        whichever it meets first. Bad data must win: retrying it cannot help."""
+        whichever it meets first. Bad data must win: retrying it cannot help. (Only then:
+        after a writer died the other barriers wait for ``resolve``, so waiting for them
+        here would only delay the recovery.)"""
         import ray
 
         ready, _ = ray.wait(barriers, num_returns=len(barriers), timeout=timeout)
