@@ -66,7 +66,7 @@ class TimedRuntime(SinkRuntime):
     commit_seconds: float = 0.0
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: Any) -> int:
+                         plan: Any) -> tuple[int, Any]:
         started = time.perf_counter()
         try:
             return super()._feed_and_commit(actors, epoch, attempt, plan)
@@ -74,10 +74,10 @@ class TimedRuntime(SinkRuntime):
             self.feed_seconds = time.perf_counter() - started
 
     def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int,
-                started: float, wait: bool = True) -> Any:
+                started: float, wait: bool = True, waiting: Any = None) -> Any:
         begun = time.perf_counter()
         try:
-            return super()._finish(actors, epoch, rows, attempts, started, wait)
+            return super()._finish(actors, epoch, rows, attempts, started, wait, waiting)
         finally:
             self.commit_seconds = time.perf_counter() - begun
 

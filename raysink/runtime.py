@@ -332,8 +332,9 @@ class SinkRuntime:
                                     attempt_no - 1, started)
             attempt = int(decision["attempt"])
             try:
-                rows = self._feed_and_commit(actors, epoch, attempt, plan)
-                return self._finish(actors, epoch, rows, attempt_no, started)
+                rows, visible = self._feed_and_commit(actors, epoch, attempt, plan)
+                return self._finish(actors, epoch, rows, attempt_no, started,
+                                    waiting=visible)
             except SchemaMismatchError:
                 self._abandon(actors, epoch, attempt)
                 raise
@@ -370,7 +371,10 @@ class SinkRuntime:
                                runtime=self.name, epoch=epoch)
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: _feed.FeedPlan) -> int:
+                         plan: _feed.FeedPlan) -> tuple[int, Any]:
+        """Send the data and the barriers; returns the rows and the pending answer of
+        ``wait_committed``, asked as soon as the barriers are out so that it overlaps the
+        commit (one round trip less per epoch)."""
         self._checkpoint_id += 1
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
@@ -378,6 +382,7 @@ class SinkRuntime:
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
                               shuffle=self._shuffle, on_rows=on_rows)
         self._inflight = barriers
+        visible = actors.coordinator.wait_committed.remote(epoch, self._options.commit_timeout)
         try:
             results = self._call(barriers)
         except StaleAttemptError as exc:
@@ -389,7 +394,7 @@ class SinkRuntime:
             raise
         self._inflight = []
         per_sink = len(self._sinks)
-        return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1)
+        return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1), visible
 
     def _bad_data_among(self, barriers: list[Any], timeout: float
                         ) -> SchemaMismatchError | None:
@@ -413,9 +418,11 @@ class SinkRuntime:
         return None
 
     def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int, started: float,
-                wait: bool = True) -> EpochReport:
-        outcome = self._call(actors.coordinator.wait_committed.remote(
-            epoch, self._options.commit_timeout if wait else 0.0))
+                wait: bool = True, waiting: Any = None) -> EpochReport:
+        if waiting is None:
+            waiting = actors.coordinator.wait_committed.remote(
+                epoch, self._options.commit_timeout if wait else 0.0)
+        outcome = self._call(waiting)
         if not outcome["committed"]:
             log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
                         "will roll forward", self.name, epoch, self._options.commit_timeout,

@@ -71,6 +71,7 @@ class SinkWriterActor:
         self._done: tuple[int, int] = (-1, -1)
         self._rows_total = 0
         self._closed = threading.Event()
+        self._coordinator_handle: Any = None
         self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
         self._timer = threading.Thread(target=self._flush_timer, daemon=True,
                                        name="raysink-flush")
@@ -209,19 +210,38 @@ class SinkWriterActor:
 
     def _request_commit(self, epoch: int, attempt: int, manifest: dict[str, Any],
                         schema: str | None) -> None:
-        import ray
-        from ray.exceptions import RayTaskError
+        """Send the commit request; returns on the coordinator's ack (the epoch is PENDING).
 
-        coordinator = ray.get_actor(self._config.coordinator, namespace=NAMESPACE)
-        try:
-            ray.get(coordinator.commit_request.remote(
-                self._config.sink_name, self._config.writer_id, epoch, attempt, manifest,
-                schema))
-        except RayTaskError as exc:
-            cause = getattr(exc, "cause", None)
-            if isinstance(cause, RaySinkError):
-                raise cause from None
-            raise
+        The coordinator's handle is kept between epochs. When the actor behind it is gone
+        for good (re-created by the runtime after ``ray.kill``), the name is looked up
+        again and the request sent once more: the dead actor never saw it."""
+        import ray
+        from ray.exceptions import ActorDiedError, RayTaskError
+
+        for fresh in (False, True):
+            coordinator = self._coordinator(fresh=fresh)
+            try:
+                ray.get(coordinator.commit_request.remote(
+                    self._config.sink_name, self._config.writer_id, epoch, attempt, manifest,
+                    schema))
+                return
+            except ActorDiedError:
+                self._coordinator_handle = None
+                if fresh:
+                    raise
+            except RayTaskError as exc:
+                cause = getattr(exc, "cause", None)
+                if isinstance(cause, RaySinkError):
+                    raise cause from None
+                raise
+
+    def _coordinator(self, *, fresh: bool) -> Any:
+        import ray
+
+        if fresh or self._coordinator_handle is None:
+            self._coordinator_handle = ray.get_actor(self._config.coordinator,
+                                                     namespace=NAMESPACE)
+        return self._coordinator_handle
 
     def _ack(self, epoch: int, attempt: int, rows: int) -> None:
         self._mailbox.drop(epoch, attempt)

@@ -362,13 +362,16 @@ class CoordinatorActor:
         return resolution.value
 
     async def wait_committed(self, epoch: int, timeout: float) -> dict[str, Any]:
-        """Wait until every sink committed ``epoch`` (or ``timeout``)."""
+        """Wait until every sink committed ``epoch`` (or ``timeout``). An epoch that is
+        neither open nor pending (its attempt was aborted) ends the wait at once."""
         await self._until_recovered()
         deadline = time.monotonic() + timeout
         while True:
             last = self._core.last_committed
             if last is not None and last >= epoch:
                 return {"committed": True, "skipped_sinks": self._recent.get(epoch, ())}
+            if self._core.epoch_state(epoch) is None:
+                return {"committed": False, "aborted": True, "skipped_sinks": ()}
             left = deadline - time.monotonic()
             if left <= 0 or self._fatal is not None:
                 return {"committed": False, "skipped_sinks": (),

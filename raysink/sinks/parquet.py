@@ -91,7 +91,9 @@ Compression = Literal["zstd", "snappy", "gzip", "brotli", "lz4", "none"]
 _COMPRESSIONS = ("zstd", "snappy", "gzip", "brotli", "lz4", "none")
 _COMMIT_ENTRY = re.compile(r"(\d{12})\.json")
 COMMIT_LOG_KEEP = 100
-"""Commit log entries kept per sink directory; older ones are pruned."""
+"""Commit log entries kept per sink directory; older ones are pruned (at every
+``_PRUNE_EVERY``-th epoch, so at most ``COMMIT_LOG_KEEP + _PRUNE_EVERY`` remain)."""
+_PRUNE_EVERY = 32
 _PS = TypeVar("_PS", bound="ParquetSink")
 
 
@@ -258,6 +260,7 @@ class ParquetSink(Sink):
         if schema is not None and not isinstance(schema, pa.Schema):
             raise ConfigError(f"ParquetSink schema must be a pyarrow.Schema, got {schema!r}")
         self._schema = schema
+        self._unpruned = _PRUNE_EVERY  # commits since the log was pruned: prune at the first
 
     # options -------------------------------------------------------------------------
     @property
@@ -389,7 +392,9 @@ class ParquetSink(Sink):
             moved = self._move_into_place(epoch, entries)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
             self._write_commit_entry(epoch, moved, _first_schema(manifests))
-            self._prune_commit_log()
+            self._unpruned += 1
+            if self._unpruned >= _PRUNE_EVERY:
+                self._prune_commit_log()
             logger.debug("parquet sink %r committed epoch %d (%d files)",
                          self.name, epoch, len(moved))
         _rmtree(self.layout.epoch_dir(epoch))
@@ -405,6 +410,7 @@ class ParquetSink(Sink):
         epochs = sorted(self._logged_epochs())
         for old in epochs[:-COMMIT_LOG_KEEP]:
             self.layout.commit_entry(old).unlink(missing_ok=True)
+        self._unpruned = 0
 
     def _move_into_place(self, epoch: int, entries: list[_StagedEntry]) -> list[dict[str, Any]]:
         if not entries:  # an empty epoch: nothing to move, nothing to fsync

@@ -122,6 +122,7 @@ def test_commit_twice_changes_nothing(sink: ParquetSink) -> None:
 def test_commit_log_is_pruned_to_the_newest_entries(sink: ParquetSink,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parquet_module, "COMMIT_LOG_KEEP", 3)
+    monkeypatch.setattr(parquet_module, "_PRUNE_EVERY", 1)
     manifests = {}
     for epoch in range(1, 8):
         manifests[epoch] = _stage(sink, epoch, 0, [[epoch * 10]])

@@ -14,6 +14,10 @@ Tables (the same DDL on both backends; JSON is stored as text, never pickle)::
                           updated_at, marked)
     raysink_sink_status  (runtime, sink PK; state, last_error, history, updated_at)
 
+Durability: OPEN, PENDING and ABORTED records and the runtime's identity are on disk when
+the call returns; COMMITTED records and sink status are written without forcing them
+(``durable=False``), since a lost COMMITTED record is found again from the sink's marker.
+
 Fencing: every mutating method reads the runtime's row inside its transaction and raises
 ``FencedError`` unless the stored generation equals the caller's, before changing anything.
 """
@@ -235,9 +239,12 @@ class SqlMetaStore(abc.ABC):
         """The store's address with any password redacted."""
 
     @abc.abstractmethod
-    def _transaction(self, *, write: bool) -> AbstractContextManager[Tx]:
+    def _transaction(self, *, write: bool, durable: bool = True
+                     ) -> AbstractContextManager[Tx]:
         """One transaction: commit on success, roll back on any exception, database
-        errors raised as ``MetaStoreError``."""
+        errors raised as ``MetaStoreError``. ``durable=False``: the commit need not be
+        on disk when it returns (it survives a crash of the process, maybe not of the
+        machine); only for records the protocol can lose."""
 
     @abc.abstractmethod
     def close(self) -> None:
@@ -375,8 +382,11 @@ class SqlMetaStore(abc.ABC):
 
     def put_committed(self, runtime: str, generation: int, epoch: int, sink: str, *,
                       marked: bool = True) -> None:
-        """Record one sink's epoch COMMITTED (idempotent) and prune its older ones."""
-        with self._transaction(write=True) as tx:
+        """Record one sink's epoch COMMITTED (idempotent) and prune its older ones.
+
+        Not forced to disk: a COMMITTED record lost to a power cut leaves the epoch
+        PENDING, and recovery finds the sink's (durable) marker and records it again."""
+        with self._transaction(write=True, durable=False) as tx:
             self._fence(tx, runtime, generation)
             found = self._epoch_rows(tx, runtime, epoch).get(sink)
             if found is None or found[0] not in (EpochState.PENDING, EpochState.COMMITTED):
@@ -423,8 +433,9 @@ class SqlMetaStore(abc.ABC):
     # status --------------------------------------------------------------------------
     def set_sink_status(self, runtime: str, generation: int, sink: str, state: str,
                         error: str | None = None) -> None:
-        """Set a sink's status; a change of state appends to its bounded history."""
-        with self._transaction(write=True) as tx:
+        """Set a sink's status; a change of state appends to its bounded history (not
+        forced to disk: status is information, not a decision)."""
+        with self._transaction(write=True, durable=False) as tx:
             self._fence(tx, runtime, generation)
             row = tx.one(f"SELECT sink, state, last_error, history FROM {STATUS} "
                          "WHERE runtime = ? AND sink = ?", runtime, sink)

@@ -150,11 +150,14 @@ class PostgresMetaStore(SqlMetaStore):
                                     "attisdropped)", (table, column)).fetchone()[0]]
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[Tx]:
-        """One transaction (``write`` needs nothing more: the fence locks the row)."""
+    def _transaction(self, *, write: bool, durable: bool = True) -> Iterator[Tx]:
+        """One transaction (``write`` needs nothing more: the fence locks the row); one
+        that need not be durable does not wait for its WAL flush."""
         conn = self._connect()
         try:
             with conn.transaction(), conn.cursor() as cursor:
+                if write and not durable:
+                    cursor.execute("SET LOCAL synchronous_commit = off")
                 yield Tx(cursor, "format")
         except self._pg.Error as exc:
             if conn.closed or conn.broken:

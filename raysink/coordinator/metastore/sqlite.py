@@ -13,6 +13,7 @@ raises ``MetaStoreError`` naming the path when the store is constructed.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import sqlite3
@@ -101,10 +102,15 @@ class SqliteMetaStore(SqlMetaStore):
             raise
 
     @contextmanager
-    def _transaction(self, *, write: bool) -> Iterator[Tx]:
-        """One transaction; writes take the write lock first (``BEGIN IMMEDIATE``)."""
+    def _transaction(self, *, write: bool, durable: bool = True) -> Iterator[Tx]:
+        """One transaction; writes take the write lock first (``BEGIN IMMEDIATE``). A
+        write that need not be durable commits with ``synchronous=NORMAL`` (in WAL mode:
+        no fsync; the next durable commit syncs it too)."""
         conn = self._connect()
+        relaxed = write and not durable
         try:
+            if relaxed:
+                conn.execute("PRAGMA synchronous = NORMAL")
             conn.execute("BEGIN IMMEDIATE" if write else "BEGIN")
             yield Tx(conn.cursor(), "qmark")
             conn.execute("COMMIT")
@@ -117,6 +123,10 @@ class SqliteMetaStore(SqlMetaStore):
         except BaseException:
             _rollback(conn)
             raise
+        finally:
+            if relaxed:
+                with contextlib.suppress(sqlite3.Error):
+                    conn.execute("PRAGMA synchronous = FULL")
 
     def close(self) -> None:
         """Close the connection (idempotent); the next call reopens it."""
