@@ -10,7 +10,8 @@ round, alternating (library first in odd rounds, raysink first in even ones):
   sink, SQLite meta store), split into *feed* (data to the writers, pre-commit, PENDING)
   and *commit* (the coordinator's sink commit until the epoch is visible);
 * library: ``ray.get`` of the same refs in the driver, then ``write_deltalake(...,
-  mode="append")``, pyiceberg ``table.append(table)``, or a plain ``COPY`` through
+  mode="append")`` (with zstd, DeltaSink's codec; its default is snappy), pyiceberg
+  ``table.append(table)`` (zstd by default, as IcebergSink), or a plain ``COPY`` through
   psycopg (CSV rendered by pyarrow, the encoding the sink uses).
 
 Each side appends to its own table. Then the commit overhead of an empty epoch through
@@ -96,13 +97,16 @@ class Case:
 
 
 def delta_case(root: Path) -> Case:
-    from deltalake import write_deltalake
+    from deltalake import WriterProperties, write_deltalake
 
     from raysink.sinks import DeltaSink
 
     target = str(root / "delta-library")
+    # the same codec on both sides: DeltaSink's zstd (write_deltalake defaults to snappy)
+    props = WriterProperties(compression="ZSTD")
     return Case(kind="delta", sink=DeltaSink(str(root / "delta-raysink")),
-                library=lambda t: write_deltalake(target, t, mode="append"))
+                library=lambda t: write_deltalake(target, t, mode="append",
+                                                  writer_properties=props))
 
 
 def iceberg_case(root: Path) -> Case:

@@ -81,6 +81,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.sinks._staging import dictionary_columns
 from raysink.sinks.base import Manifest, Sink, SinkWriter, staged_name
 
 __all__ = ["ParquetSink", "ParquetSinkWriter"]
@@ -666,20 +667,21 @@ class ParquetSinkWriter(SinkWriter):
         self._buffer = table.slice(cut).to_batches() if keep else []
         self._buffered_rows = keep
         for offset in range(0, cut, step):
-            current = self._current or self._open_file()
             chunk = table.slice(offset, step)
+            current = self._current or self._open_file(chunk)
             current.writer.write_table(chunk, row_group_size=step)
             current.rows += chunk.num_rows
             if current.handle.tell() >= self._sink.max_file_bytes:
                 self._finish_file()
 
-    def _open_file(self) -> _OpenFile:
+    def _open_file(self, sample: pa.Table) -> _OpenFile:
         _makedirs(self._writing_dir)
         unique = uuid.uuid4().hex
         tmp = self._writing_dir / f".{unique}.parquet.tmp"
         handle = open(tmp, "wb")  # noqa: SIM115 - closed by _finish_file / _drop_current
         compression = None if self._sink.compression == "none" else self._sink.compression
-        writer = pq.ParquetWriter(handle, self._schema, compression=compression)
+        writer = pq.ParquetWriter(handle, self._schema, compression=compression,
+                                  use_dictionary=dictionary_columns(sample))
         self._current = _OpenFile(tmp, self._writing_dir / f"{unique}.parquet", handle, writer)
         return self._current
 

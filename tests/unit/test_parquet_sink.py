@@ -564,3 +564,18 @@ def test_importing_sinks_imports_no_optional_library() -> None:
     out = subprocess.run([sys.executable, "-c", code], check=True, capture_output=True,
                          text=True).stdout
     assert out.strip() == "[]"
+
+
+def test_dictionary_encoding_only_where_values_repeat() -> None:
+    from raysink.sinks._staging import dictionary_columns
+
+    rows = 10_000
+    table = pa.table({
+        "id": pa.array(range(rows), pa.int64()),                       # all distinct
+        "label": pa.array([f"l{i % 7}" for i in range(rows)]),         # 7 values
+        "flag": pa.array([i % 2 == 0 for i in range(rows)]),           # bit-packed anyway
+        "nothing": pa.array([None] * rows, pa.string()),               # all null
+    })
+    assert dictionary_columns(table) == ["label", "nothing"]
+    nested = table.append_column("tags", pa.array([[1]] * rows, pa.list_(pa.int64())))
+    assert dictionary_columns(nested) is True  # pyarrow's default for nested schemas
