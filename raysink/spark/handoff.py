@@ -26,6 +26,10 @@ Lifecycle of a :class:`SparkPartitions`:
 4. ``release()`` (also on ``__exit__``) unpins the cached RDD; call it once the epoch is
    committed. Idempotent. Fetching after it is a :class:`ConfigError`.
 
+An executor that dies is restarted by Ray, but RayDP registers it with Spark under a new
+executor id, and sometimes never starts it; the fetch then asks the other live executors
+(``executor_candidates``), whose block managers read or re-cache the partition.
+
 RayDP's fetch retries forever when the app master is gone (it is not restartable), so
 ``as_ready`` bounds the wait: no partition finishing within ``fetch_timeout`` seconds is
 a :class:`SinkUnavailableError`.
@@ -44,6 +48,7 @@ import pyarrow as pa
 import ray
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
+from ray.exceptions import GetTimeoutError, RayActorError
 
 from raysink.errors import ConfigError, SinkUnavailableError
 
@@ -54,7 +59,11 @@ logger = logging.getLogger(__name__)
 #: Submits the fetch of one partition and returns the ref of its ``pa.Table``.
 FetchFn = Callable[[int], "ray.ObjectRef[pa.Table]"]
 
-_EXECUTOR_ACTOR = "raydp-executor-{}"
+_EXECUTOR_PREFIX = "raydp-executor-"
+#: Seconds one executor may take to serve a partition (re-caching included) before the
+#: next live executor is asked.
+EXECUTOR_CALL_TIMEOUT = 60.0
+_EXECUTOR_ACTOR = _EXECUTOR_PREFIX + "{}"
 
 
 class SparkPartitions:
@@ -305,20 +314,52 @@ def _fetch_partition(
     driver_agent_url: str,
     schema: pa.Schema,
 ) -> pa.Table:
-    """Ask the executor actor for a cached partition's Arrow IPC stream; decode it.
+    """Ask an executor actor for a cached partition's Arrow IPC stream; decode it.
 
-    Retried up to 3 times on any failure (an executor actor that died is restarted by
-    RayDP and serves the partition again, re-caching it when the block was lost), and
-    re-run by Ray's lineage when the returned object is lost.
+    The executor Spark placed the partition on is asked first, then the other live
+    executors in turn (see :func:`executor_candidates`). Retried up to 3 times on any
+    failure, and re-run by Ray's lineage when the returned object is lost.
     """
-    executor_actor = ray.get_actor(executor)
-    with cross_language_calls():
-        ipc_ref: Any = executor_actor.getRDDPartition.remote(
-            rdd_id, index, schema_json, driver_agent_url
-        )
-    ipc: Any = ray.get(ipc_ref)
-    table = pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
-    return conform(table, schema)
+    problems: list[str] = []
+    for name in executor_candidates(executor, index, ray.util.list_named_actors()):
+        try:
+            actor = ray.get_actor(name)
+            with cross_language_calls():
+                ipc_ref: Any = actor.getRDDPartition.remote(
+                    rdd_id, index, schema_json, driver_agent_url
+                )
+            ipc: Any = ray.get(ipc_ref, timeout=EXECUTOR_CALL_TIMEOUT)
+        except (ValueError, GetTimeoutError, RayActorError) as exc:
+            problems.append(f"{name}: {type(exc).__name__}")
+            logger.warning("executor %s did not serve partition %s of RDD %s (%s); asking "
+                           "the next", name, index, rdd_id, type(exc).__name__)
+            continue
+        table = pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
+        return conform(table, schema)
+    raise SinkUnavailableError(
+        f"no RayDP executor served partition {index} of Spark RDD {rdd_id} "
+        f"({'; '.join(problems) or 'no executor actor alive'}); restart Spark with "
+        "init_spark() and write the epoch again"
+    )
+
+
+def executor_candidates(located: str, index: int, named_actors: list[str]) -> list[str]:
+    """The executor actors to ask for partition ``index``, in order.
+
+    First the actor of the executor Spark placed the partition on, then every other
+    live executor, rotated by ``index`` to spread the load. Why others: a RayDP executor
+    that Ray restarted keeps its actor name but registers with Spark under a new executor
+    id (so later block locations name an actor that does not exist), and sometimes never
+    starts at all (a call to it waits forever). Any started executor serves any
+    partition: its block manager reads the block from the executor holding it, or has
+    Spark re-cache the RDD when no executor does.
+    """
+    others = sorted(name for name in named_actors
+                    if name.startswith(_EXECUTOR_PREFIX) and name != located)
+    if others:
+        turn = index % len(others)
+        others = others[turn:] + others[:turn]
+    return [located, *others]
 
 
 @contextmanager

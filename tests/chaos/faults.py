@@ -17,7 +17,7 @@ from typing import Any
 
 from raysink.testing import fired
 
-__all__ = ["FiredWatch", "Tmpfs", "kill_actor", "run_in_thread", "wait_fired"]
+__all__ = ["FiredWatch", "Tmpfs", "kill_actor", "kill_executor", "run_in_thread", "wait_fired"]
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +41,27 @@ def kill_actor(rt: Any, victim: str, how: str, writer: int = 0) -> str:
         return f"no pid for {victim}: {type(exc).__name__}"
     os.kill(pid, signal.SIGKILL)
     return f"sigkill {victim} pid {pid}"
+
+
+def kill_executor(which: int, wait: float = 60.0) -> str:
+    """SIGKILL the process of RayDP executor actor number ``which`` (modulo the live ones,
+    by name), waiting up to ``wait`` seconds for one to be up (RayDP starts executors
+    after ``init_spark`` returns). Returns what was done."""
+    from ray._private.state import actors
+
+    deadline = time.monotonic() + wait
+    while True:
+        alive = sorted((info["Name"], int(info["Pid"]))
+                       for info in actors(actor_state_name="ALIVE").values()
+                       if str(info.get("Name") or "").startswith("raydp-executor-"))
+        if alive or time.monotonic() > deadline:
+            break
+        time.sleep(0.1)
+    if not alive:
+        return "no live RayDP executor"
+    name, pid = alive[which % len(alive)]
+    os.kill(pid, signal.SIGKILL)
+    return f"sigkill {name} pid {pid}"
 
 
 def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:

@@ -31,7 +31,14 @@ from raysink import RaySinkError, SinkRuntime
 from raysink.errors import RuntimeInUseError
 from raysink.testing import arm_fault, disarm_faults
 from tests.chaos.checker import Check, check
-from tests.chaos.faults import FiredWatch, Tmpfs, kill_actor, run_in_thread, wait_fired
+from tests.chaos.faults import (
+    FiredWatch,
+    Tmpfs,
+    kill_actor,
+    kill_executor,
+    run_in_thread,
+    wait_fired,
+)
 from tests.chaos.plan import TrialSpec
 from tests.chaos.targets import build_sinks, commit_order, epoch_table, read_target, sink_specs
 
@@ -235,6 +242,8 @@ class _Trial:
             self._point_then(rt, epoch, lambda: self._kill(rt))
         elif kind == "random_kill":
             self._after_delay(rt, epoch, lambda: self._kill(rt))
+        elif kind == "executor_kill":
+            self._after_delay(rt, epoch, lambda: kill_executor(self.spec.writer))
         elif kind == "pg_restart":
             self._pg_restart(rt, epoch)
         elif kind in ("fs_readonly", "fs_full"):

@@ -12,11 +12,13 @@ kind                   /20   what happens
 ``driver_kill``          3   a subprocess driver is SIGKILLed mid-epoch; the runtime is
                              reopened here with the same name and meta store
 ``writer_point``         3   a writer SIGKILLs itself at a writer protocol point
-``coordinator_point``    4   the coordinator SIGKILLs itself at a coordinator/sink point
+``coordinator_point``    3   the coordinator SIGKILLs itself at a coordinator/sink point
 ``point_external``       3   a point stalls; the harness SIGKILLs or ``ray.kill``s a writer
                              or the coordinator meanwhile
 ``random_kill``          2   SIGKILL or ``ray.kill`` of a writer or the coordinator at a
                              random time during an epoch
+``executor_kill``        1   a RayDP executor process is SIGKILLed during a Spark epoch
+                             (the shared Spark session is restarted after the trial)
 ``pg_restart``           2   PostgreSQL crash-restarts while a commit is in progress
 ``fs_readonly``          1   the Parquet/Delta tmpfs is remounted read-only
 ``fs_full``              1   the Parquet/Delta tmpfs is filled up
@@ -34,8 +36,9 @@ from raysink._faults import POINTS
 
 __all__ = ["FAULT_KINDS", "TrialSpec", "make_plan"]
 
-_BLOCK = (["driver_kill"] * 3 + ["writer_point"] * 3 + ["coordinator_point"] * 4
-          + ["point_external"] * 3 + ["random_kill"] * 2 + ["pg_restart"] * 2
+_BLOCK = (["driver_kill"] * 3 + ["writer_point"] * 3 + ["coordinator_point"] * 3
+          + ["point_external"] * 3 + ["random_kill"] * 2 + ["executor_kill"]
+          + ["pg_restart"] * 2
           + ["fs_readonly", "fs_full", "stall_commit"])
 FAULT_KINDS = tuple(dict.fromkeys(_BLOCK))
 
@@ -112,7 +115,8 @@ def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str) -> T
         pieces=[rng.randint(1, 3) for _ in range(epochs)],
         fault_epoch=rng.randint(1, epochs), flush_interval=rng.choice([0.2, 0.5, 1.0]),
         two_sinks=rng.random() < 0.2, pg_metastore=sink == "postgres" and rng.random() < 0.3)
-    if kind in _SPARK_KINDS and random.Random(f"{seed}:{index}:via").random() < SPARK_SHARE:
+    if kind == "executor_kill" or (
+            kind in _SPARK_KINDS and random.Random(f"{seed}:{index}:via").random() < SPARK_SHARE):
         spec.via = "spark"  # epochs go through rt.write(df) on the shared RayDP session
     if spec.fault_epoch == epochs:  # one more epoch, to see the runtime go on after it
         spec.epochs += 1
@@ -142,6 +146,9 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         spec.how = rng.choice(["sigkill", "ray.kill"])
         spec.writer = rng.randrange(2)
         spec.delay = round(rng.uniform(0.0, 0.25), 3)
+    elif kind == "executor_kill":
+        spec.victim, spec.how, spec.writer = "executor", "sigkill", rng.randrange(2)
+        spec.delay = round(rng.uniform(0.0, 1.5), 3)
     elif kind == "pg_restart":
         spec.point = rng.choice(["sink.mid_commit", "coordinator.after_pending", None])
         spec.delay = round(rng.uniform(0.0, 0.2), 3)

@@ -24,7 +24,7 @@ def spark_sessions() -> Iterator[dict[str, Any]]:
     stopped with the module (the Spark tests start their own)."""
     holder: dict[str, Any] = {}
     yield holder
-    if holder:
+    if "session" in holder:
         from raysink.spark import stop_spark
 
         stop_spark()
@@ -36,11 +36,25 @@ def _spark(trial: TrialSpec, holder: dict[str, Any]) -> Any:
     if "session" not in holder:
         from raysink.spark import init_spark
 
+        # a new app name per session: the stopped one's master actor may keep its name a
+        # little while (a restart after an executor kill)
+        holder["sessions"] = holder.get("sessions", 0) + 1
         holder["session"] = init_spark(
-            "raysink-chaos", executors=2, executor_cores=1, executor_memory="1g",
+            f"raysink-chaos-{holder['sessions']}", executors=2, executor_cores=1,
+            executor_memory="1g",
             configs={"spark.ui.showConsoleProgress": "false"})
         holder["session"].sparkContext.setLogLevel("ERROR")
     return holder["session"]
+
+
+def _restart_spark(holder: dict[str, Any]) -> None:
+    """After an executor was killed: the next Spark trial starts a fresh session. (RayDP
+    registers a restarted executor under a new id and does not always start it, so the
+    session may have lost capacity for good.)"""
+    from raysink.spark import stop_spark
+
+    if holder.pop("session", None) is not None:
+        stop_spark()
 
 
 @pytest.mark.timeout(600)
@@ -53,6 +67,8 @@ def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
                    spark=_spark(trial, spark_sessions))
     result = run_trial(trial, env)
     chaos_results.append(result)
+    if trial.fault == "executor_kill":
+        _restart_spark(spark_sessions)
     assert result.failure is None, f"{trial.name}: {result.failure}\nnotes: {result.notes}"
     for outcome in result.checks:
         assert outcome.ok, (f"{trial.name} sink {outcome.sink}: lost {outcome.lost}, "
