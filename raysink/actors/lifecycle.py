@@ -9,9 +9,10 @@ with the driver, and restart after a crash (``max_restarts=-1``; in-flight calls
 
 from __future__ import annotations
 
+import functools
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -55,6 +56,20 @@ def _exists(name: str) -> bool:
     except ValueError:
         return False
     return True
+
+
+def _create(name: str, make: Callable[[], Any]) -> Any:
+    """``make()`` the actor; when Ray still holds the name (an actor that died in its
+    constructor keeps it a while), the actor holding it: a dead one fails the next call,
+    and the next heal tries again."""
+    import ray
+    from ray.exceptions import ActorAlreadyExistsError
+
+    try:
+        return make()
+    except ActorAlreadyExistsError:
+        log.warning("the name %s is still taken; using the actor that holds it", name)
+        return ray.get_actor(name, namespace=NAMESPACE)
 
 
 @dataclass(kw_only=True)
@@ -115,7 +130,7 @@ class ActorSet:
         replaced: list[str] = []
         if not self._alive(self.coordinator, timeout):
             self._await_name_free(coordinator_name(self.runtime))
-            self.coordinator = self._new_coordinator()
+            self.coordinator = _create(coordinator_name(self.runtime), self._new_coordinator)
             replaced.append(coordinator_name(self.runtime))
         for sink, handles in self.writers.items():
             for index, handle in enumerate(handles):
@@ -124,7 +139,7 @@ class ActorSet:
                 config = self.writer_configs[sink][index]
                 name = writer_name(self.runtime, sink, index)
                 self._await_name_free(name)
-                handles[index] = self._new_writer(config)
+                handles[index] = _create(name, functools.partial(self._new_writer, config))
                 replaced.append(name)
         if replaced:
             log.warning("%s: re-created actors %s", self.runtime, replaced)

@@ -37,7 +37,12 @@ from raysink import _faults
 from raysink._metrics import WriterMetrics
 from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
 from raysink.coordinator.barrier import CheckpointBarrier
-from raysink.errors import EpochFailedError, RaySinkError, SchemaMismatchError
+from raysink.errors import (
+    EpochFailedError,
+    RaySinkError,
+    SchemaMismatchError,
+    SinkUnavailableError,
+)
 from raysink.sinks.base import Sink
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
@@ -65,8 +70,9 @@ class SinkWriterActor:
     def __init__(self, config: WriterConfig) -> None:
         self._config = config
         self._writer = config.sink.create_writer(config.writer_id)
-        self._writer.open()
         self._lock = threading.Lock()
+        self._opened = False
+        self._open_writer(deferrable=True)
         self._mailbox: Mailbox[pa.Table] = Mailbox()
         self._done: tuple[int, int] = (-1, -1)
         self._rows_total = 0
@@ -76,6 +82,24 @@ class SinkWriterActor:
         self._timer = threading.Thread(target=self._flush_timer, daemon=True,
                                        name="raysink-flush")
         self._timer.start()
+
+    def _open_writer(self, *, deferrable: bool = False) -> None:
+        """Connect the sink writer (idempotent). At start an unreachable target is not
+        fatal: an actor whose constructor fails is dead for good, and Ray keeps its name a
+        while, so neither Ray nor the runtime could bring the writer back. The connection
+        is tried again before the next write or pre-commit (the epoch fails meanwhile and
+        is retried by the runtime)."""
+        if self._opened:
+            return
+        try:
+            self._writer.open()
+        except SinkUnavailableError as exc:
+            if not deferrable:
+                raise
+            log.warning("%s: the sink is unreachable at start (%s); connecting again before "
+                        "the next write", self._name, exc)
+            return
+        self._opened = True
 
     # ------------------------------------------------------------------ data group
 
@@ -133,6 +157,7 @@ class SinkWriterActor:
 
     def _apply(self, slot: EpochSlot[pa.Table], table: pa.Table) -> None:
         limit = self._config.max_batch_bytes
+        self._open_writer()
         if limit is not None and table.nbytes > limit:
             raise SchemaMismatchError(
                 f"a batch of {table.nbytes:,} bytes ({table.num_rows:,} rows) is over "
@@ -173,6 +198,7 @@ class SinkWriterActor:
         rows = slot.rows if slot else 0
         schema = _schema_text(slot.schema if slot else None)
         with self._lock:
+            self._open_writer()
             self._writer.flush()
             manifest = self._writer.pre_commit(epoch, attempt)
         _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,

@@ -297,6 +297,7 @@ class CoordinatorActor:
                     waited = True
                     self._metrics.waited()
                 await self._wait_change(min(left, 1.0))
+        self._release_older_attempts(decision.epoch, decision.attempt)
         await self._notify()
         if decision.wait_roll_forward:
             await self.wait_committed(decision.epoch, timeout)
@@ -344,11 +345,25 @@ class CoordinatorActor:
                 future.set_exception(error)
 
     async def _abort_attempt(self, epoch: int, attempt: int) -> None:
-        await self._locked(lambda: self._core.abort(epoch, attempt))
-        self._release((epoch, attempt), StaleAttemptError(
-            f"attempt {attempt} of epoch {epoch} was aborted",
-            runtime=self._config.runtime, epoch=epoch))
-        await self._notify()
+        """Abort the attempt and fail its waiting writers, even when recording the abort
+        fails (the meta store down): a writer left waiting would hold its barrier group,
+        and with it every later attempt, forever. The attempt stays OPEN in the core then;
+        ``resolve`` or the next open of the epoch aborts it."""
+        try:
+            await self._locked(lambda: self._core.abort(epoch, attempt))
+        finally:
+            self._release((epoch, attempt), StaleAttemptError(
+                f"attempt {attempt} of epoch {epoch} was aborted",
+                runtime=self._config.runtime, epoch=epoch))
+            await self._notify()
+
+    def _release_older_attempts(self, epoch: int, attempt: int) -> None:
+        """Fail writers still waiting on an earlier attempt of ``epoch`` (the new attempt
+        aborted it)."""
+        for key in [k for k in self._waiters if k[0] == epoch and k[1] != attempt]:
+            self._release(key, StaleAttemptError(
+                f"attempt {key[1]} of epoch {epoch} was replaced by attempt {attempt}",
+                runtime=self._config.runtime, epoch=epoch))
 
     async def resolve(self, epoch: int) -> str:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first."""

@@ -31,6 +31,19 @@
    too; that error left the coordinator's commit loop, which stopped for good (the epoch
    stayed PENDING until the driver restarted). Fixed in
    ``CoordinatorActor._record_health``: the loop logs the meta store error and retries.
+6. ``pg_restart`` trials (seed 1, trials 99, 105, 167): PostgreSQL went down while the
+   writer actors were being created; a writer whose ``open()`` failed died in its
+   constructor, and Ray kept its name, so re-creating it raised
+   ``ActorAlreadyExistsError``. Fixed in ``SinkWriterActor``: an unreachable target at
+   start is logged and connected again before the next write or pre-commit (and
+   ``ActorSet.heal`` takes the actor holding a name that is still taken).
+7. ``pg_restart`` trial (seed 1, trial 153, PostgreSQL meta store): the meta store went
+   down as the last writer's request made the epoch PENDING; recording the abort failed
+   too, and that error skipped releasing the writers already waiting on the attempt.
+   They held their barrier group, so the next attempt's barriers never ran and the
+   driver waited forever. Fixed in ``CoordinatorActor._abort_attempt`` (waiters are
+   released whatever the abort does) and ``open_epoch`` (a new attempt fails writers
+   still waiting on an older one).
 """
 
 from __future__ import annotations
@@ -163,3 +176,53 @@ def test_postgres_empty_first_epoch_then_writer_restart(pg_server: PostgresServe
         assert rt.write_arrow(epoch_table(3, 40, 3), epoch=3).committed
     ids = read_target({"kind": "postgres", "table": table}, pg_server).column("id")
     assert sorted(ids.to_pylist()) == [e * 1_000_000 + i for e in (2, 3) for i in range(40)]
+
+
+def test_unreachable_target_while_writers_start(pg_server: PostgresServer,
+                                                tmp_path: Path) -> None:
+    name, table = "reg-pg-down-at-start", "reg_pg_down_at_start"
+    sink = PostgresSink(pg_server.dsn(), table)
+    rt = SinkRuntime(name, sink, metastore=f"sqlite:///{tmp_path / 'm.db'}", retry_cap=0.2)
+    sink.validate()
+    pg_server.stop("immediate")
+    try:
+        rt._check_metastore()
+        actors = rt._actor_set()
+        actors.start()  # every writer's constructor meets the server down
+        rt._actors = actors
+        try:
+            assert actors.heal(timeout=10) == [], "a writer died in its constructor"
+        finally:
+            pg_server.start()
+        assert rt.write_arrow(epoch_table(1, 40, 1), epoch=1).committed
+    finally:
+        rt.close()
+    ids = read_target({"kind": "postgres", "table": table}, pg_server).column("id")
+    assert sorted(ids.to_pylist()) == [1_000_000 + i for i in range(40)]
+
+
+def test_metastore_down_as_an_epoch_becomes_pending(pg_server: PostgresServer,
+                                                    tmp_path: Path) -> None:
+    name, out = "reg-meta-down-pending", tmp_path / "out"
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=pg_server.dsn(), writers=2,
+                     retry_cap=0.3, commit_timeout=30, max_attempts=2) as rt:
+        assert rt.write_arrow(epoch_table(1, 40, 1), epoch=1).committed
+        # writer 0 of epoch 2 waits on its request; writer 1 is held before sending it
+        arm_fault(name, "writer.after_pre_commit", action="sleep", seconds=2.0,
+                  when={"epoch": 2, "writer": 1, "sink": "main"})
+        data = epoch_table(2, 40, 2)
+        thread, box = run_in_thread(
+            lambda: rt.write_arrow([data.slice(0, 20), data.slice(20)], epoch=2))
+        assert wait_fired(name, "writer.after_pre_commit", 60.0, box)
+        pg_server.stop("immediate")  # PENDING fails, and so does recording the abort
+        try:
+            thread.join(timeout=60)
+        finally:
+            pg_server.start()
+        assert not thread.is_alive(), "the attempt never ended"
+        again, box = run_in_thread(lambda: rt.write_arrow(data, epoch=2))
+        again.join(timeout=120)
+        assert not again.is_alive(), "writers stayed on the aborted attempt"
+        assert box["result"].committed
+    ids = sorted(read_target({"kind": "parquet", "path": str(out)}).column("id").to_pylist())
+    assert ids == [e * 1_000_000 + i for e in (1, 2) for i in range(40)]
