@@ -38,6 +38,7 @@ a :class:`SinkUnavailableError`.
 from __future__ import annotations
 
 import logging
+import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -283,7 +284,7 @@ class _RecoverableRdd:
         context = df.sparkSession.sparkContext
         writer = _jvm(df).org.apache.spark.sql.raydp.ObjectStoreWriter
         level = context._getJavaStorageLevel(StorageLevel.MEMORY_AND_DISK)
-        info = writer.prepareRecoverableRDD(df._jdf, level)
+        info = _prepare_recoverable(writer, df._jdf, level)
         return cls(
             rdd_id=int(info.rddId()),
             num_partitions=int(info.numPartitions()),
@@ -303,6 +304,42 @@ class _RecoverableRdd:
 
     def release(self) -> None:
         self.writer.releaseRecoverableRDD(self.rdd_id)
+
+
+def _prepare_recoverable(writer: Any, jdf: Any, level: Any, attempts: int = 3,
+                         pause: float = 2.0) -> Any:
+    """RayDP's ``prepareRecoverableRDD``, tried again while an executor comes back.
+
+    It asks an executor for the block locations, which fails (a Java
+    ``NullPointerException``) while that executor restarts, or for good when RayDP never
+    starts the restarted one: then a :class:`SinkUnavailableError` says to restart Spark.
+    """
+    from py4j.protocol import Py4JJavaError
+
+    last: Py4JJavaError | None = None
+    for attempt in range(1, attempts + 1):
+        try:
+            return writer.prepareRecoverableRDD(jdf, level)
+        except Py4JJavaError as exc:
+            last = exc
+            logger.warning("caching the DataFrame failed (try %d of %d): %s", attempt,
+                           attempts, _java_cause(exc))
+            if attempt < attempts:
+                time.sleep(pause)
+    raise SinkUnavailableError(
+        f"Spark could not cache the DataFrame and locate its partitions "
+        f"({_java_cause(last)}); a RayDP executor may have died without coming back (RayDP "
+        "does not always start an executor Ray restarted). Restart Spark with stop_spark() "
+        "and init_spark(), then write the epoch again"
+    ) from last
+
+
+def _java_cause(exc: Any) -> str:
+    """The Java exception behind a py4j error, in one line."""
+    try:
+        return str(exc.java_exception.toString())
+    except Exception:  # not a Java error, or the gateway is gone
+        return str(exc).splitlines()[0] if str(exc) else type(exc).__name__
 
 
 @ray.remote(num_cpus=0, max_retries=3, retry_exceptions=True)

@@ -28,7 +28,7 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import RaySinkError, SinkRuntime
-from raysink.errors import RuntimeInUseError
+from raysink.errors import RuntimeInUseError, SinkUnavailableError
 from raysink.testing import arm_fault, disarm_faults
 from tests.chaos.checker import Check, check
 from tests.chaos.faults import (
@@ -60,6 +60,7 @@ class TrialEnv:
     ray_address: str
     pg: Any = None
     spark: Any = None
+    restart_spark: Any = None  # returns a fresh shared Spark session
 
 
 @dataclass(kw_only=True)
@@ -181,7 +182,13 @@ class _Trial:
             return rt.write_arrow(parts, epoch=epoch)
         table = pa.concat_tables(parts)
         df = self.env.spark.createDataFrame(table.to_pandas(), schema=_SPARK_SCHEMA)
-        return rt.write(df.repartition(max(1, len(parts))), epoch=epoch)
+        try:
+            return rt.write(df.repartition(max(1, len(parts))), epoch=epoch)
+        except SinkUnavailableError:
+            # what the error tells a user after an executor died for good: restart Spark
+            if self.spec.fault == "executor_kill" and self.env.restart_spark is not None:
+                self.env.spark = self.env.restart_spark()
+            raise
 
     def write(self, rt: SinkRuntime, epoch: int, tries: int = 6) -> bool:
         """Write ``epoch`` until the driver call succeeds; ``True`` when it is visible."""
