@@ -4,7 +4,7 @@ Cases already covered elsewhere are not repeated here: schemas differing within 
 (local tables and object refs), an epoch below a PENDING one, a changed sink set, an empty
 epoch and four invalid options are in ``test_runtime.py``; a new streaming query, unknown
 sink options, deleted targets and markers, and a routing key outside the upsert key are in
-``tests/chaos/test_bad_input.py``. Every case here first commits epoch 1 where it can, and
+``test_bad_input_catalogue.py``. Every case here first commits epoch 1 where it can, and
 checks afterwards that epoch 1 is still there, exactly, and that the runtime goes on.
 Messages are checked for what the user must change, not only for the error type.
 """
