@@ -14,6 +14,7 @@ from raysink.errors import (
     MetaStoreError,
     RaySinkError,
     RuntimeInUseError,
+    RuntimeUnavailableError,
     SchemaMismatchError,
     SinkUnavailableError,
 )
@@ -31,6 +32,7 @@ __all__ = [
     "RaySinkError",
     "RuntimeInUseError",
     "RuntimeStatus",
+    "RuntimeUnavailableError",
     "SchemaMismatchError",
     "SinkRuntime",
     "SinkStatus",

@@ -1,10 +1,17 @@
-"""Named fault points for crash tests.
+"""Named fault points for crash tests, off unless the process opted in.
 
-Production code calls ``hit(point, runtime=...)`` at each protocol point. Nothing happens
-unless a test armed that point for that runtime with ``raysink.testing.arm_fault``: the arm
-is a small JSON file under ``RAYSINK_FAULT_DIR`` (default ``<tmp>/raysink-faults``), so it
-reaches actor processes on this machine without any Ray plumbing. An armed point fires at
-most ``times`` times, then disarms itself.
+Production code calls ``hit(point, runtime=...)`` at each protocol point. The hooks are
+armed only in a process started with the environment variable ``RAYSINK_FAULT_DIR`` set to
+a directory: it is read once, when this module is imported (in an actor: when the actor
+starts), and only the test fixtures set it (``tests/conftest.py`` points it at a private
+temporary directory before Ray starts, so every actor inherits it). Without it ``hit``
+returns at once and no file is ever looked at, so an arm file planted by anyone who can
+write to a temporary directory does nothing.
+
+With the opt-in, a test arms a point for one runtime with ``raysink.testing.arm_fault``:
+the arm is a small JSON file in that directory, so it reaches actor processes on this
+machine without any Ray plumbing. An armed point fires at most ``times`` times, then
+disarms itself.
 
 Actions: ``kill`` (SIGKILL of the current process, a real crash), ``raise``
 (``InjectedFault``), ``sleep`` (stall for ``seconds``).
@@ -16,7 +23,8 @@ The protocol points, in the order one epoch passes them::
     coordinator.after_open       OPEN recorded
     coordinator.after_pending    PENDING recorded, before any sink commit
     writer.after_ack             the writer got the ack (epoch PENDING), before it returns
-    coordinator.mid_commit       between sinks: some sinks committed, others not
+    coordinator.mid_commit       one sink's commit recorded, another sink's not yet (sinks
+                                 commit on their own: it fires for the first to record)
     sink.mid_commit              inside a sink's commit: data moved, marker not yet written
     coordinator.after_commit     every sink committed, COMMITTED not yet recorded
 """
@@ -26,12 +34,14 @@ from __future__ import annotations
 import json
 import os
 import signal
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["POINTS", "InjectedFault", "fault_dir", "hit"]
+__all__ = ["ENV_VAR", "POINTS", "InjectedFault", "enabled", "fault_dir", "hit"]
+
+ENV_VAR = "RAYSINK_FAULT_DIR"
+_DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
 
 POINTS = (
     "writer.during_write",
@@ -49,8 +59,20 @@ class InjectedFault(RuntimeError):
     """Raised at an armed fault point whose action is ``raise``."""
 
 
+def enabled() -> bool:
+    """Whether this process opted in to fault injection (``RAYSINK_FAULT_DIR`` was set)."""
+    return _DIR is not None
+
+
 def fault_dir() -> Path:
-    return Path(os.environ.get("RAYSINK_FAULT_DIR", Path(tempfile.gettempdir()) / "raysink-faults"))
+    """The directory arms live in; ``ConfigError`` when fault injection is off here."""
+    if _DIR is None:
+        from raysink.errors import ConfigError
+
+        raise ConfigError(f"fault injection is off in this process: set {ENV_VAR} to a "
+                          "private directory before raysink is imported and Ray starts "
+                          "(the test fixtures do)")
+    return _DIR
 
 
 def _arm_path(runtime: str, point: str) -> Path:
@@ -58,8 +80,11 @@ def _arm_path(runtime: str, point: str) -> Path:
 
 
 def hit(point: str, *, runtime: str, **context: Any) -> None:
-    """Fire the fault armed at ``point`` for ``runtime``, if any (cheap when none is)."""
-    path = _arm_path(runtime, point)
+    """Fire the fault armed at ``point`` for ``runtime``, if any. Without the opt-in this
+    returns at once (no file is looked at)."""
+    if _DIR is None:
+        return
+    path = _DIR / f"{runtime}--{point}.json"
     if not path.exists():
         return
     try:

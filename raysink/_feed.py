@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import random
+import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from typing import Any
@@ -34,6 +35,9 @@ writer gets a piece; a smaller one goes whole to one writer (each message costs 
 
 DEFAULT_MAX_BATCH_BYTES = 512 * 2**20
 """The largest data message a writer takes (``SinkRuntime(max_batch_bytes=...)``)."""
+
+DEFAULT_MAX_BUFFER_BYTES = 2**30
+"""Bytes of early messages a writer's reorder buffer holds (``max_buffer_bytes``)."""
 
 
 class FeedPlan:
@@ -229,7 +233,8 @@ def send(
 
     Writer ``k`` of every sink receives the items routed to ``k``, numbered ``seq`` 0, 1, ...
     Returns the barrier refs (each resolves once its writer got the coordinator's ack).
-    Raises what a write raised (a dead actor, poisoned data) as soon as it is seen.
+    Raises what a write raised (a dead actor, poisoned data) as soon as it is seen; a
+    write refused because the writer's reorder buffer was full is sent again.
     ``on_rows`` hears the rows each acknowledged write carried (counted once, not per sink).
     """
     from ray.exceptions import PendingCallsLimitExceeded
@@ -237,28 +242,62 @@ def send(
     count = len(next(iter(writers.values())))
     first = next(iter(writers))
     seqs = [0] * count
-    windows: dict[tuple[str, int], deque[Any]] = {}
+    windows: dict[tuple[str, int], deque[tuple[Any, int, Any]]] = {}
+    refused: dict[tuple[str, int], list[tuple[int, Any]]] = {}
 
-    def settle(sink: str, ref: Any) -> None:
-        rows = _settle(ref)
+    def submit(sink: str, k: int, seq: int, ref: Any) -> None:
+        call = writers[sink][k].write.remote(epoch, attempt, seq, [ref])
+        windows.setdefault((sink, k), deque()).append((call, seq, ref))
+
+    def settle(sink: str, k: int) -> float:
+        """Settle the oldest write in flight to ``(sink, k)``; a write the writer's full
+        reorder buffer refused is kept to send again (other writes go on meanwhile: the
+        one the writer needs next may not be sent yet). Returns the wait it asked for."""
+        call, seq, ref = windows[(sink, k)].popleft()
+        try:
+            rows = _settle(call)
+        except BackpressureError as exc:
+            refused.setdefault((sink, k), []).append((seq, ref))
+            return exc.retry_after
         if on_rows is not None and sink == first:
             on_rows(rows)
+        return 0.0
 
     try:
         for sink, k, seq, ref in _numbered(plan, writers, seqs, shuffle):
-            window = windows.setdefault((sink, k), deque())
-            while len(window) >= credits:
-                settle(sink, window.popleft())
-            window.append(writers[sink][k].write.remote(epoch, attempt, seq, [ref]))
+            while len(windows.get((sink, k), ())) >= credits:
+                settle(sink, k)
+            submit(sink, k, seq, ref)
+        _finish_sends(windows, refused, settle, submit, credits)
     except PendingCallsLimitExceeded as exc:
         raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
                                 retry_after=0.5, epoch=epoch) from exc
-    for (sink, _), window in windows.items():
-        while window:
-            settle(sink, window.popleft())
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
     return [handle.barrier.remote(barrier, attempt, seqs[k])
             for handles in writers.values() for k, handle in enumerate(handles)]
+
+
+def _finish_sends(windows: dict[tuple[str, int], deque[tuple[Any, int, Any]]],
+                  refused: dict[tuple[str, int], list[tuple[int, Any]]],
+                  settle: Callable[[str, int], float],
+                  submit: Callable[[str, int, int, Any], None], credits: int) -> None:
+    """Settle every write in flight; send the refused ones again, lowest ``seq`` first,
+    until every writer took everything. Each round makes progress: a writer always takes
+    the message it needs next."""
+    while True:
+        wait = 0.0
+        for (sink, k), window in windows.items():
+            while window:
+                wait = max(wait, settle(sink, k))
+        if not any(refused.values()):
+            return
+        time.sleep(wait)
+        for (sink, k), items in refused.items():
+            again, items[:] = sorted(items, key=lambda item: item[0]), []
+            for seq, ref in again:
+                while len(windows.get((sink, k), ())) >= credits:
+                    wait = max(wait, settle(sink, k))
+                submit(sink, k, seq, ref)
 
 
 def _numbered(plan: FeedPlan, writers: Mapping[str, Sequence[Any]], seqs: list[int],
@@ -281,6 +320,6 @@ def _numbered(plan: FeedPlan, writers: Mapping[str, Sequence[Any]], seqs: list[i
 
 
 def _settle(ref: Any) -> int:
-    import ray
+    from raysink._calls import get
 
-    return int(ray.get(ref))
+    return int(get(ref))

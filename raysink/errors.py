@@ -15,10 +15,13 @@
     ├── DataLossError                 a committed target or a pending marker disappeared
     ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink
     ├── RuntimeInUseError             a runtime with this name is live elsewhere
+    ├── RuntimeUnavailableError       the runtime's actors could not be reached in time
     └── FencedError                   a newer coordinator generation wrote first
 
 Every error names the runtime, sink and epoch where they apply (``runtime``, ``sink``,
-``epoch`` attributes) and says in its message what to change. Errors cross Ray actor
+``epoch`` attributes) and says in its message what to change. Every failure a public
+method of ``SinkRuntime`` raises is one of these; a Ray error behind it is its
+``__cause__``. Errors cross Ray actor
 boundaries by pickling, so each keeps its fields in ``args``-independent ``__reduce__``.
 """
 
@@ -37,6 +40,7 @@ __all__ = [
     "MetaStoreError",
     "RaySinkError",
     "RuntimeInUseError",
+    "RuntimeUnavailableError",
     "SchemaMismatchError",
     "SinkUnavailableError",
     "StaleAttemptError",
@@ -157,6 +161,11 @@ class MetaStoreError(RaySinkError):
 
 class RuntimeInUseError(RaySinkError):
     """A runtime with this name is live in the connected Ray cluster."""
+
+
+class RuntimeUnavailableError(RaySinkError):
+    """The runtime's coordinator or writers could not be reached in time: restarting for
+    longer than ``commit_timeout``, or gone with their node. The Ray error is the cause."""
 
 
 class FencedError(RaySinkError):

@@ -143,12 +143,6 @@ class Progress:
         """Count one finished epoch from its ``EpochReport``."""
         self.advance(rows=report.rows, epochs=1, skipped=1 if report.skipped else 0)
 
-    def set_totals(self, *, rows: int | None = None, epochs: int | None = None) -> None:
-        """Set or change the expected totals."""
-        with self._lock:
-            self._total_rows = rows if rows is not None else self._total_rows
-            self._total_epochs = epochs if epochs is not None else self._total_epochs
-
     def snapshot(self) -> ProgressSnapshot:
         """The counters now."""
         with self._lock:

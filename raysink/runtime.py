@@ -20,20 +20,22 @@ import logging
 import random
 import sys
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
 
 from raysink import _feed
+from raysink._calls import ask, get, short, typed_errors
 from raysink._options import rejects_unknown_options
 from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.actors.writer import WriterConfig
+from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.coordinator import CoordinatorConfig
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     ConfigError,
     EpochFailedError,
-    RaySinkError,
+    RuntimeUnavailableError,
     SchemaMismatchError,
     StaleAttemptError,
 )
@@ -45,6 +47,9 @@ __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
 log = logging.getLogger(__name__)
 
 SinkState = Literal["starting", "running", "stalled", "paused", "dropped"]
+
+_START_SECONDS = 300.0
+"""How long ``start()`` waits at least for the actors to start and recover."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -91,6 +96,8 @@ class _Options:
     epoch_offset: int | None
     actor_options: dict[str, Any]
     max_batch_bytes: int | None
+    max_buffer_bytes: int | None
+    warn_interval: float
     add_sinks: tuple[str, ...]
     drop_sinks: tuple[str, ...]
 
@@ -107,6 +114,12 @@ class _Options:
             (self.max_batch_bytes is None or self.max_batch_bytes >= 1,
              f"max_batch_bytes must be at least 1 (or None: no limit); got "
              f"{self.max_batch_bytes!r}"),
+            (self.max_buffer_bytes is None or self.max_buffer_bytes >= 1,
+             f"max_buffer_bytes must be at least 1 (or None: no limit); got "
+             f"{self.max_buffer_bytes!r}"),
+            (self.warn_interval > 0, f"warn_interval must be > 0; got {self.warn_interval!r}"),
+            (self.epoch_offset is None or self.epoch_offset >= 0,
+             f"epoch_offset must be >= 0; got {self.epoch_offset!r}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -122,10 +135,23 @@ class SinkRuntime:
     Options beyond DESIGN's list: ``max_batch_bytes`` bounds one data message a writer
     takes (local tables are cut to fit; a larger Spark partition or object ref is a
     ``SchemaMismatchError`` and nothing of the epoch is written; ``None``: no limit);
+    ``max_buffer_bytes`` bounds each writer's reorder buffer (messages that arrived
+    before their turn; one that does not fit is sent again later); ``warn_interval``:
+    a sink commit or flush still running logs a warning every this many seconds;
     ``add_sinks``/``drop_sinks`` change the sink set on
     purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
     on stderr while writing (``None``: only on a terminal; ``False``: never; or a
     ``raysink.progress.Progress`` of your own).
+
+    ``epoch_offset``: for a Structured Streaming query, epoch = ``batch_id + 1 + offset``
+    (re-binding the runtime to a new query); for the runtime's own numbering, implicit
+    epochs are numbered above it. Opened with a meta store that knows nothing of epochs
+    the targets already hold (a fresh default store when a job starts in another
+    directory), an implicit epoch is a ``ConfigError`` until ``metastore=`` names the
+    original store or ``epoch_offset=`` is at least the targets' last epoch.
+
+    Every failure of a public method is a ``RaySinkError``; a Ray error behind it is its
+    cause. Actors that are restarting are waited for, up to ``commit_timeout``.
     """
 
     @rejects_unknown_options("SinkRuntime")
@@ -146,6 +172,8 @@ class SinkRuntime:
         epoch_offset: int | None = None,
         actor_options: Mapping[str, Any] | None = None,
         max_batch_bytes: int | None = _feed.DEFAULT_MAX_BATCH_BYTES,
+        max_buffer_bytes: int | None = _feed.DEFAULT_MAX_BUFFER_BYTES,
+        warn_interval: float = 5.0,
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
         progress: Progress | bool | None = None,
@@ -159,6 +187,7 @@ class SinkRuntime:
             commit_timeout=commit_timeout, max_attempts=max_attempts, retry_cap=retry_cap,
             credits=credits, epoch_offset=epoch_offset,
             actor_options=dict(actor_options or {}), max_batch_bytes=max_batch_bytes,
+            max_buffer_bytes=max_buffer_bytes, warn_interval=warn_interval,
             add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks))
         self._options.validate(name)
         self._key = self._routing_key()
@@ -187,6 +216,7 @@ class SinkRuntime:
                     "subset of the upsert key", runtime=self.name, sink=sink)
         return key
 
+    @typed_errors(RuntimeUnavailableError, "starting the runtime")
     def start(self) -> SinkRuntime:
         """Validate the sinks, start the coordinator (which recovers) and the writers."""
         import ray
@@ -202,11 +232,11 @@ class SinkRuntime:
         actors.start()
         self._actors = actors
         try:
-            self._call(actors.coordinator.ping.remote())
             # wait for recovery (open attempts swept, markers checked against the meta
             # store): a deleted target or marker is an error of start() itself.
             # ``epoch_source`` is the cheapest call that waits for it.
-            self._call(actors.coordinator.epoch_source.remote())
+            self._ask(actors, "waiting for recovery", actors.coordinator_call("epoch_source"),
+                      timeout=max(self._options.commit_timeout, _START_SECONDS))
         except BaseException:
             actors.stop()
             self._actors = None
@@ -242,12 +272,15 @@ class SinkRuntime:
             runtime=self.name, metastore=self._metastore_url(),
             sinks=self._sinks, writers=opts.writers,
             max_pending_epochs=opts.max_pending_epochs, retry_cap=opts.retry_cap,
-            add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks)
+            add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks,
+            epoch_offset=opts.epoch_offset, warn_after=opts.warn_interval)
         writer_configs = {
             sink_name: [WriterConfig(runtime=self.name, sink_name=sink_name, sink=sink,
                                      writer_id=i, coordinator=coordinator_name(self.name),
                                      flush_interval=opts.flush_interval,
-                                     max_batch_bytes=opts.max_batch_bytes)
+                                     max_batch_bytes=opts.max_batch_bytes,
+                                     max_buffer_bytes=opts.max_buffer_bytes,
+                                     warn_interval=opts.warn_interval)
                         for i in range(opts.writers)]
             for sink_name, sink in self._sinks.items()}
         return ActorSet(coordinator_config=coordinator, writer_configs=writer_configs,
@@ -261,16 +294,25 @@ class SinkRuntime:
         self.close()
 
     def close(self) -> None:
-        """Wait for outstanding epochs (up to ``commit_timeout``), pause the sinks, end the
-        actors and free their names. The runtime may be started again."""
+        """Drain and end the runtime; it may be started again.
+
+        Outstanding epochs finish, or stay durably decided (up to ``commit_timeout``);
+        each writer gets the DRAIN barrier: it drops what an undecided attempt staged and
+        closes its sink writer (files and connections closed); the coordinator pauses the
+        sinks and closes its connections and the meta store; then the actors end and
+        their names are free. A step that fails is logged and the rest still runs."""
         actors = self._actors
         if actors is None:
             return
+        steps = (("finishing outstanding epochs", self._drain_outstanding),
+                 ("draining the writers", self._drain_writers),
+                 ("closing the coordinator", self._close_coordinator))
         try:
-            self._drain_outstanding(actors)
-            self._call(actors.coordinator.pause.remote(), timeout=30)
-        except Exception as exc:
-            log.warning("%s: close could not finish outstanding epochs: %s", self.name, exc)
+            for what, step in steps:
+                try:
+                    step(actors)
+                except Exception as exc:
+                    log.warning("%s: close: %s failed: %s", self.name, what, short(exc))
         finally:
             actors.stop()
             self._actors = None
@@ -278,14 +320,28 @@ class SinkRuntime:
                 self._progress.close()
 
     def _drain_outstanding(self, actors: ActorSet) -> None:
-        status = self._call(actors.coordinator.status.remote(), timeout=30)
+        status = self._ask(actors, "status", actors.coordinator_call("status"))
         pending = status.get("pending_epochs") or []
         if pending:
-            self._call(actors.coordinator.wait_committed.remote(
-                max(pending), self._options.commit_timeout))
+            self._ask(actors, "waiting for outstanding epochs", actors.coordinator_call(
+                "wait_committed", max(pending), self._options.commit_timeout))
+
+    def _drain_writers(self, actors: ActorSet) -> None:
+        """The DRAIN barrier to every writer, at once; each answers once closed."""
+        self._checkpoint_id += 1
+        barrier = CheckpointBarrier(self._checkpoint_id, 0, BarrierFlags.DRAIN)
+        reports = get([h.drain.remote(barrier) for h in actors.all_writers()],
+                      timeout=self._options.commit_timeout)
+        swept = [r for r in reports if r.get("swept") is not None]
+        if swept:
+            log.info("%s: drained; undecided attempts dropped: %s", self.name, swept)
+
+    def _close_coordinator(self, actors: ActorSet) -> None:
+        get(actors.coordinator.close.remote(), timeout=30)
 
     # ------------------------------------------------------------------ writes
 
+    @typed_errors(EpochFailedError, "write_arrow")
     def write_arrow(self, data: Any, *, epoch: int | None = None) -> EpochReport:
         """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
         actors = self._require_started()
@@ -295,12 +351,14 @@ class SinkRuntime:
                                 first_writer=self._next_first_writer())
         return self._run_epoch(actors, epoch, plan)
 
+    @typed_errors(EpochFailedError, "write(df)")
     def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:
         """Write a Spark DataFrame as one epoch (see ``raysink.spark``)."""
         from raysink.spark.write import write_dataframe
 
         return write_dataframe(self, df, epoch=epoch)
 
+    @typed_errors(EpochFailedError, "foreach_batch")
     def foreach_batch(self, df: Any, batch_id: int) -> None:
         """For ``writeStream.foreachBatch``: micro-batch ``batch_id`` is epoch ``batch_id+1``."""
         from raysink.spark.write import write_micro_batch
@@ -341,34 +399,27 @@ class SinkRuntime:
             except Exception as exc:
                 last_error = exc
                 log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
-                            _short(exc))
+                            short(exc))
                 outcome = self._recover_epoch(actors, epoch, attempt)
                 if outcome is not None:
                     return self._finish(actors, epoch, plan.rows or 0, attempt_no, started,
                                         wait=outcome)
         raise EpochFailedError(
             f"epoch {epoch} failed {self._options.max_attempts} times; last error: "
-            f"{_short(last_error)}. The data is not committed; fix the cause and write the "
+            f"{short(last_error)}. The data is not committed; fix the cause and write the "
             "epoch again", attempts=self._options.max_attempts, runtime=self.name,
             epoch=epoch) from last_error
 
     def _open_epoch(self, actors: ActorSet, epoch: int | None) -> dict[str, Any]:
-        """Open at the coordinator; a coordinator lost meanwhile is healed and asked again
-        (its successor aborted the half-opened attempt while recovering)."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError
-
-        for _ in range(self._options.max_attempts):
-            try:
-                decision: dict[str, Any] = self._call(actors.coordinator.open_epoch.remote(
-                    epoch, self._options.commit_timeout))
-                return decision
-            except (ActorDiedError, ActorUnavailableError) as exc:
-                log.warning("%s: coordinator lost while opening an epoch (%s); recovering",
-                            self.name, _short(exc))
-                actors.heal()
-        raise EpochFailedError(f"could not open an epoch after {self._options.max_attempts} "
-                               "coordinator failures", attempts=self._options.max_attempts,
-                               runtime=self.name, epoch=epoch)
+        """Open at the coordinator; a coordinator lost meanwhile is waited for (restarting)
+        or re-created, and asked again (its successor aborted the half-opened attempt
+        while recovering). The open itself may wait up to ``commit_timeout`` under
+        backpressure, so the deadline is twice that."""
+        decision: dict[str, Any] = self._ask(
+            actors, "opening an epoch",
+            actors.coordinator_call("open_epoch", epoch, self._options.commit_timeout),
+            timeout=2 * self._options.commit_timeout)
+        return decision
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
                          plan: _feed.FeedPlan) -> tuple[int, Any]:
@@ -384,7 +435,7 @@ class SinkRuntime:
         self._inflight = barriers
         visible = actors.coordinator.wait_committed.remote(epoch, self._options.commit_timeout)
         try:
-            results = self._call(barriers)
+            results = get(barriers)
         except StaleAttemptError as exc:
             # the coordinator aborted the attempt, releasing every barrier at once: one of
             # them may carry the bad data that made it abort
@@ -410,19 +461,17 @@ class SinkRuntime:
         ready, _ = ray.wait(barriers, num_returns=len(barriers), timeout=timeout)
         for ref in ready:
             try:
-                self._call(ref)
+                get(ref)
             except SchemaMismatchError as exc:
                 return exc
             except Exception as exc:  # the other failures are the coordinator's to resolve
-                log.debug("%s: barrier of the failed attempt: %s", self.name, _short(exc))
+                log.debug("%s: barrier of the failed attempt: %s", self.name, short(exc))
         return None
 
     def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int, started: float,
                 wait: bool = True, waiting: Any = None) -> EpochReport:
-        if waiting is None:
-            waiting = actors.coordinator.wait_committed.remote(
-                epoch, self._options.commit_timeout if wait else 0.0)
-        outcome = self._call(waiting)
+        timeout = self._options.commit_timeout if wait else 0.0
+        outcome = self._committed(actors, epoch, timeout, waiting)
         if not outcome["committed"]:
             log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
                         "will roll forward", self.name, epoch, self._options.commit_timeout,
@@ -430,11 +479,30 @@ class SinkRuntime:
         return self._report(epoch, rows, bool(outcome["committed"]), False,
                             tuple(outcome.get("skipped_sinks", ())), attempts, started)
 
+    def _committed(self, actors: ActorSet, epoch: int, timeout: float,
+                   waiting: Any = None) -> dict[str, Any]:
+        """The answer of ``wait_committed``: the one already asked (``waiting``) or, when
+        that call was lost with a restarting coordinator, asked again."""
+        from ray.exceptions import ActorDiedError, ActorUnavailableError
+
+        if waiting is not None:
+            try:
+                answer: dict[str, Any] = get(waiting)
+                return answer
+            except (ActorDiedError, ActorUnavailableError) as exc:
+                log.warning("%s: coordinator lost while waiting for epoch %s (%s)",
+                            self.name, epoch, short(exc))
+        answer = self._ask(actors, f"waiting for epoch {epoch}",
+                           actors.coordinator_call("wait_committed", epoch, timeout),
+                           timeout=timeout + self._options.commit_timeout)
+        return answer
+
     def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool | None:
         """After a failure: heal actors, resolve. True/False: decided (wait for commit);
         None: aborted and rolled back, so re-feed."""
         actors.heal()
-        resolution = self._call(actors.coordinator.resolve.remote(epoch))
+        resolution = self._ask(actors, f"resolving epoch {epoch}",
+                               actors.coordinator_call("resolve", epoch))
         self._settle_inflight()
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
             return True
@@ -452,23 +520,27 @@ class SinkRuntime:
             try:
                 ray.get(ref)
             except Exception as exc:
-                log.debug("%s: barrier of the failed attempt: %s", self.name, _short(exc))
+                log.debug("%s: barrier of the failed attempt: %s", self.name, short(exc))
 
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """Bad data: abort the attempt everywhere; nothing of it is written."""
-        self._call(actors.coordinator.resolve.remote(epoch))
+        self._ask(actors, f"resolving epoch {epoch}", actors.coordinator_call("resolve", epoch))
         self._settle_inflight()
         self._rollback_writers(actors, epoch, attempt)
 
     def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:
+        """The abandoned attempt's CANCEL barrier to every writer: each stops waiting for
+        it and drops what it staged."""
         import ray
 
-        refs = [h.rollback.remote(epoch, attempt) for h in actors.all_writers()]
+        self._checkpoint_id += 1
+        cancel = CheckpointBarrier(self._checkpoint_id, epoch, BarrierFlags.CANCEL)
+        refs = [h.cancel.remote(cancel, attempt) for h in actors.all_writers()]
         for ref in refs:
             try:
                 ray.get(ref, timeout=60)
             except Exception as exc:  # a dead writer holds nothing to roll back
-                log.debug("rollback: %s", exc)
+                log.debug("cancel: %s", exc)
 
     def _report(self, epoch: int, rows: int, committed: bool, skipped: bool,
                 skipped_sinks: tuple[str, ...], attempts: int, started: float) -> EpochReport:
@@ -483,12 +555,14 @@ class SinkRuntime:
         if self._bound is not None and self._bound[0] == query_id:
             return self._bound[1]
         actors = self._require_started()
-        current = self._call(actors.coordinator.epoch_source.remote())
-        last = self._call(actors.coordinator.status.remote())["last_committed_epoch"]
+        current = self._ask(actors, "epoch source", actors.coordinator_call("epoch_source"))
+        last = self._ask(actors, "status", actors.coordinator_call("status"))[
+            "last_committed_epoch"]
         offset = source_offset(self.name, current, query_id, self._options.epoch_offset, last)
         source = {"kind": "query", "id": query_id, "offset": offset}
         if source != current:
-            self._call(actors.coordinator.bind_source.remote(source))
+            self._ask(actors, "binding the epoch source",
+                      actors.coordinator_call("bind_source", source))
             log.info("%s: bound to streaming query %s (epoch = batch_id + 1 + %s)", self.name,
                      query_id, offset)
         self._bound = (query_id, offset)
@@ -496,10 +570,19 @@ class SinkRuntime:
 
     # ------------------------------------------------------------------ status
 
+    @typed_errors(RuntimeUnavailableError, "status")
     def status(self) -> RuntimeStatus:
         actors = self._require_started()
-        raw = self._call(actors.coordinator.status.remote(), timeout=30)
+        raw = self._ask(actors, "status", actors.coordinator_call("status"))
         return _status_from(raw)
+
+    def _committed_through(self) -> int:
+        """The highest epoch every sink holds, by the meta store or by the targets'
+        markers (0 when none): an explicit epoch at or below it is skipped."""
+        actors = self._require_started()
+        through = self._ask(actors, "committed epochs",
+                            actors.coordinator_call("committed_through"))
+        return 0 if through is None else int(through)
 
     def _require_started(self) -> ActorSet:
         if self._actors is None:
@@ -507,18 +590,12 @@ class SinkRuntime:
                               "context manager", runtime=self.name)
         return self._actors
 
-    def _call(self, refs: Any, timeout: float | None = None) -> Any:
-        """``ray.get`` that re-raises raysink errors as themselves, not wrapped."""
-        import ray
-        from ray.exceptions import RayTaskError
-
-        try:
-            return ray.get(refs, timeout=timeout)
-        except RayTaskError as exc:
-            cause = exc.cause if hasattr(exc, "cause") else None
-            if isinstance(cause, RaySinkError):
-                raise cause from None
-            raise
+    def _ask(self, actors: ActorSet, what: str, make: Callable[[], Any],
+             timeout: float | None = None) -> Any:
+        """An idempotent call to the runtime's actors, waiting while they restart (up to
+        ``commit_timeout``) and re-creating one that is gone."""
+        return ask(make, what=what, runtime=self.name, heal=actors.heal,
+                   timeout=self._options.commit_timeout if timeout is None else timeout)
 
     @property
     def sinks(self) -> dict[str, Sink]:
@@ -600,14 +677,3 @@ def _bind_sinks(runtime: str, sinks: Sink | Mapping[str, Sink]) -> dict[str, Sin
         _check_name(name)
         bound[name] = sink.bind(runtime, name)
     return bound
-
-
-def _short(exc: BaseException | None) -> str:
-    if exc is None:
-        return "unknown"
-    cause = getattr(exc, "cause", None)  # a RayTaskError: name the remote error itself
-    if isinstance(cause, BaseException) and cause is not exc:
-        exc = cause
-    text = str(exc).strip().splitlines()
-    return f"{type(exc).__name__}: {text[0] if text else ''}"[:500]
-

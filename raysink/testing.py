@@ -32,7 +32,7 @@ from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 
-from raysink._faults import POINTS, InjectedFault, _arm_path, fault_dir, hit
+from raysink._faults import POINTS, InjectedFault, _arm_path, enabled, fault_dir, hit
 from raysink.coordinator.metastore.base import (
     HISTORY_LIMIT,
     EpochRecord,
@@ -307,9 +307,15 @@ class FailingSink(Sink):
     * ``stall_commit_seconds``: commits sleep this long first (the first
       ``stall_commit_times`` of them, or every one when ``None``).
     * ``fail_abort_times=n``: the first n ``abort`` calls raise.
+    * ``stall_flush_seconds``: writers' flushes sleep this long first (the first
+      ``stall_flush_times`` of them, or every one when ``None``): a flush that hangs.
+    * ``outage_file``: while this file exists the target is "down" for the operations in
+      ``outage_ops`` (``"commit"``, ``"pre_commit"``, ``"write"``): they raise
+      ``SinkUnavailableError``, as a real unreachable target does.
 
     Failures raise ``InjectedSinkFailure``. The kind, key and marker are the inner sink's,
-    so a runtime may be reopened without the wrapper.
+    so a runtime may be reopened without the wrapper. ``counts()`` also counts the
+    writers' ``close`` calls.
     """
 
     def __init__(
@@ -324,6 +330,10 @@ class FailingSink(Sink):
         stall_commit_seconds: float = 0.0,
         stall_commit_times: int | None = None,
         fail_abort_times: int = 0,
+        stall_flush_seconds: float = 0.0,
+        stall_flush_times: int | None = None,
+        outage_file: str | os.PathLike[str] | None = None,
+        outage_ops: Sequence[str] = ("commit",),
     ) -> None:
         if fail_write_at is not None and fail_write_at < 1:
             raise ConfigError(f"fail_write_at counts from 1, got {fail_write_at!r}")
@@ -340,6 +350,10 @@ class FailingSink(Sink):
         self._stall_commit_seconds = stall_commit_seconds
         self._stall_commit_times = stall_commit_times
         self._fail_abort_times = fail_abort_times
+        self._stall_flush_seconds = stall_flush_seconds
+        self._stall_flush_times = stall_flush_times
+        self._outage_file = None if outage_file is None else os.path.abspath(outage_file)
+        self._outage_ops = tuple(outage_ops)
 
     @property
     def inner(self) -> Sink:
@@ -374,6 +388,14 @@ class FailingSink(Sink):
     def _count(self, operation: str) -> int:
         return self._counters.bump(f"{self.runtime}:{self.name}:{operation}")
 
+    def _check_outage(self, operation: str) -> None:
+        if (self._outage_file is not None and operation in self._outage_ops
+                and os.path.exists(self._outage_file)):
+            raise SinkUnavailableError(
+                f"FailingSink {self.name!r}: the target is down for {operation} (injected "
+                f"outage while {self._outage_file} exists)", runtime=self.runtime,
+                sink=self.name)
+
     def _failure(self, operation: str, call: int, epoch: int | None = None) -> InjectedSinkFailure:
         where = "" if epoch is None else f" of epoch {epoch}"
         return InjectedSinkFailure(
@@ -387,6 +409,7 @@ class FailingSink(Sink):
         return _FailingWriter(self, self._inner.create_writer(writer_id))
 
     def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        self._check_outage("commit")
         call = self._count("commit")
         stall = self._stall_commit_times is None or call <= self._stall_commit_times
         if self._stall_commit_seconds > 0 and stall:
@@ -425,15 +448,22 @@ class _FailingWriter(SinkWriter):
         self._inner.open()
 
     def write(self, batch: pa.RecordBatch) -> None:
+        self._sink._check_outage("write")
         call = self._sink._count("write")
         if call == self._sink._fail_write_at:
             raise self._sink._failure("write", call)
         self._inner.write(batch)
 
     def flush(self) -> None:
+        seconds = self._sink._stall_flush_seconds
+        if seconds > 0:
+            limit = self._sink._stall_flush_times
+            if limit is None or self._sink._count("stalled_flush") <= limit:
+                time.sleep(seconds)
         self._inner.flush()
 
     def pre_commit(self, epoch: int, attempt: int) -> Manifest:
+        self._sink._check_outage("pre_commit")
         call = self._sink._count("pre_commit")
         if call <= self._sink._fail_pre_commit_times:
             raise self._sink._failure("pre_commit", call, epoch)
@@ -443,6 +473,7 @@ class _FailingWriter(SinkWriter):
         self._inner.rollback(epoch, attempt)
 
     def close(self) -> None:
+        self._sink._count("close")
         self._inner.close()
 
 
@@ -676,7 +707,11 @@ def arm_fault(
 ) -> Path:
     """Arm ``point`` for ``runtime``: the next ``times`` hits whose context matches ``when``
     (e.g. ``{"sink": "main", "epoch": 3}``) run ``action``. Re-arming replaces the arm and
-    clears ``fired``. Returns the arm file."""
+    clears ``fired``. Returns the arm file.
+
+    Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
+    Ray starts) can arm points, and only actors started with it fire them: elsewhere this
+    is a ``ConfigError``."""
     if point not in POINTS:
         raise ConfigError(f"unknown fault point {point!r}; one of {POINTS}")
     if action not in ("kill", "raise", "sleep"):
@@ -692,7 +727,10 @@ def arm_fault(
 
 
 def disarm_faults(runtime: str) -> None:
-    """Remove every arm and ``fired`` record of ``runtime``. Idempotent."""
+    """Remove every arm and ``fired`` record of ``runtime``. Idempotent; a no-op where
+    fault injection is off."""
+    if not enabled():
+        return
     for point in POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
@@ -701,6 +739,8 @@ def disarm_faults(runtime: str) -> None:
 
 def fired(runtime: str, point: str) -> bool:
     """Whether ``point`` fired at least once for ``runtime`` since it was armed."""
+    if not enabled():
+        return False
     path = _arm_path(runtime, point)
     if path.with_suffix(".fired").exists():
         return True

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import sys
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -18,6 +19,9 @@ import pytest
 # Spark's Python workers must run this interpreter; set before any Ray starts.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+# Fault hooks work only in processes started with this set (raysink._faults reads it once,
+# at import): a private directory of this test session, inherited by Ray and its actors.
+os.environ.setdefault("RAYSINK_FAULT_DIR", tempfile.mkdtemp(prefix="raysink-faults-"))
 
 _LAYERS = ("unit", "integration", "spark", "chaos")
 # Seconds each layer may take in the default run; the summary flags a layer over budget.

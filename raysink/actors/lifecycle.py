@@ -25,7 +25,8 @@ __all__ = ["ActorSet", "coordinator_name", "writer_name"]
 log = logging.getLogger(__name__)
 
 _WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
-_WRITER_METHOD_GROUPS = {"write": "data", "begin_epoch": "data", "barrier": "barrier"}
+_WRITER_METHOD_GROUPS = {"write": "data", "barrier": "barrier"}
+_WRITER_METHODS = ("write", "barrier", "cancel", "drain", "ping", "status")
 _NAME_RELEASE_SECONDS = 10.0
 
 
@@ -40,8 +41,7 @@ def writer_name(runtime: str, sink: str, index: int) -> str:
 def _remote_writer_class() -> Any:
     import ray
 
-    for method in ("write", "begin_epoch", "barrier", "rollback", "cancel", "flush", "ping",
-                   "status", "close"):
+    for method in _WRITER_METHODS:
         group = _WRITER_METHOD_GROUPS.get(method, "control")
         ray.method(concurrency_group=group)(getattr(SinkWriterActor, method))
     remote = ray.remote(concurrency_groups=_WRITER_GROUPS)  # type: ignore[call-overload]
@@ -169,11 +169,20 @@ class ActorSet:
         while _exists(name) and time.monotonic() < deadline:
             time.sleep(0.1)
 
+    def coordinator_call(self, method: str, *args: Any) -> Callable[[], Any]:
+        """A call of ``method`` on the coordinator, to submit (again) with ``_calls.ask``:
+        it always goes to the current handle, which ``heal`` may replace."""
+        return lambda: getattr(self.coordinator, method).remote(*args)
+
     def all_writers(self) -> list[Any]:
         return [h for handles in self.writers.values() for h in handles]
 
     def stop(self) -> None:
-        """End every actor and wait until their names are free again."""
+        """End every actor and wait until their names are free again. ``rt.close()``
+        drains them first (the DRAIN barrier closes each sink writer; the coordinator
+        closes its sinks and meta store), so ending the processes drops nothing open.
+        (Ray frees the name of a killed actor at once, of one that exits on its own only
+        seconds later.)"""
         import ray
 
         for handle in [self.coordinator, *self.all_writers()]:

@@ -6,10 +6,15 @@ puts them back in ``seq`` order: a message arriving early waits in a small reord
 duplicates and messages of a stale attempt are dropped. A barrier carries the epoch's
 ``last_seq`` (the number of data messages) and may pre-commit only once every message
 before it is applied.
+
+The reorder buffer is bounded in bytes (``max_bytes``): an early message that would take
+it over the bound is refused (``Verdict.FULL``) and its sender sends it again later. The
+message the writer needs next is always taken, so a full buffer always drains.
 """
 
 from __future__ import annotations
 
+import enum
 import threading
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
@@ -19,12 +24,13 @@ __all__ = ["EpochSlot", "Mailbox", "Verdict"]
 T = TypeVar("T")
 
 
-class Verdict:
+class Verdict(str, enum.Enum):
     """What ``Mailbox.offer`` did with a message."""
 
     ACCEPTED = "accepted"
     DUPLICATE = "duplicate"
     STALE = "stale"
+    FULL = "full"
 
 
 @dataclass(kw_only=True, slots=True)
@@ -35,10 +41,17 @@ class EpochSlot(Generic[T]):
     attempt: int
     next_seq: int = 0
     waiting: dict[int, T] = field(default_factory=dict)
+    sizes: dict[int, int] = field(default_factory=dict)
+    waiting_bytes: int = 0
     rows: int = 0
     schema: Any = None
     poison: BaseException | None = None
     cancelled: bool = False
+
+    def clear_waiting(self) -> None:
+        self.waiting.clear()
+        self.sizes.clear()
+        self.waiting_bytes = 0
 
 
 class Mailbox(Generic[T]):
@@ -50,10 +63,11 @@ class Mailbox(Generic[T]):
     or the timeout passes.
     """
 
-    def __init__(self) -> None:
+    def __init__(self, max_bytes: int | None = None) -> None:
         self._cond = threading.Condition()
         self._slot: EpochSlot[T] | None = None
         self._applying = False
+        self.max_bytes = max_bytes
 
     @property
     def slot(self) -> EpochSlot[T] | None:
@@ -73,14 +87,22 @@ class Mailbox(Generic[T]):
         slot = self._slot
         return slot is not None and (epoch, attempt) < (slot.epoch, slot.attempt)
 
-    def offer(self, epoch: int, attempt: int, seq: int, message: T) -> str:
+    def offer(self, epoch: int, attempt: int, seq: int, message: T, size: int = 0) -> Verdict:
+        """File ``message`` (``size`` bytes). An early one that would take the reorder
+        buffer over ``max_bytes`` is refused with ``FULL``; the next one is always taken."""
         with self._cond:
             slot = self._slot
             if slot is None or (epoch, attempt) != (slot.epoch, slot.attempt):
                 return Verdict.STALE
             if seq < slot.next_seq or seq in slot.waiting:
                 return Verdict.DUPLICATE
+            early = seq != slot.next_seq
+            if early and self.max_bytes is not None and (
+                    slot.waiting_bytes + size > self.max_bytes):
+                return Verdict.FULL
             slot.waiting[seq] = message
+            slot.sizes[seq] = size
+            slot.waiting_bytes += size
             return Verdict.ACCEPTED
 
     def take_ready(self) -> list[tuple[int, T]]:
@@ -94,6 +116,7 @@ class Mailbox(Generic[T]):
             seq = slot.next_seq
             while seq in slot.waiting:
                 run.append((seq, slot.waiting.pop(seq)))
+                slot.waiting_bytes -= slot.sizes.pop(seq, 0)
                 seq += 1
             if run:
                 self._applying = True
@@ -109,18 +132,13 @@ class Mailbox(Generic[T]):
                 slot.rows += rows
             self._cond.notify_all()
 
-    def has_ready(self) -> bool:
-        with self._cond:
-            slot = self._slot
-            return slot is not None and not self._applying and slot.next_seq in slot.waiting
-
     def poison(self, epoch: int, attempt: int, error: BaseException) -> None:
         with self._cond:
             slot = self._slot
             if slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt):
                 if slot.poison is None:
                     slot.poison = error
-                slot.waiting.clear()
+                slot.clear_waiting()
             self._cond.notify_all()
 
     def cancel(self, epoch: int, attempt: int) -> None:
@@ -128,7 +146,7 @@ class Mailbox(Generic[T]):
             slot = self._slot
             if slot is not None and (slot.epoch, slot.attempt) <= (epoch, attempt):
                 slot.cancelled = True
-                slot.waiting.clear()
+                slot.clear_waiting()
             self._cond.notify_all()
 
     def wait_applied(self, epoch: int, attempt: int, last_seq: int, timeout: float) -> str:

@@ -5,39 +5,50 @@ The commands of LaminarDB's sink task, as actor methods:
 =============  ==========  ==================================================================
 method         group       what it does
 =============  ==========  ==================================================================
-write          data        file ``(epoch, attempt, seq, [ref])``; apply in seq order
-begin_epoch    data        make ``(epoch, attempt)`` current (implicit in ``write``)
+write          data        file ``(epoch, attempt, seq, [ref])``; apply in seq order; an early
+                           message over the reorder buffer's byte bound is refused with
+                           ``BackpressureError`` (the sender sends it again)
 barrier        barrier     wait for ``last_seq`` writes, flush, pre-commit, send the commit
-                           request to the coordinator; on its ack drop the epoch state
-rollback       control     drop what ``(epoch, attempt)`` staged
-cancel         control     stop waiting for ``(epoch, attempt)``
-flush          control     flush now (also on a timer, sharing the write lock)
+                           request to the coordinator; on its ack drop the epoch state. With
+                           ``DRAIN`` set it was the last epoch: the writer closes after it
+cancel         control     a ``CANCEL`` barrier: the attempt was abandoned; stop waiting for
+                           it and drop what it staged
+drain          control     a ``DRAIN`` barrier between epochs (``rt.close()``): drop what an
+                           undecided attempt staged, close the sink writer (files closed,
+                           connections closed); nothing is taken after it
 status, ping   control     answer at once
-close          control     flush and close the writer
 =============  ==========  ==================================================================
 
-A write error poisons the epoch: its barrier rolls back and fails. Data refs travel nested
-(``[ref]``) so no call waits on an unresolved argument; the writer fetches them itself.
+A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a watchdog
+warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
+poisons the epoch: its barrier rolls back and fails. Data refs travel nested (``[ref]``)
+so no call waits on an unresolved argument; the writer fetches them itself. A writer that
+cannot reach its target tells the coordinator, which shows the sink ``stalled`` until it
+can again.
 """
 
 from __future__ import annotations
 
 import base64
+import functools
 import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import pyarrow as pa
 
 from raysink import _faults
 from raysink._metrics import WriterMetrics
 from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
+from raysink.actors.watchdog import Watchdog
 from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import (
+    BackpressureError,
+    BarrierOrderError,
     EpochFailedError,
     RaySinkError,
     SchemaMismatchError,
@@ -48,6 +59,7 @@ from raysink.sinks.base import Sink
 __all__ = ["SinkWriterActor", "WriterConfig"]
 
 log = logging.getLogger(__name__)
+T = TypeVar("T")
 
 NAMESPACE = "raysink"
 
@@ -62,6 +74,8 @@ class WriterConfig:
     flush_interval: float = 5.0
     barrier_timeout: float = 600.0
     max_batch_bytes: int | None = None
+    max_buffer_bytes: int | None = None
+    warn_interval: float = 5.0
 
 
 class SinkWriterActor:
@@ -72,16 +86,19 @@ class SinkWriterActor:
         self._writer = config.sink.create_writer(config.writer_id)
         self._lock = threading.Lock()
         self._opened = False
-        self._open_writer(deferrable=True)
-        self._mailbox: Mailbox[pa.Table] = Mailbox()
-        self._done: tuple[int, int] = (-1, -1)
-        self._rows_total = 0
+        self._unreachable = False
         self._closed = threading.Event()
         self._coordinator_handle: Any = None
+        self._watchdog = Watchdog(self._name, config.warn_interval)
+        self._open_writer(deferrable=True)
+        self._mailbox: Mailbox[pa.Table] = Mailbox(config.max_buffer_bytes)
+        self._done: tuple[int, int] = (-1, -1)
+        self._rows_total = 0
+        self._refused = 0
         self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
-        self._timer = threading.Thread(target=self._flush_timer, daemon=True,
-                                       name="raysink-flush")
-        self._timer.start()
+        for target, name in ((self._flush_timer, "raysink-flush"),
+                             (lambda: self._watchdog.run(self._closed), "raysink-watchdog")):
+            threading.Thread(target=target, daemon=True, name=name).start()
 
     def _open_writer(self, *, deferrable: bool = False) -> None:
         """Connect the sink writer (idempotent). At start an unreachable target is not
@@ -92,7 +109,7 @@ class SinkWriterActor:
         if self._opened:
             return
         try:
-            self._writer.open()
+            self._sink_call("open", self._writer.open)
         except SinkUnavailableError as exc:
             if not deferrable:
                 raise
@@ -100,10 +117,36 @@ class SinkWriterActor:
                         "the next write", self._name, exc)
             return
         self._opened = True
+        self._reachable()
+
+    def _sink_call(self, call: str, fn: Callable[[], T]) -> T:
+        """Run a call into the sink writer under the watchdog; an unreachable target is
+        reported to the coordinator (the sink shows ``stalled`` with the error)."""
+        with self._watchdog.watching(call):
+            try:
+                return fn()
+            except SinkUnavailableError as exc:
+                self._report_health(f"{type(exc).__name__}: {exc}")
+                raise
+
+    def _reachable(self) -> None:
+        """The sink writer reached its target: clear an earlier report."""
+        if self._unreachable:
+            self._report_health(None)
+
+    def _report_health(self, error: str | None) -> None:
+        """Tell the coordinator (without waiting) whether the target is reachable."""
+        self._unreachable = error is not None
+        try:
+            self._coordinator(fresh=False).writer_health.remote(
+                self._config.sink_name, self._config.writer_id, error)
+        except Exception as exc:  # no coordinator right now: the next report tells it
+            self._coordinator_handle = None
+            log.debug("%s: could not report to the coordinator: %s", self._name, exc)
 
     # ------------------------------------------------------------------ data group
 
-    def begin_epoch(self, epoch: int, attempt: int) -> bool:
+    def _begin(self, epoch: int, attempt: int) -> bool:
         """Make ``(epoch, attempt)`` current; a newer attempt rolls back the older one."""
         if (epoch, attempt) <= self._done or self._mailbox.is_stale(epoch, attempt):
             return False
@@ -113,16 +156,32 @@ class SinkWriterActor:
         return True
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any]) -> int:
-        """File one data message; returns the rows it carried (0 when dropped)."""
-        if not self.begin_epoch(epoch, attempt) and not self._is_current(epoch, attempt):
+        """File one data message; returns the rows it carried (0 when dropped). An early
+        message the reorder buffer has no room for is ``BackpressureError``: send it
+        again after ``retry_after``."""
+        self._refuse_if_closed(epoch)
+        if not self._begin(epoch, attempt) and not self._is_current(epoch, attempt):
             return 0
         table = _as_table(_fetch(refs))
-        verdict = self._mailbox.offer(epoch, attempt, seq, table)
-        if verdict != Verdict.ACCEPTED:
+        verdict = self._mailbox.offer(epoch, attempt, seq, table, int(table.nbytes))
+        if verdict is Verdict.FULL:
+            self._refused += 1
+            raise BackpressureError(
+                f"writer {self._config.writer_id}'s reorder buffer is full "
+                f"({self._config.max_buffer_bytes:,} bytes of early messages); message "
+                f"{seq} is refused for now, send it again", retry_after=0.05,
+                runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
+        if verdict is not Verdict.ACCEPTED:
             return 0
         self._metrics.depth(len(self._mailbox.slot.waiting) if self._mailbox.slot else 0)
         self._drain()
         return int(table.num_rows)
+
+    def _refuse_if_closed(self, epoch: int) -> None:
+        if self._closed.is_set():
+            raise EpochFailedError(f"writer {self._config.writer_id} is closed (drained)",
+                                   runtime=self._config.runtime, sink=self._config.sink_name,
+                                   epoch=epoch)
 
     def _is_current(self, epoch: int, attempt: int) -> bool:
         slot = self._mailbox.slot
@@ -178,11 +237,12 @@ class SinkWriterActor:
             # column of Arrow's null type (an empty Python list) says nothing of its type,
             # so such a schema must not shape a target.
             if not any(pa.types.is_null(f.type) for f in table.schema):
-                self._writer.write(pa.RecordBatch.from_pylist([], schema=table.schema))
+                empty = pa.RecordBatch.from_pylist([], schema=table.schema)
+                self._sink_call("write", lambda: self._writer.write(empty))
             return
         for batch in table.to_batches():
             if batch.num_rows:
-                self._writer.write(batch)
+                self._sink_call("write", functools.partial(self._writer.write, batch))
 
     # ------------------------------------------------------------------ barrier group
 
@@ -190,17 +250,21 @@ class SinkWriterActor:
         """Align on ``last_seq`` writes, pre-commit, and wait for the coordinator's ack."""
         epoch = barrier.epoch
         if barrier.is_cancel:
-            self.rollback(epoch, attempt)
-            return {"rows": 0, "cancelled": True}
-        self.begin_epoch(epoch, attempt)
+            raise BarrierOrderError("a CANCEL barrier goes to cancel(), not barrier()",
+                                    checkpoint_id=barrier.checkpoint_id, epoch=epoch,
+                                    runtime=self._config.runtime)
+        self._refuse_if_closed(epoch)
+        self._begin(epoch, attempt)
         self._await_writes(epoch, attempt, last_seq)
         slot = self._mailbox.slot
         rows = slot.rows if slot else 0
         schema = _schema_text(slot.schema if slot else None)
         with self._lock:
             self._open_writer()
-            self._writer.flush()
-            manifest = self._writer.pre_commit(epoch, attempt)
+            self._sink_call("flush", self._writer.flush)
+            manifest = self._sink_call(
+                "pre_commit", functools.partial(self._writer.pre_commit, epoch, attempt))
+        self._reachable()
         _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
         try:
@@ -214,7 +278,7 @@ class SinkWriterActor:
         _faults.hit("writer.after_ack", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
         if barrier.is_drain:
-            self.close()
+            self._close_writer()
         return {"rows": rows, "manifest": manifest}
 
     def _await_writes(self, epoch: int, attempt: int, last_seq: int) -> None:
@@ -276,8 +340,16 @@ class SinkWriterActor:
 
     # ------------------------------------------------------------------ control group
 
-    def rollback(self, epoch: int, attempt: int) -> None:
-        """Drop what ``(epoch, attempt)`` staged; later writes of it are ignored."""
+    def cancel(self, barrier: CheckpointBarrier, attempt: int) -> None:
+        """A ``CANCEL`` barrier: the attempt was abandoned. A barrier waiting for it stops
+        waiting, what it staged is dropped, and later writes of it are ignored."""
+        if not barrier.is_cancel:
+            raise BarrierOrderError("cancel() takes a CANCEL barrier",
+                                    checkpoint_id=barrier.checkpoint_id, epoch=barrier.epoch,
+                                    runtime=self._config.runtime)
+        self._rollback(barrier.epoch, attempt)
+
+    def _rollback(self, epoch: int, attempt: int) -> None:
         self._mailbox.cancel(epoch, attempt)
         self._rollback_writer(epoch, attempt)
         self._mailbox.drop(epoch, attempt)
@@ -285,14 +357,23 @@ class SinkWriterActor:
 
     def _rollback_writer(self, epoch: int, attempt: int) -> None:
         with self._lock:
-            self._writer.rollback(epoch, attempt)
+            self._sink_call("rollback", functools.partial(self._writer.rollback, epoch, attempt))
 
-    def cancel(self, epoch: int, attempt: int) -> None:
-        self._mailbox.cancel(epoch, attempt)
-
-    def flush(self) -> None:
-        with self._lock:
-            self._writer.flush()
+    def drain(self, barrier: CheckpointBarrier) -> dict[str, Any]:
+        """A ``DRAIN`` barrier between epochs (the runtime is closing): an attempt still
+        current was never decided, so what it staged is dropped; then the sink writer is
+        closed (files closed, connections closed). Nothing is taken after it."""
+        if not barrier.is_drain:
+            raise BarrierOrderError("drain() takes a DRAIN barrier",
+                                    checkpoint_id=barrier.checkpoint_id, epoch=barrier.epoch,
+                                    runtime=self._config.runtime)
+        slot = self._mailbox.slot
+        swept = None if slot is None else (slot.epoch, slot.attempt)
+        if swept is not None:
+            self._rollback(*swept)
+        self._close_writer()
+        return {"writer": self._config.writer_id, "sink": self._config.sink_name,
+                "rows_total": self._rows_total, "swept": swept}
 
     def ping(self) -> int:
         return os.getpid()
@@ -306,14 +387,20 @@ class SinkWriterActor:
             "attempt": None if slot is None else slot.attempt,
             "applied_seq": None if slot is None else slot.next_seq,
             "mailbox_depth": 0 if slot is None else len(slot.waiting),
+            "mailbox_bytes": 0 if slot is None else slot.waiting_bytes,
+            "refused": self._refused,
+            "busy": self._watchdog.busy(),
+            "slow_warnings": self._watchdog.warnings,
+            "closed": self._closed.is_set(),
         }
 
-    def close(self) -> None:
-        if self._closed.is_set():
-            return
-        self._closed.set()
+    def _close_writer(self) -> None:
+        """Close the sink writer once (it is never called twice); stops the timers."""
         with self._lock:
-            self._writer.close()
+            if self._closed.is_set():
+                return
+            self._closed.set()
+            self._sink_call("close", self._writer.close)
 
     # ------------------------------------------------------------------ timer
 
@@ -326,7 +413,8 @@ class SinkWriterActor:
                 continue
             started = time.monotonic()
             try:
-                self._writer.flush()
+                if not self._closed.is_set():
+                    self._sink_call("flush", self._writer.flush)
             except Exception as exc:
                 log.warning("%s: periodic flush failed: %s", self._name, exc)
             finally:

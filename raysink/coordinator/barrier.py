@@ -4,9 +4,11 @@ A barrier ``CheckpointBarrier(checkpoint_id, epoch, flags)`` flows through the s
 the events: everything before it belongs to the checkpoint, everything after it to the
 next. ``BarrierFlags`` modify what a barrier asks for:
 
-- ``FULL_SNAPSHOT``: take a full, not an incremental, snapshot;
-- ``DRAIN``: the last barrier before shutdown (pre-commit, commit, close);
-- ``CANCEL``: abort the in-progress checkpoint with this id;
+- ``DRAIN``: the last barrier before shutdown: a writer closes its sink writer after it
+  (on an epoch's barrier: after pre-committing it; alone, from ``rt.close()``: at once,
+  dropping what an undecided attempt staged);
+- ``CANCEL``: the attempt was abandoned: a writer stops waiting for it and drops what it
+  staged (what the runtime sends every writer after an attempt failed);
 - ``UNALIGNED``: the barrier belongs to an unaligned checkpoint (never used by sinks).
 
 ``StreamMessage[T]`` is one of ``Event[T]``, ``Watermark`` or ``Barrier``.
@@ -23,7 +25,7 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Any, Generic, TypeAlias, TypeGuard, TypeVar
+from typing import Generic, TypeAlias, TypeGuard, TypeVar
 
 from raysink.errors import ConfigError
 
@@ -53,15 +55,12 @@ class BarrierFlags(enum.IntFlag):
     """What a barrier asks of the operators it passes (bits may be combined)."""
 
     NONE = 0
-    FULL_SNAPSHOT = 1
     DRAIN = 2
     CANCEL = 4
     UNALIGNED = 8
 
 
-_ALL_FLAGS = (
-    BarrierFlags.FULL_SNAPSHOT | BarrierFlags.DRAIN | BarrierFlags.CANCEL | BarrierFlags.UNALIGNED
-)
+_ALL_FLAGS = BarrierFlags.DRAIN | BarrierFlags.CANCEL | BarrierFlags.UNALIGNED
 
 
 def _check_id(name: str, value: object) -> int:
@@ -99,16 +98,6 @@ class CheckpointBarrier:
         _check_id("epoch", self.epoch)
         object.__setattr__(self, "flags", _check_flags(self.flags))
 
-    @classmethod
-    def full_snapshot(cls, checkpoint_id: int, epoch: int) -> CheckpointBarrier:
-        """A barrier that requests a full (not incremental) snapshot."""
-        return cls(checkpoint_id, epoch, BarrierFlags.FULL_SNAPSHOT)
-
-    @property
-    def is_full_snapshot(self) -> bool:
-        """Whether a full (not incremental) snapshot is requested."""
-        return bool(self.flags & BarrierFlags.FULL_SNAPSHOT)
-
     @property
     def is_drain(self) -> bool:
         """Whether this is the last barrier before shutdown."""
@@ -127,36 +116,6 @@ class CheckpointBarrier:
     def with_flags(self, flags: BarrierFlags) -> CheckpointBarrier:
         """A copy with ``flags`` added to this barrier's flags."""
         return CheckpointBarrier(self.checkpoint_id, self.epoch, self.flags | flags)
-
-    def to_json(self) -> dict[str, Any]:
-        """A JSON-ready dict for logs and manifests; ``flags`` lists flag names."""
-        names = [flag.name for flag in BarrierFlags if flag and flag in self.flags]
-        return {"checkpoint_id": self.checkpoint_id, "epoch": self.epoch, "flags": names}
-
-    @classmethod
-    def from_json(cls, data: dict[str, Any]) -> CheckpointBarrier:
-        """The inverse of :meth:`to_json`; ``flags`` may also be an int bit mask."""
-        try:
-            checkpoint_id, epoch, raw = data["checkpoint_id"], data["epoch"], data["flags"]
-        except (KeyError, TypeError) as exc:
-            raise ConfigError(
-                f"a barrier needs checkpoint_id, epoch and flags, got {data!r}"
-            ) from exc
-        return cls(checkpoint_id, epoch, _flags_from_json(raw))
-
-
-def _flags_from_json(raw: object) -> BarrierFlags:
-    """Parse flags written by ``to_json`` (a list of names) or a plain int mask."""
-    if not isinstance(raw, list):
-        return _check_flags(raw)
-    flags = BarrierFlags.NONE
-    for name in raw:
-        if not isinstance(name, str) or name not in BarrierFlags.__members__:
-            raise ConfigError(
-                f"unknown barrier flag {name!r}; known: {sorted(BarrierFlags.__members__)}"
-            )
-        flags |= BarrierFlags[name]
-    return flags
 
 
 @dataclass(frozen=True, slots=True)

@@ -1,10 +1,16 @@
 """``CoordinatorActor``: the asyncio Ray actor around ``EpochCoordinator``.
 
 It adds what needs waiting: commit requests wait on futures until the epoch is PENDING
-(that is the writers' ack); commits of PENDING epochs run in a background task with
-exponential backoff and jitter; recovery runs in the background at start. Every blocking
-call (meta store, sink I/O) runs in a worker thread, one at a time under one lock, so
+(that is the writers' ack); recovery runs in the background at start; then each sink has
+its own commit worker (RisingWave's coordinator worker per sink), which commits that
+sink's decided epochs in order with its own exponential backoff and jitter, so a sink
+whose target is down holds no other sink's epochs. Meta store calls and decisions run in
+a worker thread, one at a time under one lock; a sink's commit I/O runs in a thread of
+its own outside that lock, and logs a warning every ``warn_after`` seconds while it lasts.
 ``status()`` always answers at once from a snapshot.
+
+Writers report whether they can reach their target (``writer_health``): a writer that
+cannot makes its sink ``stalled`` with the error until it can again.
 
 A restarted actor (Ray's restart after a crash) re-runs the constructor: it claims a new
 generation in the meta store, which fences the previous one, and recovers.
@@ -19,18 +25,19 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from raysink._metrics import CoordinatorMetrics
 from raysink.coordinator.epochs import (
+    CommitOutcome,
     EpochCoordinator,
     OpenDecision,
     Resolution,
     StaleAttemptError,
 )
-from raysink.coordinator.metastore.base import SinkStatusRecord
+from raysink.coordinator.health import SinkHealthBook
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
@@ -47,6 +54,7 @@ T = TypeVar("T")
 
 _BACKOFF_START = 0.01
 _RECENT_EPOCHS = 256
+_STATUS_WAITS_FOR_RECOVERY = 10.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -61,13 +69,10 @@ class CoordinatorConfig:
     retry_cap: float = 60.0
     add_sinks: tuple[str, ...] = ()
     drop_sinks: tuple[str, ...] = ()
-
-
-@dataclass(kw_only=True, slots=True)
-class _SinkHealth:
-    state: str = "starting"
-    last_error: str | None = None
-    failures: int = 0
+    epoch_offset: int | None = None
+    warn_after: float = 5.0
+    """A sink commit still running after this many seconds logs a warning, and again
+    after each further period."""
 
 
 @dataclass(kw_only=True, slots=True)
@@ -92,8 +97,8 @@ class CoordinatorActor:
         self._core = EpochCoordinator(
             runtime=config.runtime, store=self._store, sinks=config.sinks,
             generation=record.generation, bitmaps=bitmaps,
-            max_pending_epochs=config.max_pending_epochs)
-        self._health = {name: _SinkHealth() for name in config.sinks}
+            max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
+        self._health = SinkHealthBook(config.sinks)
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._waiters: dict[tuple[int, int], _Waiters] = {}
         self._started = False
@@ -102,7 +107,8 @@ class CoordinatorActor:
         self._changed: asyncio.Condition | None = None
         self._recovered: asyncio.Event | None = None
         self._snapshot: dict[str, Any] = {}
-        self._stored: dict[str, SinkStatusRecord] = {}
+        self._history: dict[str, list[dict[str, Any]]] = {}
+        self._committing: dict[str, tuple[int, float]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics = CoordinatorMetrics(config.runtime)
         log.info("coordinator of %s: generation %s on %s", config.runtime,
@@ -155,10 +161,12 @@ class CoordinatorActor:
     async def _run(self) -> None:
         try:
             await self._recover()
-            await self._commit_loop()
+            await self._commit_workers()
         except FencedError as exc:
             self._fatal = exc
             log.error("coordinator of %s fenced: %s", self._config.runtime, exc)
+        except asyncio.CancelledError:
+            raise
         except Exception as exc:  # keep status answering with the cause
             self._fatal = exc
             log.exception("coordinator of %s stopped", self._config.runtime)
@@ -172,101 +180,111 @@ class CoordinatorActor:
             log.info("%s: aborted unfinished epochs %s on recovery", self._config.runtime,
                      aborted)
         try:
-            await self._locked(self._core.check_markers)
+            await self._locked(self._core.reconcile_markers)
         except RaySinkError as exc:
-            self._mark_stalled(exc.sink or "", exc)
+            self._health.commit_failed(exc.sink or "", exc)
             self._fatal = exc
-        for name in self._health:
-            if self._health[name].state == "starting":
-                self._health[name].state = "running"
+        self._health.started()
         await self._locked(self._persist_health)
         assert self._recovered is not None
         self._recovered.set()
 
-    async def _commit_loop(self) -> None:
+    async def _commit_workers(self) -> None:
+        """One commit worker per sink; a fenced coordinator stops them all."""
+        workers = [asyncio.get_running_loop().create_task(self._sink_worker(name))
+                   for name in self._config.sinks]
+        self._tasks.extend(workers)
+        try:
+            await asyncio.gather(*workers)
+        finally:
+            for worker in workers:
+                worker.cancel()
+
+    async def _sink_worker(self, sink: str) -> None:
+        """Commit ``sink``'s share of each PENDING epoch, in epoch order, retrying with its
+        own backoff."""
         backoff = _BACKOFF_START
         while True:
-            step = self._core.next_commit()
+            step = self._core.next_commit(sink)
             if step is None:
                 await self._wait_change(1.0)
                 continue
-            epoch, sink = step
+            started = time.monotonic()
             try:
-                started = time.monotonic()
-                outcome = await self._locked(functools.partial(self._core.commit_sink, epoch, sink))
+                outcome = await self._watched(
+                    sink, step.epoch, asyncio.to_thread(self._core.run_commit, step))
+                await self._locked(functools.partial(self._core.record_commit, outcome))
             except FencedError:
                 raise
             except Exception as exc:
-                self._mark_stalled(sink, exc)
+                self._health.commit_failed(sink, exc)
                 self._metrics.retried(sink)
                 await self._record_health()
                 delay = min(backoff, self._config.retry_cap) * random.uniform(0.5, 1.0)
                 log.warning("%s: commit of epoch %s to sink %s failed (%s); retrying in "
-                            "%.2fs", self._config.runtime, epoch, sink, exc, delay)
+                            "%.2fs", self._config.runtime, step.epoch, sink, exc, delay)
                 await asyncio.sleep(delay)
                 backoff = min(backoff * 2, self._config.retry_cap)
                 continue
             backoff = _BACKOFF_START
             self._metrics.committed(sink, time.monotonic() - started)
-            self._after_commit(outcome.epoch, outcome.sink, outcome.skipped, started)
+            self._after_commit(outcome, started)
             await self._record_health()
             await self._notify()
 
+    async def _watched(self, sink: str, epoch: int, work: Awaitable[T]) -> T:
+        """Await ``work`` (one sink commit), logging a warning every ``warn_after`` seconds
+        while it lasts (RisingWave's periodic "still committing")."""
+        task = asyncio.ensure_future(work)
+        started = time.monotonic()
+        self._committing[sink] = (epoch, started)
+        try:
+            while True:
+                done, _ = await asyncio.wait({task}, timeout=self._config.warn_after)
+                if done:
+                    return task.result()
+                log.warning("%s: still committing epoch %s to sink %s after %.0fs",
+                            self._config.runtime, epoch, sink, time.monotonic() - started)
+                self._take_snapshot()
+        finally:
+            self._committing.pop(sink, None)
+
     async def _record_health(self) -> None:
-        """Persist sink states from the commit loop. A meta store that is unreachable for a
-        while (a PostgreSQL restart) only delays this: the loop must live on and retry.
+        """Persist changed sink states. A meta store that is unreachable for a while (a
+        PostgreSQL restart) only delays this: the workers must live on and retry.
         Unchanged states are neither written nor read back (most commits change none)."""
-        if not self._health_changed():
+        if not self._health.changed():
             self._take_snapshot()
             return
         try:
             await self._locked(self._persist_health)
         except MetaStoreError as exc:
-            log.warning("%s: could not record sink states (%s); the commit loop goes on",
+            log.warning("%s: could not record sink states (%s); the commits go on",
                         self._config.runtime, exc)
 
-    def _after_commit(self, epoch: int, sink: str, skipped: bool, started: float) -> None:
-        health = self._health[sink]
-        health.state, health.last_error, health.failures = "running", None, 0
+    def _after_commit(self, outcome: CommitOutcome, started: float) -> None:
+        epoch = outcome.epoch
+        self._health.committed(outcome.sink)
         recent = self._recent.setdefault(epoch, ())
-        if skipped:
-            self._recent[epoch] = (*recent, sink)
+        if outcome.skipped:
+            self._recent[epoch] = (*recent, outcome.sink)
         while len(self._recent) > _RECENT_EPOCHS:
             self._recent.popitem(last=False)
         if self._core.last_committed is not None and self._core.last_committed >= epoch:
             log.info("%s: epoch %s committed (%.3fs in commit)", self._config.runtime, epoch,
                      time.monotonic() - started)
 
-    def _mark_stalled(self, sink: str, exc: BaseException) -> None:
-        health = self._health.get(sink)
-        if health is None:
-            return
-        health.state = "stalled"
-        health.last_error = f"{type(exc).__name__}: {exc}"
-        health.failures += 1
-
-    def _health_changed(self) -> bool:
-        """Whether a sink's state or error differs from what was last stored (only this
-        generation writes its statuses, so the copy kept in ``_stored`` is current)."""
-        for name, health in self._health.items():
-            stored = self._stored.get(name)
-            if stored is None or (stored.state, stored.last_error) != (
-                    health.state, health.last_error):
-                return True
-        return False
-
     def _persist_health(self) -> None:
-        """Write changed sink states to the meta store (runs in the worker thread)."""
-        stored = self._store.sink_statuses(self._config.runtime)
-        changed = False
-        for name, health in self._health.items():
-            previous = stored.get(name)
-            if previous is None or (previous.state, previous.last_error) != (
-                    health.state, health.last_error):
-                self._store.set_sink_status(self._config.runtime, self._core.generation,
-                                            name, health.state, health.last_error)
-                changed = True
-        self._stored = self._store.sink_statuses(self._config.runtime) if changed else stored
+        """Write changed sink states to the meta store (runs in the worker thread); only
+        this generation writes them, so what was stored last is known."""
+        changed = self._health.changed()
+        for name, state, error in changed:
+            self._store.set_sink_status(self._config.runtime, self._core.generation,
+                                        name, state, error)
+        if changed or not self._history:
+            records = self._store.sink_statuses(self._config.runtime)
+            self._health.stored(records)
+            self._history = {n: list(r.history) for n, r in records.items()}
 
     # ------------------------------------------------------------------ driver calls
 
@@ -297,7 +315,8 @@ class CoordinatorActor:
                     waited = True
                     self._metrics.waited()
                 await self._wait_change(min(left, 1.0))
-        self._release_older_attempts(decision.epoch, decision.attempt)
+        self._fail_waiters(decision.epoch, f"attempt of epoch {decision.epoch} was replaced "
+                           f"by attempt {decision.attempt}", keep_attempt=decision.attempt)
         await self._notify()
         if decision.wait_roll_forward:
             await self.wait_committed(decision.epoch, timeout)
@@ -352,27 +371,28 @@ class CoordinatorActor:
         try:
             await self._locked(lambda: self._core.abort(epoch, attempt))
         finally:
-            self._release((epoch, attempt), StaleAttemptError(
-                f"attempt {attempt} of epoch {epoch} was aborted",
-                runtime=self._config.runtime, epoch=epoch))
+            self._fail_waiters(epoch, f"attempt {attempt} of epoch {epoch} was aborted",
+                               only_attempt=attempt)
             await self._notify()
 
-    def _release_older_attempts(self, epoch: int, attempt: int) -> None:
-        """Fail writers still waiting on an earlier attempt of ``epoch`` (the new attempt
-        aborted it)."""
-        for key in [k for k in self._waiters if k[0] == epoch and k[1] != attempt]:
-            self._release(key, StaleAttemptError(
-                f"attempt {key[1]} of epoch {epoch} was replaced by attempt {attempt}",
-                runtime=self._config.runtime, epoch=epoch))
+    def _fail_waiters(self, epoch: int, reason: str, *, only_attempt: int | None = None,
+                      keep_attempt: int | None = None) -> None:
+        """Fail the writers waiting on attempts of ``epoch`` with ``StaleAttemptError``:
+        all of them, only ``only_attempt``'s, or all but ``keep_attempt``'s."""
+        for key in [k for k in self._waiters if k[0] == epoch]:
+            if only_attempt is not None and key[1] != only_attempt:
+                continue
+            if keep_attempt is not None and key[1] == keep_attempt:
+                continue
+            self._release(key, StaleAttemptError(reason, runtime=self._config.runtime,
+                                                 epoch=epoch))
 
     async def resolve(self, epoch: int) -> str:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first."""
         await self._until_recovered()
         resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch))
         if resolution is Resolution.ABORTED:
-            for key in [k for k in self._waiters if k[0] == epoch]:
-                self._release(key, StaleAttemptError(
-                    f"epoch {epoch} was aborted", runtime=self._config.runtime, epoch=epoch))
+            self._fail_waiters(epoch, f"epoch {epoch} was aborted")
         await self._notify()
         return resolution.value
 
@@ -390,9 +410,13 @@ class CoordinatorActor:
             left = deadline - time.monotonic()
             if left <= 0 or self._fatal is not None:
                 return {"committed": False, "skipped_sinks": (),
-                        "errors": {n: h.last_error for n, h in self._health.items()
-                                   if h.last_error}}
+                        "errors": self._health.errors()}
             await self._wait_change(min(left, 0.5))
+
+    async def committed_through(self) -> int | None:
+        """The highest epoch every sink holds, by the meta store or by the markers."""
+        await self._until_recovered()
+        return self._core.committed_through()
 
     async def epoch_source(self) -> dict[str, Any] | None:
         """The epoch source the runtime is bound to, if any."""
@@ -406,30 +430,42 @@ class CoordinatorActor:
         await self._locked(lambda: self._store.bind_source(
             self._config.runtime, self._core.generation, source))
 
-    async def pause(self) -> None:
-        """The runtime is closing: sinks become PAUSED once nothing is pending."""
+    # ------------------------------------------------------------------ writer calls
+
+    async def writer_health(self, sink: str, writer_id: int, error: str | None) -> None:
+        """A writer could not reach its target (``error``), or can again (``None``)."""
         self._ensure_started()
-        for health in self._health.values():
-            if health.state != "stalled":
-                health.state = "paused"
-        await self._locked(self._persist_health)
+        self._health.writer(sink, writer_id, error)
+        if error is not None:
+            log.warning("%s: writer %s of sink %s cannot reach its target: %s",
+                        self._config.runtime, writer_id, sink, error)
+        await self._record_health()
+
+    # ------------------------------------------------------------------ status, close
 
     async def status(self) -> dict[str, Any]:
+        """The snapshot; right after a (re)start it waits a little for recovery, so the
+        epochs it shows are the meta store's, then answers whatever the state."""
         self._ensure_started()
+        assert self._recovered is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._recovered.wait(), _STATUS_WAITS_FOR_RECOVERY)
         return dict(self._snapshot)
 
     def _take_snapshot(self) -> None:
-        stored = self._stored
         sinks: dict[str, Any] = {}
+        now = time.monotonic()
         for name, health in self._health.items():
-            record = stored.get(name)
+            committing = self._committing.get(name)
             sinks[name] = {"state": health.state,
                            "last_committed_epoch": self._core.sink_last_committed(name),
                            "last_error": health.last_error,
-                           "history": list(record.history) if record else []}
+                           "history": list(self._history.get(name, [])),
+                           "committing": None if committing is None else {
+                               "epoch": committing[0], "seconds": now - committing[1]}}
         for name in self._dropped:
             sinks[name] = {"state": "dropped", "last_committed_epoch": None,
-                           "last_error": None, "history": []}
+                           "last_error": None, "history": [], "committing": None}
         self._snapshot = {
             "name": self._config.runtime, "metastore": self._store.url,
             "generation": self._core.generation,
@@ -440,7 +476,28 @@ class CoordinatorActor:
             "sinks": sinks,
         }
 
-    async def shutdown(self) -> None:
-        for task in self._tasks:
-            task.cancel()
+    async def close(self) -> None:
+        """The runtime is closing (its epochs are committed or durably decided): sinks
+        become PAUSED (a stalled one stays stalled), the commit workers stop once their
+        sink's commit in progress ends, and the sinks' and meta store's connections close.
+        Nothing is called after it."""
+        self._ensure_started()
+        self._health.paused()
+        try:
+            await self._locked(self._persist_health)
+        finally:
+            for task in self._tasks:
+                task.cancel()
+            await self._locked(self._release_resources)
+
+    def _release_resources(self) -> None:
+        for name, sink in self._core.sinks.items():
+            close = getattr(sink, "close", None)
+            if close is None:
+                continue
+            with self._core.sink_io(name):
+                try:
+                    close()
+                except Exception as exc:  # closing must not keep the others open
+                    log.warning("%s: closing sink %s: %s", self._config.runtime, name, exc)
         self._store.close()

@@ -10,24 +10,37 @@ One epoch, as this class sees it::
     commit_request(...) * n    one per writer of every sink; stale attempts refused;
                                vnode bitmaps must cover every vnode of a sink, no overlap
       -> all covered           PENDING(E, manifests of all sinks) in one transaction
-    commit_next()              per sink, in epoch order: skip when the sink's marker says
-                               it is there, else sink.commit; then COMMITTED for that sink
+    next_commit(sink)          each sink on its own, in epoch order (one stalled sink does
+    run_commit(step)           not hold the others): skip when the sink's marker says it
+    record_commit(outcome)     is there, else sink.commit; then COMMITTED for that sink
     resolve(E)                 COMMITTED | ROLLING_FORWARD | ABORTED (an OPEN attempt is
                                aborted and its staging swept first)
 
 Before PENDING any failure aborts the attempt; after PENDING the epoch only rolls forward.
+The decision is shared by all sinks; only the commits are per sink.
+
+On start, ``recover`` loads the meta store and ``reconcile_markers`` reads every target's
+marker (``raysink.coordinator.markers``): new epochs are never numbered at or below a
+marker, and an implicit epoch is refused while a target holds epochs the store does not
+know.
+
+Threads: ``CoordinatorActor`` runs every method here in a worker thread, one at a time,
+except ``run_commit``, which does only the sink's I/O (under that sink's own lock) and may
+run beside the others, one per sink. Reads from the event loop copy before they iterate.
 """
 
 from __future__ import annotations
 
 import enum
 import logging
+import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 from raysink import _faults
+from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
 from raysink.coordinator.metastore.base import EpochRecord, EpochState, MetaStore
 from raysink.coordinator.vnodes import Bitmap, CoverageTracker
 from raysink.errors import (
@@ -37,12 +50,14 @@ from raysink.errors import (
     MetaStoreError,
     RaySinkError,
     SchemaMismatchError,
+    SinkUnavailableError,
     StaleAttemptError,
 )
 from raysink.sinks.base import Manifest, Sink
 
 __all__ = [
     "CommitOutcome",
+    "CommitStep",
     "EpochCoordinator",
     "OpenDecision",
     "Resolution",
@@ -71,12 +86,25 @@ class OpenDecision:
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
+class CommitStep:
+    """The next commit of one sink: its share of the oldest PENDING epoch it lacks.
+    ``first``: no sink has committed this epoch yet."""
+
+    epoch: int
+    sink: str
+    manifests: tuple[Manifest, ...]
+    first: bool
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
 class CommitOutcome:
-    """One sink commit step: which epoch, which sink, skipped by marker or committed."""
+    """One sink commit step done: skipped by its marker or committed; ``marked``: the
+    commit left the marker in the target."""
 
     epoch: int
     sink: str
     skipped: bool
+    marked: bool = True
 
 
 @dataclass(kw_only=True, slots=True)
@@ -98,6 +126,8 @@ class EpochCoordinator:
 
     ``bitmaps`` gives each sink's writers their vnode bitmaps (the writer layout of the
     next epoch; ``set_layout`` changes it between epochs, which is how rescale fits).
+    ``epoch_offset``: implicit epochs are numbered above it (it also acknowledges targets
+    whose markers are ahead of the meta store, see ``raysink.coordinator.markers``).
     """
 
     def __init__(
@@ -109,12 +139,16 @@ class EpochCoordinator:
         generation: int,
         bitmaps: Mapping[str, Sequence[Bitmap]],
         max_pending_epochs: int = 2,
+        epoch_offset: int | None = None,
     ) -> None:
         self.runtime = runtime
         self.store = store
         self.sinks = dict(sinks)
         self.generation = generation
         self.max_pending_epochs = max_pending_epochs
+        self.epoch_offset = epoch_offset
+        self._marks = TargetMarks()
+        self._io = {name: threading.Lock() for name in self.sinks}
         self._bitmaps = {name: list(maps) for name, maps in bitmaps.items()}
         self._epochs: dict[int, _Epoch] = {}
         self._last_committed: int | None = None
@@ -136,26 +170,42 @@ class EpochCoordinator:
 
     def pending_epochs(self) -> list[int]:
         """Epochs decided (PENDING) but not yet committed by every sink, in order."""
-        return sorted(e.epoch for e in self._epochs.values() if e.state is EpochState.PENDING)
+        return sorted(e.epoch for e in list(self._epochs.values())
+                      if e.state is EpochState.PENDING)
 
     def open_epoch_number(self) -> int | None:
-        opened = [e.epoch for e in self._epochs.values() if e.state is EpochState.OPEN]
+        opened = [e.epoch for e in list(self._epochs.values()) if e.state is EpochState.OPEN]
         return opened[0] if opened else None
 
     def outstanding(self) -> int:
         """OPEN plus PENDING epochs: what ``max_pending_epochs`` bounds."""
-        return sum(1 for e in self._epochs.values()
+        return sum(1 for e in list(self._epochs.values())
                    if e.state in (EpochState.OPEN, EpochState.PENDING))
 
     def epoch_state(self, epoch: int) -> EpochState | None:
+        """COMMITTED also for an epoch every target's marker holds though the meta store
+        does not know it (a replay after the store was lost)."""
         if self._last_committed is not None and epoch <= self._last_committed:
             return EpochState.COMMITTED
         entry = self._epochs.get(epoch)
-        return entry.state if entry else None
+        if entry is not None:
+            return entry.state
+        floor = self._marks.floor(self.sinks)
+        return EpochState.COMMITTED if floor is not None and epoch <= floor else None
+
+    def committed_through(self) -> int | None:
+        """The highest epoch every sink holds, by the meta store or by the markers."""
+        known = [e for e in (self._last_committed, self._marks.floor(self.sinks))
+                 if e is not None]
+        return max(known, default=None)
 
     def skipped_sinks(self, epoch: int) -> tuple[str, ...]:
         entry = self._epochs.get(epoch)
         return tuple(sorted(entry.skipped)) if entry else ()
+
+    def sink_io(self, sink: str) -> threading.Lock:
+        """The lock held around every call into ``sink`` (commits run beside others)."""
+        return self._io[sink]
 
     def layout(self) -> dict[str, Any]:
         return {"sinks": {name: {"writers": len(maps), "bitmaps": [b.to_hex() for b in maps]}
@@ -173,19 +223,28 @@ class EpochCoordinator:
     def recover(self) -> list[int]:
         """Load the meta store: keep COMMITTED, queue PENDING, abort OPEN and ABORTED.
 
-        Returns the epochs that were aborted. PENDING epochs are left for ``commit_next``.
+        Returns the epochs that were aborted. PENDING epochs are left for the commits.
         """
         by_epoch: dict[int, list[EpochRecord]] = {}
         for record in self.store.records(self.runtime):
             if record.sink in self.sinks:
                 by_epoch.setdefault(record.epoch, []).append(record)
+        # Sinks commit on their own, and the store keeps only each sink's newest COMMITTED
+        # row: a sink that went on past an epoch still pending for another sink has no row
+        # for it any more, and that epoch is committed for it.
+        high: dict[str, int] = {}
+        for records in by_epoch.values():
+            for record in records:
+                if record.state is EpochState.COMMITTED:
+                    high[record.sink] = max(high.get(record.sink, record.epoch), record.epoch)
         aborted: list[int] = []
         for epoch in sorted(by_epoch):
-            if self._recover_epoch(epoch, by_epoch[epoch]):
+            if self._recover_epoch(epoch, by_epoch[epoch], high):
                 aborted.append(epoch)
         return aborted
 
-    def _recover_epoch(self, epoch: int, records: list[EpochRecord]) -> bool:
+    def _recover_epoch(self, epoch: int, records: list[EpochRecord],
+                       high: Mapping[str, int]) -> bool:
         states = {r.state for r in records}
         for record in records:
             if record.state is EpochState.COMMITTED:
@@ -200,42 +259,84 @@ class EpochCoordinator:
                     entry.committed.add(record.sink)
                 else:
                     entry.manifests[record.sink] = list(record.manifests or [])
+            recorded = {r.sink for r in records}
+            entry.committed |= {s for s in self.sinks
+                                if s not in recorded and high.get(s, -1) >= epoch}
             self._epochs[epoch] = entry
             return False
         attempt = max(r.attempt for r in records)
         self._sweep(epoch, attempt, manifests=None)
         return True
 
-    def check_markers(self) -> None:
-        """With nothing pending, compare each sink's marker with the meta store.
+    def reconcile_markers(self, sinks: Sequence[str] | None = None) -> None:
+        """Read the marker of every sink (or of ``sinks``) and reconcile it with the meta
+        store (see ``raysink.coordinator.markers``).
 
-        A marker behind the meta store is re-created (``recreate_marker``) when the target
-        still exists; a target that is gone after commits is ``DataLossError``.
+        With nothing pending, a marker behind the meta store is re-created
+        (``recreate_marker``) when the target still exists; a target that is gone after
+        commits is ``DataLossError``. A marker that cannot be read is remembered as unread
+        and read again before the next implicit epoch is numbered.
         """
-        if self.pending_epochs():
-            return
-        for name, sink in self.sinks.items():
-            expected = self._sink_marked.get(name)
-            if expected is None:
-                continue
-            # the target first: a marker kept apart from the data (PostgreSQL's progress
-            # table) survives a deleted data table
-            if not _target_exists(sink):
-                raise DataLossError(
-                    f"the target of sink {name!r} was deleted after raysink committed epoch "
-                    f"{expected} to it; restore it, or drop the sink from the runtime",
-                    runtime=self.runtime, sink=name, epoch=expected)
-            marker = sink.committed_epoch()
-            if marker is not None and marker >= expected:
-                continue
-            log.warning("sink %s: progress marker behind the meta store (%s < %s); re-creating",
-                        name, marker, expected)
-            sink.recreate_marker(expected)
+        pending = bool(self.pending_epochs())
+        for name in sinks if sinks is not None else list(self.sinks):
+            with self._io[name]:
+                try:
+                    self._marks.record(name, self._reconcile_sink(name, pending))
+                except (DataLossError, MetaStoreError):
+                    raise
+                except Exception as exc:  # unreachable: read again before numbering
+                    self._marks.failed(name, exc)
+                    log.warning("sink %s: cannot read its progress marker yet (%s); reading "
+                                "it again before the next epoch", name, exc)
+
+    def _reconcile_sink(self, name: str, pending: bool) -> int | None:
+        sink = self.sinks[name]
+        expected = self._sink_marked.get(name)
+        # the target first: a marker kept apart from the data (PostgreSQL's progress
+        # table) survives a deleted data table
+        if expected is not None and not _target_exists(sink):
+            raise DataLossError(
+                f"the target of sink {name!r} was deleted after raysink committed epoch "
+                f"{expected} to it; restore it, or drop the sink from the runtime",
+                runtime=self.runtime, sink=name, epoch=expected)
+        marker = sink.committed_epoch()
+        if expected is None or pending or (marker is not None and marker >= expected):
+            return marker
+        log.warning("sink %s: progress marker behind the meta store (%s < %s); re-creating",
+                    name, marker, expected)
+        sink.recreate_marker(expected)
+        return expected
+
+    def _store_knows(self) -> int | None:
+        """The highest epoch the meta store knows this runtime committed or decided."""
+        known = [e.epoch for e in list(self._epochs.values())
+                 if e.state is EpochState.PENDING]
+        known += [e for e in (self._last_committed, *self._sink_committed.values())
+                  if e is not None]
+        return max(known, default=None)
+
+    def _check_alignment(self) -> None:
+        """Before numbering an implicit epoch: every marker read, none unexplained."""
+        if self._marks.unread:
+            self.reconcile_markers(list(self._marks.unread))
+        if self._marks.unread:
+            sink, error = next(iter(self._marks.unread.items()))
+            raise SinkUnavailableError(
+                f"cannot read the progress marker of sink {sink!r} ({error}), so the next "
+                "epoch cannot be numbered safely; retry once the target is reachable",
+                runtime=self.runtime, sink=sink)
+        refuse_implicit_epoch(
+            runtime=self.runtime, store_url=self.store.url, known=self._store_knows(),
+            ahead=self._marks.ahead_of(self._store_knows()),
+            describe={n: repr(s) for n, s in self.sinks.items()},
+            epoch_offset=self.epoch_offset)
 
     # ------------------------------------------------------------------ phase one
 
     def open_epoch(self, requested: int | None) -> OpenDecision:
         """Decide what the driver's write of ``requested`` (or the next epoch) does."""
+        if requested is None:
+            self._check_alignment()
         epoch = self._next_epoch() if requested is None else requested
         if epoch < 0:
             raise EpochRegressionError(f"epochs are non-negative; got {epoch}",
@@ -257,18 +358,20 @@ class EpochCoordinator:
         return OpenDecision(epoch=epoch, attempt=attempt)
 
     def _next_epoch(self) -> int:
-        known = [e.epoch for e in self._epochs.values()
-                 if e.state in (EpochState.OPEN, EpochState.PENDING)]
-        if self._last_committed is not None:
-            known.append(self._last_committed)
-        # An OPEN epoch is a failed write the driver has not resolved: retry it.
+        """The epoch after every one known: in the meta store, in any target's marker, and
+        ``epoch_offset``. (An OPEN epoch is a failed write the driver has not resolved: it
+        is retried.)"""
         opened = self.open_epoch_number()
         if opened is not None:
             return opened
+        known = [e.epoch for e in list(self._epochs.values())
+                 if e.state in (EpochState.OPEN, EpochState.PENDING)]
+        known += [e for e in (self._last_committed, self._marks.highest(), self.epoch_offset)
+                  if e is not None]
         return max(known) + 1 if known else 1
 
     def _refuse_regression(self, epoch: int) -> None:
-        for entry in self._epochs.values():
+        for entry in list(self._epochs.values()):
             inflight = entry.state in (EpochState.OPEN, EpochState.PENDING)
             if inflight and epoch < entry.epoch:
                 raise EpochRegressionError(
@@ -355,7 +458,8 @@ class EpochCoordinator:
     def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None) -> None:
         self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
         for name, sink in self.sinks.items():
-            sink.abort(epoch, None if manifests is None else manifests.get(name))
+            with self._io[name]:
+                sink.abort(epoch, None if manifests is None else manifests.get(name))
         self.store.delete_aborted(self.runtime, self.generation, epoch)
         self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
 
@@ -373,43 +477,58 @@ class EpochCoordinator:
 
     # ------------------------------------------------------------------ phase two
 
-    def next_commit(self) -> tuple[int, str] | None:
-        """The next ``(epoch, sink)`` to commit: the oldest PENDING epoch first."""
+    def next_commit(self, sink: str | None = None) -> CommitStep | None:
+        """The next commit of ``sink`` (any sink when ``None``): its share of the oldest
+        PENDING epoch it has not committed. Each sink goes through the epochs in order on
+        its own; a stalled sink holds only itself."""
         for epoch in self.pending_epochs():
-            entry = self._epochs[epoch]
-            for name in self.sinks:
-                if name not in entry.committed:
-                    return epoch, name
+            entry = self._epochs.get(epoch)
+            if entry is None:
+                continue
+            done = set(entry.committed)
+            for name in [sink] if sink is not None else list(self.sinks):
+                if name not in done:
+                    return CommitStep(epoch=epoch, sink=name,
+                                      manifests=tuple(entry.manifests.get(name, [])),
+                                      first=not done)
         return None
 
-    def commit_sink(self, epoch: int, sink: str) -> CommitOutcome:
-        """Commit one sink's share of a PENDING epoch (marker-checked); idempotent."""
-        entry = self._epochs[epoch]
-        target = self.sinks[sink]
-        if entry.committed and sink not in entry.committed:
-            _faults.hit("coordinator.mid_commit", runtime=self.runtime, epoch=epoch, sink=sink)
-        marker = target.committed_epoch()
-        self._check_marker_for_pending(sink, target, marker, epoch)
-        skipped = marker is not None and marker >= epoch
-        marked = True
-        if not skipped:
-            started = time.monotonic()
-            marked = target.commit(epoch, entry.manifests.get(sink, [])) is not False
-            log.debug("sink %s committed epoch %s in %.3fs%s", sink, epoch,
-                      time.monotonic() - started, "" if marked else " (no target, no marker)")
-        _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=epoch, sink=sink)
-        self.store.put_committed(self.runtime, self.generation, epoch, sink, marked=marked)
+    def run_commit(self, step: CommitStep) -> CommitOutcome:
+        """The sink's I/O of ``step`` (marker check, then ``Sink.commit``), under the sink's
+        own lock and nothing else: it may run beside other sinks' commits. Idempotent."""
+        target = self.sinks[step.sink]
+        with self._io[step.sink]:
+            marker = target.committed_epoch()
+            self._check_marker_for_pending(step.sink, marker, step.epoch)
+            skipped = marker is not None and marker >= step.epoch
+            marked = True
+            if not skipped:
+                started = time.monotonic()
+                marked = target.commit(step.epoch, list(step.manifests)) is not False
+                log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
+                          time.monotonic() - started, "" if marked else " (no target, no marker)")
+            _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
+                        sink=step.sink)
+        return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=skipped, marked=marked)
+
+    def record_commit(self, outcome: CommitOutcome) -> None:
+        """Record one sink's commit COMMITTED; the epoch is complete once every sink is."""
+        epoch, sink = outcome.epoch, outcome.sink
+        self.store.put_committed(self.runtime, self.generation, epoch, sink,
+                                 marked=outcome.marked)
+        entry = self._epochs.get(epoch)
+        self._note_sink_committed(sink, epoch, marked=outcome.marked)
+        if entry is None:
+            return
         entry.committed.add(sink)
-        if skipped:
+        if outcome.skipped:
             entry.skipped.add(sink)
-        self._note_sink_committed(sink, epoch, marked=marked)
         if entry.committed >= set(self.sinks):
             self._complete(epoch)
-        return CommitOutcome(epoch=epoch, sink=sink, skipped=skipped)
+        else:
+            _faults.hit("coordinator.mid_commit", runtime=self.runtime, epoch=epoch, sink=sink)
 
-    def _check_marker_for_pending(
-        self, name: str, sink: Sink, marker: int | None, epoch: int
-    ) -> None:
+    def _check_marker_for_pending(self, name: str, marker: int | None, epoch: int) -> None:
         expected = self._sink_marked.get(name)
         if expected is None or (marker is not None and marker >= expected):
             return
@@ -431,14 +550,6 @@ class EpochCoordinator:
         self._epochs.pop(epoch, None)
         if self._last_committed is None or epoch > self._last_committed:
             self._last_committed = epoch
-
-    # ------------------------------------------------------------------ sources
-
-    def records_snapshot(self) -> list[dict[str, Any]]:
-        """Epochs still in memory, for status and debugging."""
-        return [{"epoch": e.epoch, "attempt": e.attempt, "state": e.state.value,
-                 "committed": sorted(e.committed)} for e in sorted(
-                     self._epochs.values(), key=lambda x: x.epoch)]
 
 
 def _target_exists(sink: Sink) -> bool:

@@ -384,7 +384,7 @@ def assign(num_writers: int) -> list[Bitmap]:
     ):
         raise ConfigError(f"writers must be an int in [1, {VNODE_COUNT}], got {num_writers!r}")
     bounds = [i * VNODE_COUNT // num_writers for i in range(num_writers + 1)]
-    return [Bitmap(((1 << hi) - 1) ^ ((1 << lo) - 1)) for lo, hi in itertools.pairwise(bounds)]
+    return [Bitmap.from_vnodes(range(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
 
 
 def writer_of_vnode(bitmaps: Sequence[Bitmap]) -> npt.NDArray[np.int32]:
@@ -489,11 +489,6 @@ class CoverageTracker(Generic[R]):
     def items(self) -> list[tuple[int, R]]:
         """``(writer_id, request)`` pairs, in the order they were added."""
         return list(zip(self._bitmaps, self._requests, strict=True))
-
-    @property
-    def writer_ids(self) -> list[int]:
-        """The writers that sent a request, in the order they were added."""
-        return list(self._bitmaps)
 
     def __contains__(self, writer_id: object) -> bool:
         return writer_id in self._bitmaps

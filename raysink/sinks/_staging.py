@@ -20,7 +20,6 @@ import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import pyarrow as pa
 import pyarrow.compute as pc
@@ -270,9 +269,3 @@ def write_durably(path: Path, data: pa.Buffer | bytes) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
-
-
-def manifest_files(manifest: dict[str, Any]) -> list[dict[str, Any]]:
-    """The ``files`` list of a manifest (empty for an empty epoch)."""
-    files = manifest.get("files") or []
-    return list(files)

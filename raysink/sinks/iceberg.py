@@ -220,10 +220,6 @@ class IcebergSink(Sink):
         return self._opts.identifier
 
     @property
-    def catalog_properties(self) -> dict[str, str]:
-        return dict(self._opts.catalog)
-
-    @property
     def epoch_property(self) -> str:
         """The table property holding this sink's high-water epoch."""
         return f"{EPOCH_PROPERTY}.{self.marker_id}"

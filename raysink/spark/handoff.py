@@ -21,9 +21,7 @@ Lifecycle of a :class:`SparkPartitions`:
    but its borrow; hand them to actors nested in a list (``actor.write.remote([ref])``).
    The handoff keeps no ref itself: a partition's object lives as long as its consumer
    holds it.
-3. ``refetch(i)`` fetches partition ``i`` again from the cached RDD (re-feeding a writer
-   whose buffer was lost).
-4. ``release()`` (also on ``__exit__``) unpins the cached RDD; call it once the epoch is
+3. ``release()`` (also on ``__exit__``) unpins the cached RDD; call it once the epoch is
    committed. Idempotent. Fetching after it is a :class:`ConfigError`.
 
 An executor that dies is restarted by Ray, but RayDP registers it with Spark under a new
@@ -156,15 +154,6 @@ class SparkPartitions:
         bound = self._fetch_timeout if timeout is None else timeout
         size = self._num_partitions if window is None else max(1, window)
         return self._wait_each(iter(range(self._num_partitions)), size, bound)
-
-    def refetch(self, index: int) -> ray.ObjectRef[pa.Table]:
-        """Fetch partition ``index`` again from the cached RDD."""
-        self._check_open()
-        if not 0 <= index < self._num_partitions:
-            raise ConfigError(
-                f"partition index must be in [0, {self._num_partitions}), got {index!r}"
-            )
-        return self._fetch(index)
 
     def release(self) -> None:
         """Unpin the cached RDD in Spark; idempotent, never raises for a stopped Spark."""

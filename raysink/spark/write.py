@@ -138,9 +138,8 @@ def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
 
 
 def _committed_through(rt: SinkRuntime) -> int:
-    """The last committed epoch of the runtime (0 when none)."""
-    last = rt.status().last_committed_epoch
-    return 0 if last is None else int(last)
+    """The highest epoch every sink holds (0 when none)."""
+    return rt._committed_through()
 
 
 def write_micro_batch(rt: SinkRuntime, df: Any, batch_id: int) -> EpochReport:

@@ -79,8 +79,6 @@ def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
     when: dict[str, Any] = {"epoch": 3}
     if where == "writer":
         when.update({"writer": 0, "sink": "main"})
-    if point == "coordinator.mid_commit":
-        when["sink"] = "copy"
     with SinkRuntime(name, _sinks(tmp_path), writers=2, commit_timeout=60,
                      metastore=f"sqlite:///{tmp_path / 'meta.db'}", retry_cap=0.5) as rt:
         for epoch in (1, 2):

@@ -164,7 +164,7 @@ def test_driver_killed_before_pending(tmp_path: Path, point: str,
     _crash_child(tmp_path, name, point, when)
     rt = _reopen(name, tmp_path, meta)
     try:
-        assert rt._call(rt._require_started().coordinator.resolve.remote(3)) == "ABORTED"
+        assert ray.get(rt._require_started().coordinator.resolve.remote(3)) == "ABORTED"
         for sink in SINKS:  # the undecided epoch is absent, its staging swept
             assert_exactly(tmp_path / sink, [1, 2], ROWS)
             staging = tmp_path / sink / "_raysink" / "staging" / f"{3:012d}"

@@ -156,6 +156,9 @@ def test_changed_sink_set_is_a_config_error(tmp_path: Path) -> None:
         ({"credits": 0}, "credits"),  # no write could ever be sent
         ({"commit_timeout": -1}, "commit_timeout"),
         ({"max_pending_epochs": 0}, "max_pending_epochs"),
+        ({"max_buffer_bytes": 0}, "max_buffer_bytes"),  # a reorder buffer that holds nothing
+        ({"warn_interval": 0}, "warn_interval"),
+        ({"epoch_offset": -1}, "epoch_offset"),  # epochs are non-negative
     ],
 )
 def test_invalid_options(tmp_path: Path, options: dict[str, object], fragment: str) -> None:

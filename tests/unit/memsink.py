@@ -24,6 +24,7 @@ class MemoryTarget:
     fail_commits: int = 0
     commits: int = 0
     exists: bool = True  # False: created by the first commit that carries rows
+    unreachable: bool = False  # True: reading the marker fails (the target is down)
 
 
 class MemoryWriter(SinkWriter):
@@ -81,6 +82,8 @@ class MemorySink(Sink):
             del self.target.staged[key]
 
     def committed_epoch(self) -> int | None:
+        if self.target.unreachable:
+            raise ConnectionError("target unreachable (injected)")
         return self.target.marker
 
     def target_exists(self) -> bool:

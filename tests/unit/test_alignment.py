@@ -132,8 +132,8 @@ ALIGNER_CASES: list[tuple[int, list[Step]]] = [
     (
         2,
         [
-            (0, b(1, F.FULL_SNAPSHOT), Blocked(0, b(1, F.FULL_SNAPSHOT))),
-            (1, b(1, F.DRAIN), Aligned(b(1, F.FULL_SNAPSHOT | F.DRAIN))),
+            (0, b(1, F.UNALIGNED), Blocked(0, b(1, F.UNALIGNED))),
+            (1, b(1, F.DRAIN), Aligned(b(1, F.UNALIGNED | F.DRAIN))),
         ],
     ),
 ]

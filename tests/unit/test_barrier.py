@@ -3,15 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
-import json
 import pickle
 import threading
 import time
 from typing import Any
 
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
 
 from raysink.coordinator.barrier import (
     MAX_ID,
@@ -30,51 +27,35 @@ from raysink.coordinator.barrier import (
 from raysink.errors import ConfigError
 
 F = BarrierFlags
-flag_sets = st.sets(st.sampled_from([F.FULL_SNAPSHOT, F.DRAIN, F.CANCEL, F.UNALIGNED]))
-ids = st.integers(min_value=0, max_value=MAX_ID)
-
-
-def _combine(flags: set[BarrierFlags]) -> BarrierFlags:
-    out = F.NONE
-    for flag in flags:
-        out |= flag
-    return out
 
 
 @pytest.mark.parametrize(
-    ("flags", "full", "drain", "cancel", "unaligned"),
+    ("flags", "drain", "cancel", "unaligned"),
     [
-        (F.NONE, False, False, False, False),  # plain barrier asks for nothing
-        (F.FULL_SNAPSHOT, True, False, False, False),  # full snapshot only
-        (F.DRAIN, False, True, False, False),  # last barrier before shutdown
-        (F.CANCEL, False, False, True, False),  # cancels its checkpoint
-        (F.UNALIGNED, False, False, False, True),  # seed: UNALIGNED alone, nothing else set
-        (F.FULL_SNAPSHOT | F.DRAIN, True, True, False, False),  # flags combine
-        (F.FULL_SNAPSHOT | F.DRAIN | F.CANCEL | F.UNALIGNED, True, True, True, True),  # all
+        (F.NONE, False, False, False),  # plain barrier asks for nothing
+        (F.DRAIN, True, False, False),  # last barrier before shutdown
+        (F.CANCEL, False, True, False),  # cancels its checkpoint
+        (F.UNALIGNED, False, False, True),  # seed: UNALIGNED alone, nothing else set
+        (F.DRAIN | F.CANCEL, True, True, False),  # flags combine
+        (F.DRAIN | F.CANCEL | F.UNALIGNED, True, True, True),  # all
     ],
 )
-def test_flag_properties(
-    flags: BarrierFlags, full: bool, drain: bool, cancel: bool, unaligned: bool
-) -> None:
+def test_flag_properties(flags: BarrierFlags, drain: bool, cancel: bool, unaligned: bool) -> None:
     barrier = CheckpointBarrier(1, 1, flags)
-    assert (barrier.is_full_snapshot, barrier.is_drain, barrier.is_cancel) == (full, drain, cancel)
-    assert barrier.is_unaligned is unaligned
+    assert (barrier.is_drain, barrier.is_cancel, barrier.is_unaligned) == (drain, cancel, unaligned)
 
 
-def test_defaults_and_full_snapshot_constructor() -> None:
+def test_defaults() -> None:
     plain = CheckpointBarrier(1, 1)
-    assert plain.flags is F.NONE and not plain.is_full_snapshot
-    full = CheckpointBarrier.full_snapshot(3, 4)
-    assert full == CheckpointBarrier(3, 4, F.FULL_SNAPSHOT)
-    assert full.is_full_snapshot and not full.is_drain
+    assert plain.flags is F.NONE and not plain.is_drain and not plain.is_cancel
 
 
 def test_int_flags_are_coerced_and_with_flags_adds() -> None:
-    barrier = CheckpointBarrier(1, 2, 3)  # type: ignore[arg-type]
-    assert barrier.flags == F.FULL_SNAPSHOT | F.DRAIN
+    barrier = CheckpointBarrier(1, 2, 6)  # type: ignore[arg-type]
+    assert barrier.flags == F.DRAIN | F.CANCEL
     assert isinstance(barrier.flags, BarrierFlags)
-    assert barrier.with_flags(F.UNALIGNED).flags == F.FULL_SNAPSHOT | F.DRAIN | F.UNALIGNED
-    assert barrier.flags == F.FULL_SNAPSHOT | F.DRAIN  # the original is unchanged
+    assert barrier.with_flags(F.UNALIGNED).flags == F.DRAIN | F.CANCEL | F.UNALIGNED
+    assert barrier.flags == F.DRAIN | F.CANCEL  # the original is unchanged
 
 
 @pytest.mark.parametrize(
@@ -87,6 +68,7 @@ def test_int_flags_are_coerced_and_with_flags_adds() -> None:
         ("1", 0, F.NONE),  # neither is a string
         (1.0, 0, F.NONE),  # nor a float
         (0, 0, 16),  # unknown flag bit
+        (0, 0, 1),  # the full-snapshot bit is gone: no sink had a use for it
         (0, 0, -1),  # negative flags
         (0, 0, "DRAIN"),  # flags by name are only for JSON
     ],
@@ -104,38 +86,6 @@ def test_barrier_is_frozen_hashable_and_picklable() -> None:
     assert {barrier, CheckpointBarrier(7, 9, F.DRAIN | F.CANCEL)} == {barrier}
     clone = pickle.loads(pickle.dumps(barrier))
     assert clone == barrier and clone.flags is barrier.flags
-
-
-@given(checkpoint_id=ids, epoch=ids, flags=flag_sets)
-def test_json_round_trip(checkpoint_id: int, epoch: int, flags: set[BarrierFlags]) -> None:
-    barrier = CheckpointBarrier(checkpoint_id, epoch, _combine(flags))
-    data = json.loads(json.dumps(barrier.to_json()))
-    assert CheckpointBarrier.from_json(data) == barrier
-
-
-def test_json_form_names_flags() -> None:
-    barrier = CheckpointBarrier(1, 2, F.FULL_SNAPSHOT | F.UNALIGNED)
-    assert barrier.to_json() == {
-        "checkpoint_id": 1,
-        "epoch": 2,
-        "flags": ["FULL_SNAPSHOT", "UNALIGNED"],
-    }
-    assert CheckpointBarrier.from_json({"checkpoint_id": 1, "epoch": 2, "flags": 9}) == barrier
-
-
-@pytest.mark.parametrize(
-    "data",
-    [
-        {"checkpoint_id": 1, "epoch": 2},  # flags missing
-        {"checkpoint_id": 1, "epoch": 2, "flags": ["BOGUS"]},  # unknown flag name
-        {"checkpoint_id": 1, "epoch": 2, "flags": [4]},  # names only inside a list
-        {"checkpoint_id": -1, "epoch": 2, "flags": []},  # bad id still validated
-        ["not", "a", "dict"],  # wrong shape
-    ],
-)
-def test_from_json_rejects_bad_data(data: Any) -> None:
-    with pytest.raises(ConfigError):
-        CheckpointBarrier.from_json(data)
 
 
 def test_stream_message_variants() -> None:
@@ -171,9 +121,9 @@ def test_trigger_then_poll_claims_once() -> None:
     # Seed case: the barrier carries the trigger's id and flags and the poller's epoch.
     injector = BarrierInjector()
     handle = injector.handle()
-    injector.trigger(42, F.FULL_SNAPSHOT)
+    injector.trigger(42, F.DRAIN)
     assert injector.epoch == 1 and injector.has_pending
-    assert handle.poll(1) == CheckpointBarrier(42, 1, F.FULL_SNAPSHOT)
+    assert handle.poll(1) == CheckpointBarrier(42, 1, F.DRAIN)
     assert handle.poll(1) is None
     assert not injector.has_pending
 

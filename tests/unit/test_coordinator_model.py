@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, 
 
 from raysink.coordinator.epochs import Resolution, StaleAttemptError
 from raysink.errors import BackpressureError, EpochRegressionError
-from tests.unit.test_epochs import WRITERS, Harness
+from tests.unit.test_epochs import WRITERS, Harness, commit_sink
 
 SINKS = ("a", "b")
 
@@ -84,15 +84,15 @@ class CoordinatorModel(RuleBasedStateMachine):
 
     @rule(fail=st.booleans(), sink=st.sampled_from(SINKS))
     def commit_step(self, fail: bool, sink: str) -> None:
-        step = self.h.core.next_commit()
+        step = self.h.core.next_commit(sink)
         if step is None:
             return
         if fail:
-            self.h.targets[step[1]].fail_commits = 1
+            self.h.targets[sink].fail_commits = 1
         try:
-            self.h.core.commit_sink(*step)
+            commit_sink(self.h.core, step.epoch, sink)
         except ConnectionError:
-            self.h.targets[step[1]].fail_commits = 0
+            self.h.targets[sink].fail_commits = 0
 
     @rule()
     def crash(self) -> None:

@@ -2,23 +2,44 @@
 
 from __future__ import annotations
 
+import shutil
+from pathlib import Path
+
 import pyarrow as pa
 import pytest
 
-from raysink.coordinator.epochs import EpochCoordinator, Resolution, StaleAttemptError
+from raysink.coordinator.epochs import (
+    CommitOutcome,
+    EpochCoordinator,
+    Resolution,
+    StaleAttemptError,
+)
+from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.metastore.base import EpochState
 from raysink.coordinator.vnodes import assign
 from raysink.errors import (
     BackpressureError,
+    ConfigError,
     DataLossError,
     EpochRegressionError,
     FencedError,
+    SinkUnavailableError,
 )
 from raysink.testing import InMemoryMetaStore
 from tests.unit.memsink import MemorySink, MemoryTarget
 
 RUNTIME = "rt"
 WRITERS = 2
+
+
+def commit_sink(core: EpochCoordinator, epoch: int, sink: str) -> CommitOutcome:
+    """One sink's commit of a PENDING epoch, as a commit worker does it: the sink's I/O
+    (``run_commit``), then the record (``record_commit``)."""
+    step = core.next_commit(sink)
+    assert step is not None and step.epoch == epoch, (step, epoch)  # a sink goes in order
+    outcome = core.run_commit(step)
+    core.record_commit(outcome)
+    return outcome
 
 
 class Harness:
@@ -28,6 +49,7 @@ class Harness:
         self.store = InMemoryMetaStore()
         self.targets = {name: MemoryTarget() for name in sinks}
         self.max_pending = max_pending
+        self.epoch_offset: int | None = None
         self.core = self.boot()
 
     def boot(self) -> EpochCoordinator:
@@ -36,8 +58,10 @@ class Harness:
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
                                 bitmaps={n: assign(WRITERS) for n in sinks},
-                                max_pending_epochs=self.max_pending)
+                                max_pending_epochs=self.max_pending,
+                                epoch_offset=self.epoch_offset)
         core.recover()
+        core.reconcile_markers()
         return core
 
     def crash(self) -> None:
@@ -57,7 +81,7 @@ class Harness:
 
     def commit_all(self) -> None:
         while (step := self.core.next_commit()) is not None:
-            self.core.commit_sink(*step)
+            commit_sink(self.core, step.epoch, step.sink)
 
     def write_epoch(self, epoch: int | None = None) -> int:
         decision = self.core.open_epoch(epoch)
@@ -180,7 +204,7 @@ def test_recovery_after_coordinator_crash(crash_point: str) -> None:
     if crash_point != "open":
         assert h.precommit_all(2, d.attempt)
     if crash_point == "half":
-        h.core.commit_sink(2, "a")
+        commit_sink(h.core, 2, "a")
     if crash_point == "target_done":
         for sink in h.core.sinks.values():
             entry_manifests = h.store.records(RUNTIME)
@@ -212,7 +236,7 @@ def test_commit_failures_leave_the_epoch_pending_until_it_succeeds() -> None:
     h.targets["a"].fail_commits = 2
     for _ in range(2):
         with pytest.raises(ConnectionError):
-            h.core.commit_sink(1, "a")
+            commit_sink(h.core, 1, "a")
         assert h.core.epoch_state(1) is EpochState.PENDING
     h.commit_all()
     assert h.core.last_committed == 1
@@ -224,7 +248,7 @@ def test_commit_is_skipped_when_the_marker_is_there() -> None:
     d = h.core.open_epoch(1)
     assert h.precommit_all(1, d.attempt)
     h.targets["a"].marker = 1
-    outcome = h.core.commit_sink(1, "a")
+    outcome = commit_sink(h.core, 1, "a")
     assert outcome.skipped
     assert h.core.skipped_sinks(1) == () or h.core.last_committed == 1
 
@@ -236,7 +260,7 @@ def test_deleted_marker_while_pending_is_data_loss() -> None:
     assert h.precommit_all(2, d.attempt)
     h.targets["a"].marker = None
     with pytest.raises(DataLossError):
-        h.core.commit_sink(2, "a")
+        commit_sink(h.core, 2, "a")
 
 
 def test_deleted_marker_without_pending_is_recreated() -> None:
@@ -246,7 +270,7 @@ def test_deleted_marker_without_pending_is_recreated() -> None:
     recreated: list[int] = []
     sink = h.core.sinks["a"]
     sink.recreate_marker = recreated.append  # type: ignore[method-assign]
-    h.core.check_markers()
+    h.core.reconcile_markers()
     assert recreated == [1]
 
 
@@ -262,12 +286,115 @@ def test_empty_epoch_before_the_target_exists_is_committed_without_a_marker() ->
     assert h.core.last_committed == 1 and target.marker is None and not target.exists
     assert [r.marked for r in h.store.records(RUNTIME)] == [False]
     h.crash()
-    h.core.check_markers()  # no target, no marker, and none was ever expected
+    h.core.reconcile_markers()  # no target, no marker, and none was ever expected
     assert h.write_epoch(2) == 2
     assert target.exists and target.marker == 2
     assert sorted({e for e, _, _ in target.visible}) == [2]
     h.crash()
-    h.core.check_markers()
+    h.core.reconcile_markers()
     target.exists, target.marker = False, None  # now the target is lost for real
     with pytest.raises(DataLossError):
-        h.core.check_markers()
+        h.core.reconcile_markers()
+
+
+# ----------------------------------------------------------------------------- markers
+
+
+def _visible_once(h: Harness, epochs: list[int]) -> None:
+    for target in h.targets.values():
+        assert sorted({e for e, _, _ in target.visible}) == epochs
+        assert len(target.visible) == len(epochs) * WRITERS * 3
+
+
+def test_fresh_metastore_refuses_implicit_epochs_and_skips_replays() -> None:
+    """The meta store is lost, the targets keep their markers (a job started from another
+    directory gets a fresh default store): an implicit epoch would be numbered 1 and
+    skipped as committed, its rows lost. It is refused; explicit replays are skipped; an
+    explicit new epoch is written, after which implicit numbering goes on after it."""
+    h = Harness()
+    for _ in range(3):
+        h.write_epoch()
+    h.store = InMemoryMetaStore()
+    h.crash()
+    with pytest.raises(ConfigError, match=r"holds epoch 3.*metastore=.*epoch_offset=3"):
+        h.core.open_epoch(None)
+    for replay in (1, 3):
+        assert h.core.open_epoch(replay).skip
+        assert h.core.resolve(replay) is Resolution.COMMITTED
+    assert h.core.committed_through() == 3
+    assert h.write_epoch(4) == 4
+    assert h.write_epoch() == 5
+    _visible_once(h, [1, 2, 3, 4, 5])
+
+
+@pytest.mark.parametrize(("offset", "refused"), [
+    (2, True),  # below the markers: epoch 3 would be skipped
+    (3, False),  # at the markers: the next epoch is 4
+    (7, False),  # above: a gap, allowed
+])
+def test_epoch_offset_acknowledges_the_markers(offset: int, refused: bool) -> None:
+    h = Harness()
+    for _ in range(3):
+        h.write_epoch()
+    h.store = InMemoryMetaStore()
+    h.epoch_offset = offset
+    h.crash()
+    if refused:
+        with pytest.raises(ConfigError, match=f"epoch_offset={offset} is below epoch 3"):
+            h.core.open_epoch(None)
+        return
+    assert h.write_epoch() == offset + 1
+    _visible_once(h, [1, 2, 3, offset + 1])
+
+
+def test_markers_ahead_of_an_old_metastore_copy(tmp_path: Path) -> None:
+    """A store that knows epochs 1-2 while the targets hold 3 (an old copy restored):
+    unexplained too, refused until acknowledged."""
+    h = Harness()
+    h.store = SqliteMetaStore(tmp_path / "meta.db")
+    h.crash()
+    h.write_epoch()
+    h.write_epoch()
+    h.store.close()
+    shutil.copy(tmp_path / "meta.db", tmp_path / "old.db")
+    h.store = SqliteMetaStore(tmp_path / "meta.db")
+    h.crash()
+    h.write_epoch()
+    h.store.close()
+    h.store = SqliteMetaStore(tmp_path / "old.db")
+    h.crash()
+    with pytest.raises(ConfigError, match="epochs up to 2 only"):
+        h.core.open_epoch(None)
+    h.store.close()
+
+
+def test_unreadable_marker_is_read_again_before_numbering() -> None:
+    h = Harness()
+    h.write_epoch()
+    h.targets["b"].unreachable = True
+    h.crash()
+    with pytest.raises(SinkUnavailableError, match="progress marker of sink 'b'"):
+        h.core.open_epoch(None)
+    h.targets["b"].unreachable = False
+    assert h.write_epoch() == 2
+    _visible_once(h, [1, 2])
+
+
+def test_a_sink_ahead_of_a_stalled_one_survives_a_crash() -> None:
+    """Sinks commit on their own: 'a' commits epochs 1 and 2 while 'b' fails. The store
+    keeps only each sink's newest COMMITTED row, so 'a' has no row for epoch 1 any more;
+    after a crash epoch 1 is still committed for 'a' and rolls forward for 'b' only."""
+    h = Harness(max_pending=3)
+    for epoch in (1, 2):
+        d = h.core.open_epoch(epoch)
+        assert h.precommit_all(epoch, d.attempt)
+        step = h.core.next_commit("a")
+        assert step is not None and step.epoch == epoch
+        commit_sink(h.core, step.epoch, "a")
+    assert h.core.pending_epochs() == [1, 2]
+    h.crash()
+    assert h.core.next_commit("a") is None
+    h.commit_all()
+    assert h.core.last_committed == 2
+    _visible_once(h, [1, 2])
+    assert h.targets["a"].commits == 2 and h.targets["b"].commits == 2

@@ -342,7 +342,7 @@ def test_coverage_aligns_when_every_vnode_is_covered() -> None:
     assert not tracker.aligned and tracker.missing == halves[0]
     tracker.add(0, halves[0], "m0")
     assert tracker.aligned and tracker.covered.is_full
-    assert tracker.requests == ["m1", "m0"] and tracker.writer_ids == [1, 0]
+    assert tracker.requests == ["m1", "m0"] and [w for w, _ in tracker.items()] == [1, 0]
     assert tracker.items() == [(1, "m1"), (0, "m0")]
     assert 0 in tracker and 2 not in tracker
 
@@ -382,4 +382,4 @@ def test_coverage_of_any_partition(owner: list[int], order: list[int]) -> None:
         assert not tracker.aligned
         tracker.add(w, parts[w], w)
         assert tracker.aligned == (i == len(non_empty) - 1)
-    assert tracker.writer_ids == non_empty
+    assert [w for w, _ in tracker.items()] == non_empty

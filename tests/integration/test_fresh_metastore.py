@@ -1,0 +1,166 @@
+"""A runtime reopened with a fresh meta store never loses or doubles rows (issue 14).
+
+The default meta store, ``sqlite:///<cwd>/.raysink/<name>.db``, is fresh whenever a job
+starts from another directory. Its targets still hold the markers of the epochs the same
+runtime committed before. Each case writes epochs 1-3 with one meta store, then opens the
+same runtime name and sinks with an empty one:
+
+* an implicit epoch (``write_arrow(t)``) is refused with a ``RaySinkError`` naming both
+  the meta store and the target, before anything is written;
+* explicit replays of epochs the targets hold are skipped and write nothing;
+* an explicit new epoch is written once; afterwards the store knows it and implicit
+  numbering goes on after it;
+* ``epoch_offset=`` acknowledges the targets: implicit epochs start after it, never at or
+  below a target's marker (a lower offset is a ``ConfigError``).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from raysink import SinkRuntime
+from raysink.errors import ConfigError, RaySinkError
+from raysink.sinks import ParquetSink
+from raysink.sinks.base import Sink
+from raysink.testing import disarm_faults
+from tests.integration.helpers import epoch_table, read_ids
+from tests.integration.real_targets import (
+    DeltaTarget,
+    IcebergTarget,
+    PostgresTarget,
+    Target,
+    assert_ids_exact,
+    pg_schema,
+)
+
+pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
+
+ROWS = 200
+KINDS = ["parquet", "delta", "iceberg", "postgres"]
+
+
+class ParquetTarget(Target):
+    kind = "parquet"
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+
+    def sink(self, **options: Any) -> Sink:
+        return ParquetSink(str(self.path), **options)
+
+    def ids(self) -> list[int]:
+        return read_ids(self.path)
+
+
+@pytest.fixture
+def schema(request: pytest.FixtureRequest) -> Iterator[str]:
+    yield from pg_schema(request.getfixturevalue("pg_server"))
+
+
+@pytest.fixture
+def name() -> Iterator[str]:
+    runtime = f"fresh-{uuid.uuid4().hex[:8]}"
+    yield runtime
+    disarm_faults(runtime)
+
+
+def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+            monkeypatch: pytest.MonkeyPatch) -> Target:
+    if kind == "parquet":
+        return ParquetTarget(tmp_path / "parquet")
+    if kind == "delta":
+        return DeltaTarget(tmp_path / "delta")
+    if kind == "iceberg":
+        monkeypatch.chdir(tmp_path)  # the default catalog lives under <cwd>/.raysink
+        return IcebergTarget(tmp_path)
+    return PostgresTarget(request.getfixturevalue("pg_server"),
+                          request.getfixturevalue("schema"))
+
+
+def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any) -> SinkRuntime:
+    return SinkRuntime(name, sinks, metastore=meta, progress=False, retry_cap=0.5, **options)
+
+
+def _three_epochs(name: str, sinks: Sink | dict[str, Sink], meta: str) -> None:
+    with _runtime(name, sinks, meta) as rt:
+        for epoch in (1, 2, 3):
+            report = rt.write_arrow(epoch_table(epoch, ROWS))
+            assert (report.epoch, report.committed) == (epoch, True)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_fresh_metastore(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+                         monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Epochs 1-3 with one meta store, then the same runtime with fresh ones.
+
+    Today's silent loss: a fresh store made the next write epoch 1, which the target's
+    marker already holds: reported committed, and the rows were in no table. Now the
+    implicit write is refused, names both sides and says what to do, and writes nothing;
+    explicit replays are skipped (never doubled); an explicit new epoch is written, after
+    which implicit numbering follows it. With another fresh store, ``epoch_offset=`` below
+    the marker is refused and above it numbers implicit epochs after it."""
+    target = _target(kind, request, tmp_path, monkeypatch)
+    _three_epochs(name, target.sink(), f"sqlite:///{tmp_path / 'original.db'}")
+
+    fresh = f"sqlite:///{tmp_path / 'elsewhere' / 'fresh.db'}"
+    with _runtime(name, target.sink(), fresh) as rt:
+        with pytest.raises(RaySinkError) as refused:
+            rt.write_arrow(epoch_table(4, ROWS))
+        message = str(refused.value)
+        assert "fresh.db" in message and "'main'" in message, message
+        assert "epoch 3" in message, message
+        assert "metastore=" in message and "epoch_offset=" in message, message
+        assert_ids_exact(target.ids(), [1, 2, 3], ROWS)  # nothing of the refused write
+        assert rt.status().last_committed_epoch is None
+        for replay in (1, 3):
+            report = rt.write_arrow(epoch_table(replay, ROWS), epoch=replay)
+            assert (report.epoch, report.skipped, report.committed) == (replay, True, True)
+            assert report.skipped_sinks == ("main",)
+        fourth = rt.write_arrow(epoch_table(4, ROWS), epoch=4)
+        assert (fourth.epoch, fourth.committed, fourth.skipped) == (4, True, False)
+        fifth = rt.write_arrow(epoch_table(5, ROWS))
+        assert (fifth.epoch, fifth.committed) == (5, True)
+    assert_ids_exact(target.ids(), [1, 2, 3, 4, 5], ROWS)
+
+    another = f"sqlite:///{tmp_path / 'another.db'}"
+    with (_runtime(name, target.sink(), another, epoch_offset=4) as rt,
+          pytest.raises(ConfigError, match="epoch_offset=4 is below epoch 5")):
+        rt.write_arrow(epoch_table(6, ROWS))
+    with _runtime(name, target.sink(), another, epoch_offset=6) as rt:
+        report = rt.write_arrow(epoch_table(7, ROWS))
+        assert (report.epoch, report.committed, report.skipped) == (7, True, False)
+    assert_ids_exact(target.ids(), [1, 2, 3, 4, 5, 7], ROWS)
+
+
+def test_parquet_and_delta_fresh_default_metastore(tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch,
+                                                   name: str) -> None:
+    """The issue's case as a user meets it: the default meta store (no ``metastore=``), a
+    job started from another directory the second time. The 5,000 new rows are neither
+    lost nor reported committed."""
+    parquet, delta = ParquetTarget(tmp_path / "pq"), DeltaTarget(tmp_path / "delta")
+
+    def sinks() -> dict[str, Sink]:
+        return {"files": parquet.sink(), "lake": delta.sink()}
+
+    (tmp_path / "first").mkdir()
+    (tmp_path / "second").mkdir()
+    monkeypatch.chdir(tmp_path / "first")
+    with SinkRuntime(name, sinks(), progress=False) as rt:
+        for epoch in (1, 2, 3):
+            assert rt.write_arrow(epoch_table(epoch, 1_000)).committed
+    monkeypatch.chdir(tmp_path / "second")
+    with (SinkRuntime(name, sinks(), progress=False) as rt,
+          pytest.raises(RaySinkError, match="metastore=")):
+        rt.write_arrow(epoch_table(4, 5_000))
+    with SinkRuntime(name, sinks(), progress=False, epoch_offset=3) as rt:
+        report = rt.write_arrow(epoch_table(4, 5_000))
+        assert (report.epoch, report.rows, report.committed) == (4, 5_000, True)
+    for target in (parquet, delta):
+        ids = target.ids()
+        assert len(ids) == 3 * 1_000 + 5_000 and len(set(ids)) == len(ids)
