@@ -87,13 +87,11 @@ class OpenDecision:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitStep:
-    """The next commit of one sink: its share of the oldest PENDING epoch it lacks.
-    ``first``: no sink has committed this epoch yet."""
+    """The next commit of one sink: its share of the oldest PENDING epoch it lacks."""
 
     epoch: int
     sink: str
     manifests: tuple[Manifest, ...]
-    first: bool
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -489,8 +487,7 @@ class EpochCoordinator:
             for name in [sink] if sink is not None else list(self.sinks):
                 if name not in done:
                     return CommitStep(epoch=epoch, sink=name,
-                                      manifests=tuple(entry.manifests.get(name, [])),
-                                      first=not done)
+                                      manifests=tuple(entry.manifests.get(name, [])))
         return None
 
     def run_commit(self, step: CommitStep) -> CommitOutcome:
