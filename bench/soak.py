@@ -244,10 +244,8 @@ def mailbox_depths(rt: SinkRuntime) -> dict[str, int]:
 
 def outstanding_epochs(rt: SinkRuntime) -> int:
     """Open plus pending epochs at the coordinator: what ``max_pending_epochs`` bounds."""
-    actors = rt._actors
-    pending = rt.status().pending_epochs
-    raw = ray.get(actors.coordinator.status.remote(), timeout=30) if actors else {}
-    opened = raw.get("open_epoch")
+    status = rt.status()
+    pending, opened = status.pending_epochs, status.open_epoch
     return len(pending) + (1 if opened is not None and opened not in pending else 0)
 
 

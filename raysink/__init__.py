@@ -18,7 +18,8 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.runtime import EpochReport, RuntimeStatus, SinkRuntime, SinkStatus
+from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
+from raysink.runtime import SinkRuntime
 
 __all__ = [
     "BackpressureError",

@@ -20,9 +20,10 @@ The protocol points, in the order one epoch passes them::
 
     writer.during_write          a write call applied some batches of the epoch
     writer.after_pre_commit      the writer staged its data, before its commit request
-    coordinator.after_open       OPEN recorded
+    coordinator.after_open       OPEN recorded (the driver's open travels beside the data)
+    writer.after_request         the coordinator recorded the writer's request, before the
+                                 writer's barrier returns (the last one completes the epoch)
     coordinator.after_pending    PENDING recorded, before any sink commit
-    writer.after_ack             the writer got the ack (epoch PENDING), before it returns
     coordinator.mid_commit       one sink's commit recorded, another sink's not yet (sinks
                                  commit on their own: it fires for the first to record)
     sink.mid_commit              inside a sink's commit: data moved, marker not yet written
@@ -47,8 +48,8 @@ POINTS = (
     "writer.during_write",
     "writer.after_pre_commit",
     "coordinator.after_open",
+    "writer.after_request",
     "coordinator.after_pending",
-    "writer.after_ack",
     "coordinator.mid_commit",
     "sink.mid_commit",
     "coordinator.after_commit",

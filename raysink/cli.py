@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from raysink.errors import ConfigError, RaySinkError
-from raysink.runtime import RuntimeStatus, SinkStatus
+from raysink.reports import RuntimeStatus, SinkStatus
 
 __all__ = ["StoredStatus", "main", "read_status"]
 

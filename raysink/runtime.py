@@ -21,8 +21,8 @@ import random
 import sys
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import Any, Literal
+from dataclasses import dataclass
+from typing import Any
 
 from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
@@ -31,6 +31,7 @@ from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.actors.writer import WriterConfig
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.coordinator import CoordinatorConfig
+from raysink.coordinator.messages import BarrierAck, CommitWait, OpenedEpoch
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     ConfigError,
@@ -40,46 +41,15 @@ from raysink.errors import (
     StaleAttemptError,
 )
 from raysink.progress import Progress
+from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
 
 log = logging.getLogger(__name__)
 
-SinkState = Literal["starting", "running", "stalled", "paused", "dropped"]
-
 _START_SECONDS = 300.0
 """How long ``start()`` waits at least for the actors to start and recover."""
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class EpochReport:
-    """What one ``write*`` call did."""
-
-    epoch: int
-    rows: int
-    committed: bool
-    skipped: bool
-    skipped_sinks: tuple[str, ...]
-    attempts: int
-    seconds: float
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class SinkStatus:
-    state: SinkState
-    last_committed_epoch: int | None
-    last_error: str | None
-    history: list[dict[str, Any]] = field(default_factory=list)
-
-
-@dataclass(frozen=True, kw_only=True, slots=True)
-class RuntimeStatus:
-    name: str
-    metastore: str
-    last_committed_epoch: int | None
-    pending_epochs: list[int]
-    sinks: dict[str, SinkStatus]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -199,6 +169,9 @@ class SinkRuntime:
         self._progress = _progress(name, progress)
         self._inflight: list[Any] = []
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
+        # the epoch the coordinator will open next at attempt 0, when known: its open is
+        # then sent beside the data instead of before it
+        self._predicted: int | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -320,8 +293,7 @@ class SinkRuntime:
                 self._progress.close()
 
     def _drain_outstanding(self, actors: ActorSet) -> None:
-        status = self._ask(actors, "status", actors.coordinator_call("status"))
-        pending = status.get("pending_epochs") or []
+        pending = self._ask(actors, "status", actors.coordinator_call("status")).pending_epochs
         if pending:
             self._ask(actors, "waiting for outstanding epochs", actors.coordinator_call(
                 "wait_committed", max(pending), self._options.commit_timeout))
@@ -332,7 +304,7 @@ class SinkRuntime:
         barrier = CheckpointBarrier(self._checkpoint_id, 0, BarrierFlags.DRAIN)
         reports = get([h.drain.remote(barrier) for h in actors.all_writers()],
                       timeout=self._options.commit_timeout)
-        swept = [r for r in reports if r.get("swept") is not None]
+        swept = [(r.sink, r.writer, r.swept) for r in reports if r.swept is not None]
         if swept:
             log.info("%s: drained; undecided attempts dropped: %s", self.name, swept)
 
@@ -380,23 +352,41 @@ class SinkRuntime:
 
     def _run_epoch(self, actors: ActorSet, epoch: int | None,
                    plan: _feed.FeedPlan) -> EpochReport:
+        """Open, feed, commit; after a failure resolve, and re-feed an aborted attempt.
+
+        The open travels beside the data when the runtime knows what it will answer (the
+        epoch after the one it just committed, first attempt): its answer is checked once
+        the barriers are out, and a different one cancels what was sent."""
         started = time.monotonic()
+        requested = epoch
         last_error: BaseException | None = None
-        for attempt_no in range(1, self._options.max_attempts + 1):
-            decision = self._open_epoch(actors, epoch)
-            epoch = int(decision["epoch"])
-            if decision["skip"]:
-                return self._report(epoch, 0, True, True, tuple(decision["skipped_sinks"]),
+        attempt_no = 0
+        while attempt_no < self._options.max_attempts:
+            attempt_no += 1
+            opening, guess = self._begin_open(actors, requested)
+            if opening is None and guess.skip:  # opened first, and nothing to write
+                self._predicted = None
+                return self._report(guess.epoch, 0, True, True, guess.skipped_sinks,
                                     attempt_no - 1, started)
-            attempt = int(decision["attempt"])
+            epoch, attempt = guess.epoch, guess.attempt
             try:
-                rows, visible = self._feed_and_commit(actors, epoch, attempt, plan)
-                return self._finish(actors, epoch, rows, attempt_no, started,
-                                    waiting=visible)
+                rows, visible = self._feed_and_commit(actors, epoch, attempt, plan, opening)
+                report = self._finish(actors, epoch, rows, attempt_no, started,
+                                      waiting=visible, attempt=attempt)
+                self._predicted = epoch + 1 if report.committed else None
+                return report
+            except _OpenedOtherwise as other:
+                self._rollback_writers(actors, epoch, attempt)
+                self._predicted, attempt_no = None, attempt_no - 1
+                if other.decision.skip:
+                    return self._report(other.decision.epoch, 0, True, True,
+                                        other.decision.skipped_sinks, attempt_no, started)
             except SchemaMismatchError:
+                self._predicted = None
                 self._abandon(actors, epoch, attempt)
                 raise
             except Exception as exc:
+                self._predicted = None
                 last_error = exc
                 log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
                             short(exc))
@@ -404,28 +394,42 @@ class SinkRuntime:
                 if outcome is not None:
                     return self._finish(actors, epoch, plan.rows or 0, attempt_no, started,
                                         wait=outcome)
+                requested = epoch
         raise EpochFailedError(
             f"epoch {epoch} failed {self._options.max_attempts} times; last error: "
             f"{short(last_error)}. The data is not committed; fix the cause and write the "
             "epoch again", attempts=self._options.max_attempts, runtime=self.name,
             epoch=epoch) from last_error
 
-    def _open_epoch(self, actors: ActorSet, epoch: int | None) -> dict[str, Any]:
+    def _begin_open(self, actors: ActorSet, requested: int | None
+                    ) -> tuple[Any, OpenedEpoch]:
+        """``(None, answer)`` of an open asked and answered now; or, when the answer is
+        known ahead (the epoch after the last committed, first attempt), ``(pending call,
+        expected answer)``: the open is sent, not waited for."""
+        predicted = self._predicted
+        if predicted is not None and requested in (None, predicted):
+            call = actors.coordinator.open_epoch.remote(requested,
+                                                        self._options.commit_timeout)
+            return call, OpenedEpoch(epoch=predicted, attempt=0)
+        return None, self._open_epoch(actors, requested)
+
+    def _open_epoch(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
         """Open at the coordinator; a coordinator lost meanwhile is waited for (restarting)
         or re-created, and asked again (its successor aborted the half-opened attempt
         while recovering). The open itself may wait up to ``commit_timeout`` under
         backpressure, so the deadline is twice that."""
-        decision: dict[str, Any] = self._ask(
+        decision: OpenedEpoch = self._ask(
             actors, "opening an epoch",
             actors.coordinator_call("open_epoch", epoch, self._options.commit_timeout),
             timeout=2 * self._options.commit_timeout)
         return decision
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: _feed.FeedPlan) -> tuple[int, Any]:
+                         plan: _feed.FeedPlan, opening: Any = None) -> tuple[int, Any]:
         """Send the data and the barriers; returns the rows and the pending answer of
         ``wait_committed``, asked as soon as the barriers are out so that it overlaps the
-        commit (one round trip less per epoch)."""
+        commit. ``opening``: the open sent beside the data, checked here (a different
+        answer is ``_OpenedOtherwise``)."""
         self._checkpoint_id += 1
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
@@ -433,7 +437,12 @@ class SinkRuntime:
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
                               shuffle=self._shuffle, on_rows=on_rows)
         self._inflight = barriers
-        visible = actors.coordinator.wait_committed.remote(epoch, self._options.commit_timeout)
+        visible = actors.coordinator.wait_committed.remote(
+            epoch, self._options.commit_timeout, attempt)
+        if opening is not None:
+            decision: OpenedEpoch = get(opening)
+            if (decision.epoch, decision.attempt, decision.skip) != (epoch, attempt, False):
+                raise _OpenedOtherwise(decision)
         try:
             results = get(barriers)
         except StaleAttemptError as exc:
@@ -445,7 +454,8 @@ class SinkRuntime:
             raise
         self._inflight = []
         per_sink = len(self._sinks)
-        return sum(int(r.get("rows", 0)) for r in results) // max(per_sink, 1), visible
+        acks: list[BarrierAck] = results
+        return sum(ack.rows for ack in acks) // max(per_sink, 1), visible
 
     def _bad_data_among(self, barriers: list[Any], timeout: float
                         ) -> SchemaMismatchError | None:
@@ -469,31 +479,38 @@ class SinkRuntime:
         return None
 
     def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int, started: float,
-                wait: bool = True, waiting: Any = None) -> EpochReport:
+                wait: bool = True, waiting: Any = None,
+                attempt: int | None = None) -> EpochReport:
+        """Wait for the epoch to be visible (up to ``commit_timeout``); an attempt that was
+        aborted meanwhile raises its cause (bad data), or ``StaleAttemptError``."""
         timeout = self._options.commit_timeout if wait else 0.0
-        outcome = self._committed(actors, epoch, timeout, waiting)
-        if not outcome["committed"]:
+        outcome = self._committed(actors, epoch, timeout, waiting, attempt)
+        if outcome.aborted and attempt is not None:
+            raise outcome.error or StaleAttemptError(
+                f"attempt {attempt} of epoch {epoch} was aborted", runtime=self.name,
+                epoch=epoch)
+        if not outcome.committed:
             log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
                         "will roll forward", self.name, epoch, self._options.commit_timeout,
-                        outcome.get("errors"))
-        return self._report(epoch, rows, bool(outcome["committed"]), False,
-                            tuple(outcome.get("skipped_sinks", ())), attempts, started)
+                        dict(outcome.errors))
+        return self._report(epoch, rows, outcome.committed, False, outcome.skipped_sinks,
+                            attempts, started)
 
     def _committed(self, actors: ActorSet, epoch: int, timeout: float,
-                   waiting: Any = None) -> dict[str, Any]:
+                   waiting: Any = None, attempt: int | None = None) -> CommitWait:
         """The answer of ``wait_committed``: the one already asked (``waiting``) or, when
         that call was lost with a restarting coordinator, asked again."""
         from ray.exceptions import ActorDiedError, ActorUnavailableError
 
         if waiting is not None:
             try:
-                answer: dict[str, Any] = get(waiting)
+                answer: CommitWait = get(waiting)
                 return answer
             except (ActorDiedError, ActorUnavailableError) as exc:
                 log.warning("%s: coordinator lost while waiting for epoch %s (%s)",
                             self.name, epoch, short(exc))
         answer = self._ask(actors, f"waiting for epoch {epoch}",
-                           actors.coordinator_call("wait_committed", epoch, timeout),
+                           actors.coordinator_call("wait_committed", epoch, timeout, attempt),
                            timeout=timeout + self._options.commit_timeout)
         return answer
 
@@ -556,8 +573,7 @@ class SinkRuntime:
             return self._bound[1]
         actors = self._require_started()
         current = self._ask(actors, "epoch source", actors.coordinator_call("epoch_source"))
-        last = self._ask(actors, "status", actors.coordinator_call("status"))[
-            "last_committed_epoch"]
+        last = self._ask(actors, "status", actors.coordinator_call("status")).last_committed_epoch
         offset = source_offset(self.name, current, query_id, self._options.epoch_offset, last)
         source = {"kind": "query", "id": query_id, "offset": offset}
         if source != current:
@@ -573,8 +589,8 @@ class SinkRuntime:
     @typed_errors(RuntimeUnavailableError, "status")
     def status(self) -> RuntimeStatus:
         actors = self._require_started()
-        raw = self._ask(actors, "status", actors.coordinator_call("status"))
-        return _status_from(raw)
+        status: RuntimeStatus = self._ask(actors, "status", actors.coordinator_call("status"))
+        return status
 
     def _committed_through(self) -> int:
         """The highest epoch every sink holds, by the meta store or by the targets'
@@ -611,14 +627,12 @@ class SinkRuntime:
         return self._options.writers
 
 
-def _status_from(raw: Mapping[str, Any]) -> RuntimeStatus:
-    sinks = {name: SinkStatus(state=info["state"],
-                              last_committed_epoch=info["last_committed_epoch"],
-                              last_error=info["last_error"], history=list(info["history"]))
-             for name, info in raw["sinks"].items()}
-    return RuntimeStatus(name=raw["name"], metastore=raw["metastore"],
-                         last_committed_epoch=raw["last_committed_epoch"],
-                         pending_epochs=list(raw["pending_epochs"]), sinks=sinks)
+class _OpenedOtherwise(Exception):
+    """The open sent beside the data answered something else than expected."""
+
+    def __init__(self, decision: OpenedEpoch) -> None:
+        super().__init__(f"the coordinator opened {decision}")
+        self.decision = decision
 
 
 def source_offset(runtime: str, current: Mapping[str, Any] | None, query_id: str,

@@ -29,7 +29,6 @@ can again.
 
 from __future__ import annotations
 
-import base64
 import functools
 import logging
 import os
@@ -41,11 +40,12 @@ from typing import Any, TypeVar
 
 import pyarrow as pa
 
-from raysink import _faults
+from raysink import _faults, _schema
 from raysink._metrics import WriterMetrics
 from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
 from raysink.actors.watchdog import Watchdog
 from raysink.coordinator.barrier import CheckpointBarrier
+from raysink.coordinator.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.errors import (
     BackpressureError,
     BarrierOrderError,
@@ -229,7 +229,7 @@ class SinkWriterActor:
         elif not table.schema.equals(slot.schema, check_metadata=False):
             raise SchemaMismatchError(
                 "a batch's schema differs from the epoch's: "
-                f"{_schema_diff(slot.schema, table.schema)}; send one schema per epoch",
+                f"{_schema.describe(slot.schema, table.schema)}; send one schema per epoch",
                 runtime=self._config.runtime, sink=self._config.sink_name)
         if table.num_rows == 0:
             # no rows, but the schema: a sink whose target does not exist yet creates it
@@ -246,7 +246,7 @@ class SinkWriterActor:
 
     # ------------------------------------------------------------------ barrier group
 
-    def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int) -> dict[str, Any]:
+    def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int) -> BarrierAck:
         """Align on ``last_seq`` writes, pre-commit, and wait for the coordinator's ack."""
         epoch = barrier.epoch
         if barrier.is_cancel:
@@ -258,7 +258,7 @@ class SinkWriterActor:
         self._await_writes(epoch, attempt, last_seq)
         slot = self._mailbox.slot
         rows = slot.rows if slot else 0
-        schema = _schema_text(slot.schema if slot else None)
+        schema = None if slot is None or slot.schema is None else _schema.encode(slot.schema)
         with self._lock:
             self._open_writer()
             self._sink_call("flush", self._writer.flush)
@@ -275,11 +275,11 @@ class SinkWriterActor:
             self._mailbox.drop(epoch, attempt)
             raise
         self._ack(epoch, attempt, rows)
-        _faults.hit("writer.after_ack", runtime=self._config.runtime, epoch=epoch,
+        _faults.hit("writer.after_request", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
         if barrier.is_drain:
             self._close_writer()
-        return {"rows": rows, "manifest": manifest}
+        return BarrierAck(rows=rows, manifest=manifest)
 
     def _await_writes(self, epoch: int, attempt: int, last_seq: int) -> None:
         outcome = self._mailbox.wait_applied(epoch, attempt, last_seq,
@@ -300,7 +300,8 @@ class SinkWriterActor:
 
     def _request_commit(self, epoch: int, attempt: int, manifest: dict[str, Any],
                         schema: str | None) -> None:
-        """Send the commit request; returns on the coordinator's ack (the epoch is PENDING).
+        """Send the commit request; returns once the coordinator recorded it (it answers
+        at once: the decision comes later, and the driver waits for that).
 
         The coordinator's handle is kept between epochs. When the actor behind it is gone
         for good (re-created by the runtime after ``ray.kill``), the name is looked up
@@ -308,12 +309,12 @@ class SinkWriterActor:
         import ray
         from ray.exceptions import ActorDiedError, RayTaskError
 
+        request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
+                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
         for fresh in (False, True):
             coordinator = self._coordinator(fresh=fresh)
             try:
-                ray.get(coordinator.commit_request.remote(
-                    self._config.sink_name, self._config.writer_id, epoch, attempt, manifest,
-                    schema))
+                ray.get(coordinator.commit_request.remote(request))
                 return
             except ActorDiedError:
                 self._coordinator_handle = None
@@ -359,7 +360,7 @@ class SinkWriterActor:
         with self._lock:
             self._sink_call("rollback", functools.partial(self._writer.rollback, epoch, attempt))
 
-    def drain(self, barrier: CheckpointBarrier) -> dict[str, Any]:
+    def drain(self, barrier: CheckpointBarrier) -> DrainReport:
         """A ``DRAIN`` barrier between epochs (the runtime is closing): an attempt still
         current was never decided, so what it staged is dropped; then the sink writer is
         closed (files closed, connections closed). Nothing is taken after it."""
@@ -372,8 +373,8 @@ class SinkWriterActor:
         if swept is not None:
             self._rollback(*swept)
         self._close_writer()
-        return {"writer": self._config.writer_id, "sink": self._config.sink_name,
-                "rows_total": self._rows_total, "swept": swept}
+        return DrainReport(sink=self._config.sink_name, writer=self._config.writer_id,
+                           rows_total=self._rows_total, swept=swept)
 
     def ping(self) -> int:
         return os.getpid()
@@ -442,24 +443,3 @@ def _as_table(parts: list[Any]) -> pa.Table:
         table: pa.Table = tables[0]
         return table
     return pa.concat_tables(tables)
-
-
-def _schema_text(schema: pa.Schema | None) -> str | None:
-    """The epoch's schema as text the coordinator can compare across writers."""
-    if schema is None:
-        return None
-    return base64.b64encode(schema.remove_metadata().serialize().to_pybytes()).decode()
-
-
-def schema_from_text(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-def _schema_diff(expected: pa.Schema, got: pa.Schema) -> str:
-    exp = {f.name: str(f.type) for f in expected}
-    act = {f.name: str(f.type) for f in got}
-    parts = [f"missing {sorted(set(exp) - set(act))}" if set(exp) - set(act) else "",
-             f"unexpected {sorted(set(act) - set(exp))}" if set(act) - set(exp) else ""]
-    parts += [f"{n}: {exp[n]} -> {act[n]}" for n in exp if n in act and exp[n] != act[n]]
-    text = "; ".join(p for p in parts if p)
-    return text or "column order or nullability differs"

@@ -25,8 +25,8 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import Awaitable, Callable, Coroutine
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from raysink._metrics import CoordinatorMetrics
@@ -38,6 +38,7 @@ from raysink.coordinator.epochs import (
     StaleAttemptError,
 )
 from raysink.coordinator.health import SinkHealthBook
+from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
@@ -45,6 +46,7 @@ from raysink.errors import (
     MetaStoreError,
     RaySinkError,
 )
+from raysink.reports import RuntimeStatus, SinkStatus
 from raysink.sinks.base import Manifest, Sink
 
 __all__ = ["CoordinatorActor", "CoordinatorConfig"]
@@ -75,11 +77,6 @@ class CoordinatorConfig:
     after each further period."""
 
 
-@dataclass(kw_only=True, slots=True)
-class _Waiters:
-    futures: list[asyncio.Future[None]] = field(default_factory=list)
-
-
 class CoordinatorActor:
     """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace."""
 
@@ -100,15 +97,17 @@ class CoordinatorActor:
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
-        self._waiters: dict[tuple[int, int], _Waiters] = {}
+        self._parked: dict[tuple[int, int], list[CommitRequest]] = {}
+        self._background: set[asyncio.Task[None]] = set()
+        self._failed: OrderedDict[tuple[int, int], RaySinkError] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
         self._recovered: asyncio.Event | None = None
-        self._snapshot: dict[str, Any] = {}
+        self._snapshot = RuntimeStatus(name=config.runtime, metastore="", sinks={},
+                                       last_committed_epoch=None, pending_epochs=[])
         self._history: dict[str, list[dict[str, Any]]] = {}
-        self._committing: dict[str, tuple[int, float]] = {}
         self._tasks: list[asyncio.Task[None]] = []
         self._metrics = CoordinatorMetrics(config.runtime)
         log.info("coordinator of %s: generation %s on %s", config.runtime,
@@ -237,17 +236,12 @@ class CoordinatorActor:
         while it lasts (RisingWave's periodic "still committing")."""
         task = asyncio.ensure_future(work)
         started = time.monotonic()
-        self._committing[sink] = (epoch, started)
-        try:
-            while True:
-                done, _ = await asyncio.wait({task}, timeout=self._config.warn_after)
-                if done:
-                    return task.result()
-                log.warning("%s: still committing epoch %s to sink %s after %.0fs",
-                            self._config.runtime, epoch, sink, time.monotonic() - started)
-                self._take_snapshot()
-        finally:
-            self._committing.pop(sink, None)
+        while True:
+            done, _ = await asyncio.wait({task}, timeout=self._config.warn_after)
+            if done:
+                return task.result()
+            log.warning("%s: still committing epoch %s to sink %s after %.0fs",
+                        self._config.runtime, epoch, sink, time.monotonic() - started)
 
     async def _record_health(self) -> None:
         """Persist changed sink states. A meta store that is unreachable for a while (a
@@ -297,8 +291,10 @@ class CoordinatorActor:
 
         return os.getpid()
 
-    async def open_epoch(self, requested: int | None, timeout: float) -> dict[str, Any]:
-        """Open an epoch for writing (waiting up to ``timeout`` under backpressure)."""
+    async def open_epoch(self, requested: int | None, timeout: float) -> OpenedEpoch:
+        """Open an epoch for writing (waiting up to ``timeout`` under backpressure). The
+        driver may send it beside the epoch's data: requests that came first are taken
+        now."""
         await self._until_recovered()
         deadline = time.monotonic() + timeout
         waited = False
@@ -315,102 +311,135 @@ class CoordinatorActor:
                     waited = True
                     self._metrics.waited()
                 await self._wait_change(min(left, 1.0))
-        self._fail_waiters(decision.epoch, f"attempt of epoch {decision.epoch} was replaced "
-                           f"by attempt {decision.attempt}", keep_attempt=decision.attempt)
+        await self._take_parked(decision.epoch)
         await self._notify()
         if decision.wait_roll_forward:
             await self.wait_committed(decision.epoch, timeout)
-        return {"epoch": decision.epoch, "attempt": decision.attempt,
-                "skip": decision.skip or decision.wait_roll_forward,
-                "skipped_sinks": self._skipped_sinks(decision.epoch, decision.skip
-                                                     or decision.wait_roll_forward)}
+        skip = decision.skip or decision.wait_roll_forward
+        return OpenedEpoch(epoch=decision.epoch, attempt=decision.attempt, skip=skip,
+                           skipped_sinks=self._skipped_sinks(decision.epoch, skip))
 
     def _skipped_sinks(self, epoch: int, skip: bool) -> tuple[str, ...]:
         if skip:
             return tuple(self._config.sinks)
         return self._recent.get(epoch, ())
 
-    async def commit_request(self, sink: str, writer_id: int, epoch: int, attempt: int,
-                             manifest: Manifest, schema: str | None = None) -> bool:
-        """A writer's pre-commit; returns once the epoch is PENDING (the ack)."""
+    async def commit_request(self, request: CommitRequest) -> None:
+        """A writer pre-committed its share of an attempt. Recorded in memory at once (no
+        thread, no I/O) and answered: the writer does not wait for the decision, the
+        driver learns it from ``wait_committed``. The request that completes the attempt
+        schedules its PENDING record. A request that comes before the driver's open of its
+        attempt (the open travels beside the data) waits here for it. Raises
+        ``StaleAttemptError`` for an attempt that can no longer commit and
+        ``SchemaMismatchError`` for writers of one sink that saw different schemas."""
         await self._until_recovered()
-        key = (epoch, attempt)
+        assert self._lock is not None
+        async with self._lock:
+            if self._core.awaits_open(request.epoch, request.attempt):
+                self._parked.setdefault((request.epoch, request.attempt), []).append(request)
+                return
+            self._record_request(request)
+
+    def _record_request(self, request: CommitRequest) -> None:
+        """Record one request (the caller holds the lock); bad data aborts the attempt."""
+        epoch, attempt = request.epoch, request.attempt
         try:
-            done = await self._locked(lambda: self._core.commit_request(
-                sink=sink, writer_id=writer_id, epoch=epoch, attempt=attempt,
-                manifest=manifest, schema=schema))
+            done = self._core.commit_request(
+                sink=request.sink, writer_id=request.writer, epoch=epoch, attempt=attempt,
+                manifest=dict(request.manifest), schema=request.schema)
         except StaleAttemptError:
             raise
-        except Exception:
-            await self._abort_attempt(epoch, attempt)
+        except RaySinkError as exc:
+            self._failed[(epoch, attempt)] = exc
+            while len(self._failed) > _RECENT_EPOCHS:
+                self._failed.popitem(last=False)
+            self._spawn(self._abort_attempt(epoch, attempt))
             raise
         if done:
-            self._release(key, None)
-            await self._notify()
-            return True
-        future: asyncio.Future[None] = asyncio.get_running_loop().create_future()
-        self._waiters.setdefault(key, _Waiters()).futures.append(future)
-        await future
-        return True
+            self._spawn(self._decide(epoch, attempt))
 
-    def _release(self, key: tuple[int, int], error: BaseException | None) -> None:
-        waiters = self._waiters.pop(key, None)
-        for future in waiters.futures if waiters else []:
-            if future.done():
-                continue
-            if error is None:
-                future.set_result(None)
-            else:
-                future.set_exception(error)
+    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.get_running_loop().create_task(work)
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _take_parked(self, epoch: int) -> None:
+        """Record the requests that came before the open of ``epoch``; drop those of
+        attempts that can no longer commit."""
+        assert self._lock is not None
+        async with self._lock:
+            for key in [k for k in self._parked if k[0] == epoch]:
+                if self._core.attempt_outcome(*key) == "open":
+                    for request in self._parked.pop(key):
+                        with contextlib.suppress(RaySinkError):  # recorded in _failed
+                            self._record_request(request)
+                elif not self._core.awaits_open(*key):
+                    self._spawn(self._discard(self._parked.pop(key)))
+
+    async def _discard(self, requests: list[CommitRequest]) -> None:
+        """Sweep what parked requests of an attempt that never opened staged."""
+        manifests: dict[str, list[Manifest]] = {}
+        for request in requests:
+            manifests.setdefault(request.sink, []).append(request.manifest)
+        epoch, attempt = requests[0].epoch, requests[0].attempt
+        try:
+            await self._locked(lambda: self._core.discard(epoch, attempt, manifests))
+        except Exception as exc:  # swept by epoch when the epoch is aborted or recovered
+            log.warning("%s: could not sweep attempt %s of epoch %s: %s",
+                        self._config.runtime, attempt, epoch, exc)
+
+    async def _decide(self, epoch: int, attempt: int) -> None:
+        """Write the PENDING record of a completed attempt: the decision."""
+        try:
+            await self._locked(lambda: self._core.persist_pending(epoch, attempt))
+        except FencedError:
+            raise
+        except Exception as exc:  # the meta store is down: the attempt cannot commit
+            log.warning("%s: could not record epoch %s PENDING (%s); aborting the attempt",
+                        self._config.runtime, epoch, exc)
+            await self._abort_attempt(epoch, attempt)
+        await self._notify()
 
     async def _abort_attempt(self, epoch: int, attempt: int) -> None:
-        """Abort the attempt and fail its waiting writers, even when recording the abort
-        fails (the meta store down): a writer left waiting would hold its barrier group,
-        and with it every later attempt, forever. The attempt stays OPEN in the core then;
-        ``resolve`` or the next open of the epoch aborts it."""
+        """Abort the attempt. When recording the abort fails too (the meta store down), it
+        stays OPEN in the core; ``resolve`` or the next open of the epoch aborts it."""
         try:
             await self._locked(lambda: self._core.abort(epoch, attempt))
-        finally:
-            self._fail_waiters(epoch, f"attempt {attempt} of epoch {epoch} was aborted",
-                               only_attempt=attempt)
-            await self._notify()
-
-    def _fail_waiters(self, epoch: int, reason: str, *, only_attempt: int | None = None,
-                      keep_attempt: int | None = None) -> None:
-        """Fail the writers waiting on attempts of ``epoch`` with ``StaleAttemptError``:
-        all of them, only ``only_attempt``'s, or all but ``keep_attempt``'s."""
-        for key in [k for k in self._waiters if k[0] == epoch]:
-            if only_attempt is not None and key[1] != only_attempt:
-                continue
-            if keep_attempt is not None and key[1] == keep_attempt:
-                continue
-            self._release(key, StaleAttemptError(reason, runtime=self._config.runtime,
-                                                 epoch=epoch))
+        except Exception as exc:
+            log.warning("%s: could not abort attempt %s of epoch %s yet: %s",
+                        self._config.runtime, attempt, epoch, exc)
+        await self._notify()
 
     async def resolve(self, epoch: int) -> str:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first."""
         await self._until_recovered()
         resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch))
         if resolution is Resolution.ABORTED:
-            self._fail_waiters(epoch, f"epoch {epoch} was aborted")
+            for key in [k for k in self._parked if k[0] == epoch]:
+                self._spawn(self._discard(self._parked.pop(key)))
         await self._notify()
         return resolution.value
 
-    async def wait_committed(self, epoch: int, timeout: float) -> dict[str, Any]:
-        """Wait until every sink committed ``epoch`` (or ``timeout``). An epoch that is
-        neither open nor pending (its attempt was aborted) ends the wait at once."""
+    async def wait_committed(self, epoch: int, timeout: float,
+                             attempt: int | None = None) -> CommitWait:
+        """Wait until every sink committed ``epoch`` (or ``timeout``). The wait ends at once
+        for an attempt that can no longer commit (``aborted``, with the bad data that made
+        it abort as ``error``); an attempt not opened yet (the open travels beside the
+        data) is waited for."""
         await self._until_recovered()
         deadline = time.monotonic() + timeout
         while True:
             last = self._core.last_committed
             if last is not None and last >= epoch:
-                return {"committed": True, "skipped_sinks": self._recent.get(epoch, ())}
-            if self._core.epoch_state(epoch) is None:
-                return {"committed": False, "aborted": True, "skipped_sinks": ()}
+                return CommitWait(committed=True, skipped_sinks=self._recent.get(epoch, ()))
+            outcome = (self._core.attempt_outcome(epoch, attempt) if attempt is not None
+                       else "open" if self._core.epoch_state(epoch) is not None else "aborted")
+            if outcome == "aborted":
+                return CommitWait(committed=False, aborted=True,
+                                  error=self._failed.get((epoch, attempt or 0)))
             left = deadline - time.monotonic()
             if left <= 0 or self._fatal is not None:
-                return {"committed": False, "skipped_sinks": (),
-                        "errors": self._health.errors()}
+                return CommitWait(committed=False, errors=self._health.errors())
             await self._wait_change(min(left, 0.5))
 
     async def committed_through(self) -> int | None:
@@ -443,38 +472,30 @@ class CoordinatorActor:
 
     # ------------------------------------------------------------------ status, close
 
-    async def status(self) -> dict[str, Any]:
+    async def status(self) -> RuntimeStatus:
         """The snapshot; right after a (re)start it waits a little for recovery, so the
         epochs it shows are the meta store's, then answers whatever the state."""
         self._ensure_started()
         assert self._recovered is not None
         with contextlib.suppress(asyncio.TimeoutError):
             await asyncio.wait_for(self._recovered.wait(), _STATUS_WAITS_FOR_RECOVERY)
-        return dict(self._snapshot)
+        return self._snapshot
 
     def _take_snapshot(self) -> None:
-        sinks: dict[str, Any] = {}
-        now = time.monotonic()
-        for name, health in self._health.items():
-            committing = self._committing.get(name)
-            sinks[name] = {"state": health.state,
-                           "last_committed_epoch": self._core.sink_last_committed(name),
-                           "last_error": health.last_error,
-                           "history": list(self._history.get(name, [])),
-                           "committing": None if committing is None else {
-                               "epoch": committing[0], "seconds": now - committing[1]}}
+        sinks = {name: SinkStatus(state=health.state,
+                                  last_committed_epoch=self._core.sink_last_committed(name),
+                                  last_error=health.last_error,
+                                  history=list(self._history.get(name, [])))
+                 for name, health in self._health.items()}
         for name in self._dropped:
-            sinks[name] = {"state": "dropped", "last_committed_epoch": None,
-                           "last_error": None, "history": [], "committing": None}
-        self._snapshot = {
-            "name": self._config.runtime, "metastore": self._store.url,
-            "generation": self._core.generation,
-            "last_committed_epoch": self._core.last_committed,
-            "pending_epochs": self._core.pending_epochs(),
-            "open_epoch": self._core.open_epoch_number(),
-            "error": None if self._fatal is None else str(self._fatal),
-            "sinks": sinks,
-        }
+            sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None,
+                                     last_error=None)
+        self._snapshot = RuntimeStatus(
+            name=self._config.runtime, metastore=self._store.url,
+            last_committed_epoch=self._core.last_committed,
+            pending_epochs=self._core.pending_epochs(),
+            open_epoch=self._core.open_epoch_number(),
+            error=None if self._fatal is None else str(self._fatal), sinks=sinks)
 
     async def close(self) -> None:
         """The runtime is closing (its epochs are committed or durably decided): sinks

@@ -39,7 +39,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysink import _faults
+from raysink import _faults, _schema
 from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
 from raysink.coordinator.metastore.base import EpochRecord, EpochState, MetaStore
 from raysink.coordinator.vnodes import Bitmap, CoverageTracker
@@ -117,6 +117,7 @@ class _Epoch:
     skipped: set[str] = field(default_factory=set)
     coverage: dict[str, CoverageTracker[Manifest]] = field(default_factory=dict)
     schemas: dict[str, str] = field(default_factory=dict)
+    complete: bool = False  # every writer's request is in; PENDING is being written
 
 
 class EpochCoordinator:
@@ -404,11 +405,13 @@ class EpochCoordinator:
         manifest: Manifest,
         schema: str | None = None,
     ) -> bool:
-        """Record one writer's pre-commit. True when this request completed the epoch (it
-        is now PENDING); raises ``StaleAttemptError`` for an attempt that is not open and
+        """Record one writer's pre-commit, in memory (no I/O). True when this request
+        completed the epoch: every sink's bitmaps cover every vnode, and ``persist_pending``
+        is next. Raises ``StaleAttemptError`` for an attempt that is not open and
         ``SchemaMismatchError`` when writers of one sink saw different schemas."""
         entry = self._epochs.get(epoch)
-        if entry is None or entry.state is not EpochState.OPEN or entry.attempt != attempt:
+        if (entry is None or entry.state is not EpochState.OPEN or entry.attempt != attempt
+                or entry.complete):
             raise StaleAttemptError(
                 f"commit request for attempt {attempt} of epoch {epoch}, which is not open",
                 runtime=self.runtime, sink=sink, epoch=epoch)
@@ -418,6 +421,40 @@ class EpochCoordinator:
         entry.coverage[sink].add(writer_id, bitmap, manifest)
         if not all(tracker.aligned for tracker in entry.coverage.values()):
             return False
+        entry.complete = True
+        return True
+
+    def awaits_open(self, epoch: int, attempt: int) -> bool:
+        """Whether ``(epoch, attempt)`` is not open yet but may still be: a request for it
+        arrived before the driver's open (which is sent beside the data). Not when the
+        epoch is decided, or that attempt (or a later one) was opened or aborted."""
+        if self.epoch_state(epoch) in (EpochState.COMMITTED, EpochState.PENDING):
+            return False
+        entry = self._epochs.get(epoch)
+        if entry is not None and entry.attempt >= attempt:
+            return False
+        return attempt > self._aborted.get(epoch, -1)
+
+    def attempt_outcome(self, epoch: int, attempt: int) -> str:
+        """``"committed"``, ``"pending"``, ``"open"``, ``"aborted"`` (that attempt can no
+        longer commit) or ``"unknown"`` (not opened yet)."""
+        state = self.epoch_state(epoch)
+        if state is EpochState.COMMITTED:
+            return "committed"
+        entry = self._epochs.get(epoch)
+        if entry is not None and entry.attempt == attempt:
+            return "pending" if entry.state is EpochState.PENDING else "open"
+        if entry is not None and entry.attempt > attempt:
+            return "aborted"
+        return "aborted" if attempt <= self._aborted.get(epoch, -1) else "unknown"
+
+    def persist_pending(self, epoch: int, attempt: int) -> bool:
+        """Record the completed ``(epoch, attempt)`` PENDING for every sink in one
+        transaction (the decision). False when it was aborted meanwhile."""
+        entry = self._epochs.get(epoch)
+        if (entry is None or entry.attempt != attempt or not entry.complete
+                or entry.state is not EpochState.OPEN):
+            return False
         self._persist_pending(entry)
         return True
 
@@ -425,9 +462,7 @@ class EpochCoordinator:
         first = entry.schemas.setdefault(sink, schema)
         if first == schema:
             return
-        from raysink.actors.writer import schema_from_text
-
-        expected, got = schema_from_text(first), schema_from_text(schema)
+        expected, got = _schema.decode(first), _schema.decode(schema)
         if expected.equals(got, check_metadata=False):
             return
         raise SchemaMismatchError(
@@ -459,6 +494,15 @@ class EpochCoordinator:
             with self._io[name]:
                 sink.abort(epoch, None if manifests is None else manifests.get(name))
         self.store.delete_aborted(self.runtime, self.generation, epoch)
+        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+
+    def discard(self, epoch: int, attempt: int,
+                manifests: Mapping[str, Sequence[Manifest]]) -> None:
+        """Sweep what the writers staged for an attempt that was never opened (their
+        requests came before an open that decided otherwise): only those files."""
+        for name, listed in manifests.items():
+            with self._io[name]:
+                self.sinks[name].abort(epoch, list(listed))
         self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
 
     def resolve(self, epoch: int) -> Resolution:

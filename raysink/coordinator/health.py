@@ -14,6 +14,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 
 from raysink.coordinator.metastore.base import SinkStatusRecord
+from raysink.reports import SinkState
 
 __all__ = ["SinkHealth", "SinkHealthBook"]
 
@@ -22,13 +23,13 @@ __all__ = ["SinkHealth", "SinkHealthBook"]
 class SinkHealth:
     """One sink: its lifecycle phase and the errors that make it stalled."""
 
-    phase: str = "starting"
+    phase: SinkState = "starting"
     commit_error: str | None = None
     writer_errors: dict[int, str] = field(default_factory=dict)
     failures: int = 0
 
     @property
-    def state(self) -> str:
+    def state(self) -> SinkState:
         if self.commit_error is not None or self.writer_errors:
             return "stalled"
         return self.phase

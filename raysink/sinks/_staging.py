@@ -12,7 +12,6 @@ Staged names look like ``<prefix>/<epoch:012d>/e<epoch>-a<attempt>-w<writer>-<uu
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import os
 import re
@@ -32,11 +31,8 @@ __all__ = [
     "STAGED_FILE",
     "FileStore",
     "ParquetBuffer",
-    "decode_schema",
     "dictionary_columns",
-    "encode_schema",
     "epoch_dir",
-    "same_schema",
     "staged_file_path",
     "write_durably",
 ]
@@ -55,20 +51,6 @@ def staged_file_path(prefix: str, epoch: int, attempt: int, writer: int, unique:
     """Deterministic relative path of the ``n``-th file one writer staged for an attempt."""
     name = staged_name(epoch, attempt, writer, unique)
     return f"{epoch_dir(prefix, epoch)}/{name}-{n:04d}.parquet"
-
-
-def encode_schema(schema: pa.Schema) -> str:
-    """Base64 of the Arrow IPC schema (JSON-safe)."""
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def decode_schema(text: str) -> pa.Schema:
-    return pa.ipc.read_schema(pa.py_buffer(base64.b64decode(text)))
-
-
-def same_schema(a: pa.Schema, b: pa.Schema) -> bool:
-    """Equal names and types in order, ignoring metadata and nullability."""
-    return a.names == b.names and all(x.type == y.type for x, y in zip(a, b, strict=True))
 
 
 @dataclass

@@ -59,6 +59,7 @@ import pyarrow.compute as pc
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
+from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import (
     ConfigError,
@@ -71,11 +72,8 @@ from raysink.sinks._staging import (
     STAGED_FILE,
     FileStore,
     ParquetBuffer,
-    decode_schema,
-    encode_schema,
     epoch_dir,
     new_unique,
-    same_schema,
     staged_file_path,
 )
 from raysink.sinks.base import Manifest, Sink, SinkWriter
@@ -550,12 +548,12 @@ class DeltaSink(Sink):
         return version is not None and version >= epoch  # version 0 is falsy
 
     def _epoch_schema(self, epoch: int, manifests: Sequence[Manifest]) -> pa.Schema | None:
-        schemas = [decode_schema(m["schema"]) for m in manifests if m.get("schema")]
+        schemas = [_schema.decode(m["schema"]) for m in manifests if m.get("schema")]
         if not schemas:
             return None
         first = schemas[0]
         for other in schemas[1:]:
-            if not same_schema(first, other):
+            if not _schema.same(first, other):
                 raise SchemaMismatchError(
                     f"writers staged different schemas: {first} and {other}",
                     **self._where(epoch))
@@ -708,7 +706,7 @@ class DeltaSinkWriter(SinkWriter):
         if self._epoch.schema is None:
             self._check_against_table(batch.schema)
             self._epoch.schema = batch.schema.remove_metadata()
-        elif not same_schema(self._epoch.schema, batch.schema):
+        elif not _schema.same(self._epoch.schema, batch.schema):
             raise SchemaMismatchError(f"batch schema {batch.schema} differs from the epoch's "
                                       f"{self._epoch.schema}", **self._where)
         missing = [c for c in self._opts.partition_by if c not in batch.schema.names]
@@ -772,7 +770,7 @@ class DeltaSinkWriter(SinkWriter):
         self._epoch = _EpochState()
         return {"writer": self._writer_id, "epoch": epoch, "attempt": attempt, "files": files,
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["size"] for f in files),
-                "schema": encode_schema(schema) if schema is not None else None}
+                "schema": _schema.encode(schema) if schema is not None else None}
 
     def _remember(self, epoch: int, attempt: int, path: str) -> None:
         self._staged.setdefault((epoch, attempt), []).append(path)

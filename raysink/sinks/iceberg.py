@@ -41,6 +41,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import (
     ConfigError,
@@ -53,11 +54,8 @@ from raysink.sinks._staging import (
     STAGED_FILE,
     FileStore,
     ParquetBuffer,
-    decode_schema,
-    encode_schema,
     epoch_dir,
     new_unique,
-    same_schema,
     staged_file_path,
 )
 from raysink.sinks.base import Manifest, Sink, SinkWriter
@@ -447,9 +445,9 @@ def _referenced(table: Any | None) -> set[str]:
 
 
 def _epoch_schema(manifests: Sequence[Manifest], where: dict[str, Any]) -> pa.Schema | None:
-    schemas = [decode_schema(m["schema"]) for m in manifests if m.get("schema")]
+    schemas = [_schema.decode(m["schema"]) for m in manifests if m.get("schema")]
     for other in schemas[1:]:
-        if not same_schema(schemas[0], other):
+        if not _schema.same(schemas[0], other):
             raise SchemaMismatchError(f"writers staged different schemas: {schemas[0]} and "
                                       f"{other}", **where)
     return schemas[0] if schemas else None
@@ -494,7 +492,7 @@ class IcebergSinkWriter(SinkWriter):
     def write(self, batch: pa.RecordBatch) -> None:
         if self._epoch.schema is None:
             self._start_epoch(batch.schema)
-        elif not same_schema(self._epoch.schema, batch.schema):
+        elif not _schema.same(self._epoch.schema, batch.schema):
             raise SchemaMismatchError(f"batch schema {batch.schema} differs from the epoch's "
                                       f"{self._epoch.schema}", **self._where)
         if batch.num_rows == 0:
@@ -528,7 +526,7 @@ class IcebergSinkWriter(SinkWriter):
         self._epoch = _EpochState()
         return {"writer": self._writer_id, "epoch": epoch, "attempt": attempt, "files": files,
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["bytes"] for f in files),
-                "schema": encode_schema(schema) if schema is not None else None}
+                "schema": _schema.encode(schema) if schema is not None else None}
 
     def _remember(self, epoch: int, attempt: int, uri: str) -> None:
         self._staged.setdefault((epoch, attempt), []).append(uri)

@@ -56,7 +56,6 @@ it. Use ``DeltaSink`` or ``IcebergSink`` where readers need atomic visibility.
 
 from __future__ import annotations
 
-import base64
 import contextlib
 import json
 import logging
@@ -73,6 +72,7 @@ from typing import IO, Any, Literal, TypeVar
 import pyarrow as pa
 import pyarrow.parquet as pq
 
+from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import (
     ConfigError,
@@ -151,37 +151,6 @@ def _rmdir_if_empty(*paths: Path) -> None:
 
 
 # --------------------------------------------------------------------------- schemas
-
-
-def _encode_schema(schema: pa.Schema | None) -> str | None:
-    if schema is None:
-        return None
-    return base64.b64encode(schema.serialize().to_pybytes()).decode("ascii")
-
-
-def _schema_diff(expected: pa.Schema, actual: pa.Schema) -> list[str]:
-    """Human-readable differences; empty when ``actual`` can be stored as ``expected``.
-
-    A non-nullable column where a nullable one is expected is compatible (widening).
-    """
-    want = {f.name: f for f in expected}
-    got = {f.name: f for f in actual}
-    diffs: list[str] = []
-    missing = [name for name in want if name not in got]
-    extra = [name for name in got if name not in want]
-    if missing:
-        diffs.append(f"missing columns {missing}")
-    if extra:
-        diffs.append(f"unexpected columns {extra}")
-    for name in (n for n in want if n in got):
-        w, g = want[name], got[name]
-        if not w.type.equals(g.type):
-            diffs.append(f"column {name!r}: expected {w.type}, got {g.type}")
-        elif g.nullable and not w.nullable:
-            diffs.append(f"column {name!r}: expected non-nullable, got nullable")
-    if not diffs and expected.names != actual.names:
-        diffs.append(f"column order: expected {expected.names}, got {actual.names}")
-    return diffs
 
 
 # --------------------------------------------------------------------------- layout
@@ -357,7 +326,7 @@ class ParquetSink(Sink):
 
     def _check_target_schema(self, sample: Path) -> None:
         assert self._schema is not None
-        diffs = _schema_diff(self._schema, pq.read_schema(sample))
+        diffs = _schema.differences(self._schema, pq.read_schema(sample))
         if diffs:
             raise SchemaMismatchError(
                 f"the files in {self._path!r} differ from the given schema: "
@@ -648,7 +617,7 @@ class ParquetSinkWriter(SinkWriter):
             return batch
         if batch.schema.equals(self._schema, check_metadata=True):
             return batch
-        diffs = _schema_diff(self._schema, batch.schema)
+        diffs = _schema.differences(self._schema, batch.schema)
         if diffs:
             raise SchemaMismatchError(
                 f"writer {self._writer_id}: batch schema differs from the epoch's: "
@@ -720,7 +689,7 @@ class ParquetSinkWriter(SinkWriter):
             "files": files,
             "rows": sum(f["rows"] for f in files),
             "bytes": sum(f["bytes"] for f in files),
-            "schema": _encode_schema(self._schema),
+            "schema": None if self._schema is None else _schema.encode(self._schema),
         }
         self._flushed, self._schema = [], self._sink.schema
         self._last = ((epoch, attempt), manifest)

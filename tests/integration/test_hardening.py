@@ -113,7 +113,7 @@ def test_close_drops_what_an_undecided_attempt_staged(tmp_path: Path, name: str,
         assert actors is not None
         opened = ray.get(actors.coordinator.open_epoch.remote(None, 30.0))
         writer = actors.writers["main"][0]
-        ray.get(writer.write.remote(opened["epoch"], opened["attempt"], 0,
+        ray.get(writer.write.remote(opened.epoch, opened.attempt, 0,
                                     [ray.put(epoch_table(2, ROWS))]))
         staged = path / "_raysink" / "staging"
         _until(lambda: any(p.is_file() for p in staged.rglob("*.parquet")), 10,
@@ -312,7 +312,7 @@ def test_a_flooded_reorder_buffer_refuses_early_messages(tmp_path: Path, name: s
         actors = rt._actors
         assert actors is not None
         opened = ray.get(actors.coordinator.open_epoch.remote(None, 30.0))
-        epoch, attempt = opened["epoch"], opened["attempt"]
+        epoch, attempt = opened.epoch, opened.attempt
         writer = actors.writers["main"][0]
         refused = []
         for seq in range(1, 20):
@@ -328,8 +328,8 @@ def test_a_flooded_reorder_buffer_refuses_early_messages(tmp_path: Path, name: s
         for seq in refused:
             ray.get(writer.write.remote(epoch, attempt, seq, [ray.put(pieces[seq])]))
         barrier = ray.get(writer.barrier.remote(CheckpointBarrier(1, epoch), attempt, 20))
-        assert barrier["rows"] == 200_000
-        assert rt._committed(actors, epoch, 30.0)["committed"]
+        assert barrier.rows == 200_000
+        assert rt._committed(actors, epoch, 30.0).committed
     assert len(read_ids(tmp_path / "pq")) == 200_000 == len(set(read_ids(tmp_path / "pq")))
 
 

@@ -1,10 +1,12 @@
 """A ``hypothesis.stateful`` model of the coordinator.
 
-Random interleavings of opens, writer pre-commits (each writer's commit request), resolves,
-sink commits that fail or succeed, and coordinator crashes with restarts. Invariants after
-every step: an epoch is visible in a sink at most once, and only from the attempt that was
-decided (went PENDING); nothing of an aborted attempt is ever visible. At the end, after
-draining the commits, every decided epoch is visible exactly once in every sink.
+Random interleavings of opens, writer pre-commits (each writer's commit request, recorded
+in memory), the PENDING record of a completed attempt (a step of its own: a resolve or a
+crash may come between), resolves, each sink's commits on its own (failing or not), and
+coordinator crashes with restarts. Invariants after every step: an epoch is visible in a
+sink at most once, and only from the attempt that was decided (went PENDING); nothing of
+an aborted attempt is ever visible. At the end, after draining the commits, every decided
+epoch is visible exactly once in every sink.
 """
 
 from __future__ import annotations
@@ -27,6 +29,7 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.h = Harness(sinks=SINKS, max_pending=3)
         self.current: tuple[int, int] | None = None
         self.requested: set[tuple[str, int]] = set()
+        self.complete: tuple[int, int] | None = None
         self.decided: dict[int, int] = {}
 
     @rule(gap=st.integers(min_value=0, max_value=2), explicit=st.booleans())
@@ -62,8 +65,17 @@ class CoordinatorModel(RuleBasedStateMachine):
             return
         self.requested.add((sink, writer_id))
         if done:
+            self.complete, self.current = (epoch, attempt), None
+
+    @precondition(lambda self: self.complete is not None)
+    @rule()
+    def decide(self) -> None:
+        """The PENDING record of the completed attempt (unless it was aborted meanwhile)."""
+        assert self.complete is not None
+        epoch, attempt = self.complete
+        if self.h.core.persist_pending(epoch, attempt):
             self.decided[epoch] = attempt
-            self.current = None
+        self.complete = None
 
     @precondition(lambda self: self.current is not None)
     @rule(rows=st.integers(0, 2))
@@ -82,6 +94,16 @@ class CoordinatorModel(RuleBasedStateMachine):
         assert resolution is Resolution.ABORTED
         self.current = None
 
+    @precondition(lambda self: self.complete is not None)
+    @rule()
+    def resolve_complete(self) -> None:
+        """The driver resolves an attempt whose requests are all in, before its PENDING
+        record: it is aborted, and can no longer be decided."""
+        assert self.complete is not None
+        assert self.h.core.resolve(self.complete[0]) is Resolution.ABORTED
+        assert not self.h.core.persist_pending(*self.complete)
+        self.complete = None
+
     @rule(fail=st.booleans(), sink=st.sampled_from(SINKS))
     def commit_step(self, fail: bool, sink: str) -> None:
         step = self.h.core.next_commit(sink)
@@ -97,7 +119,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     @rule()
     def crash(self) -> None:
         self.h.crash()
-        self.current = None
+        self.current = self.complete = None
 
     @invariant()
     def visible_at_most_once_and_only_decided(self) -> None:

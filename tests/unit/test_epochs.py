@@ -77,7 +77,7 @@ class Harness:
                 manifest = writer.pre_commit(epoch, attempt)
                 done = self.core.commit_request(sink=name, writer_id=writer_id, epoch=epoch,
                                                 attempt=attempt, manifest=manifest)
-        return done
+        return done and self.core.persist_pending(epoch, attempt)
 
     def commit_all(self) -> None:
         while (step := self.core.next_commit()) is not None:

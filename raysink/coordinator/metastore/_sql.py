@@ -38,11 +38,11 @@ from raysink.coordinator.metastore.base import (
     HISTORY_LIMIT,
     EpochRecord,
     EpochState,
+    ManifestJSON,
     RuntimeRecord,
     SinkStatusRecord,
 )
 from raysink.errors import ConfigError, FencedError, MetaStoreError
-from raysink.sinks.base import Manifest
 
 logger = logging.getLogger(__name__)
 
@@ -358,7 +358,7 @@ class SqlMetaStore(abc.ABC):
                      list(sinks))
 
     def put_pending(self, runtime: str, generation: int, epoch: int, attempt: int,
-                    manifests: Mapping[str, Sequence[Manifest]]) -> None:
+                    manifests: Mapping[str, Sequence[ManifestJSON]]) -> None:
         """Record the epoch PENDING for every sink in ``manifests``, in one transaction."""
         texts = {sink: encode(list(items), f"manifests of sink {sink!r}", runtime=runtime,
                               sink=sink, epoch=epoch) for sink, items in manifests.items()}

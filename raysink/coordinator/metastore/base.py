@@ -17,7 +17,7 @@ One meta store may hold many runtimes; every record is keyed by runtime name. Re
 
 Every write names the coordinator ``generation`` that makes it; a write from an older
 generation than the runtime's current one raises ``FencedError`` and changes nothing.
-Manifests and layouts are stored as JSON text, never pickle; a row that does not decode
+ManifestJSONs and layouts are stored as JSON text, never pickle; a row that does not decode
 raises ``MetaStoreError``.
 """
 
@@ -28,12 +28,11 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
-from raysink.sinks.base import Manifest
-
 __all__ = [
     "HISTORY_LIMIT",
     "EpochRecord",
     "EpochState",
+    "ManifestJSON",
     "MetaStore",
     "RuntimeRecord",
     "SinkStatusRecord",
@@ -41,6 +40,10 @@ __all__ = [
 
 HISTORY_LIMIT = 20
 """Status history entries kept per sink."""
+
+ManifestJSON = dict[str, Any]
+"""A writer's manifest as the store keeps it: JSON text in, the same mapping out. The
+store needs no more of it (what the keys mean is the sink's business)."""
 
 
 class EpochState(str, enum.Enum):
@@ -70,7 +73,7 @@ class EpochRecord:
     attempt: int
     state: EpochState
     layout: dict[str, Any] = field(default_factory=dict)
-    manifests: list[Manifest] | None = None
+    manifests: list[ManifestJSON] | None = None
     updated_at: float = 0.0
     marked: bool = True
 
@@ -146,7 +149,7 @@ class MetaStore(Protocol):
         generation: int,
         epoch: int,
         attempt: int,
-        manifests: Mapping[str, Sequence[Manifest]],
+        manifests: Mapping[str, Sequence[ManifestJSON]],
     ) -> None:
         """Record the epoch PENDING for every sink in ``manifests``, in one transaction.
 
