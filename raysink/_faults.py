@@ -20,9 +20,8 @@ The protocol points, in the order one epoch passes them::
 
     writer.during_write          a write call applied some batches of the epoch
     writer.after_pre_commit      the writer staged its data, before its commit request
-    coordinator.after_open       OPEN recorded (the driver's open travels beside the data)
-    writer.after_request         the coordinator recorded the writer's request, before the
-                                 writer's barrier returns (the last one completes the epoch)
+    coordinator.after_open       OPEN recorded, before the data is sent (an epoch opened
+                                 first; the next epoch's open travels with its decision)
     coordinator.after_pending    PENDING recorded, before any sink commit
     coordinator.mid_commit       one sink's commit recorded, another sink's not yet (sinks
                                  commit on their own: it fires for the first to record)
@@ -48,7 +47,6 @@ POINTS = (
     "writer.during_write",
     "writer.after_pre_commit",
     "coordinator.after_open",
-    "writer.after_request",
     "coordinator.after_pending",
     "coordinator.mid_commit",
     "sink.mid_commit",

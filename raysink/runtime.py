@@ -38,7 +38,6 @@ from raysink.errors import (
     EpochFailedError,
     RuntimeUnavailableError,
     SchemaMismatchError,
-    StaleAttemptError,
 )
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
@@ -169,9 +168,10 @@ class SinkRuntime:
         self._progress = _progress(name, progress)
         self._inflight: list[Any] = []
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
-        # the epoch the coordinator will open next at attempt 0, when known: its open is
-        # then sent beside the data instead of before it
-        self._predicted: int | None = None
+        # the epoch the coordinator would open next, at attempt 0, when known (the one after
+        # the epoch just committed), and the coordinator generation that knows it: its open
+        # then travels with its commit requests
+        self._predicted: tuple[int, int] | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -352,66 +352,49 @@ class SinkRuntime:
 
     def _run_epoch(self, actors: ActorSet, epoch: int | None,
                    plan: _feed.FeedPlan) -> EpochReport:
-        """Open, feed, commit; after a failure resolve, and re-feed an aborted attempt.
+        """Feed one epoch and have it committed; after a failure resolve it, and re-feed
+        an aborted attempt (up to ``max_attempts``).
 
-        The open travels beside the data when the runtime knows what it will answer (the
-        epoch after the one it just committed, first attempt): its answer is checked once
-        the barriers are out, and a different one cancels what was sent."""
+        The epoch after the one just committed is not opened first: its first attempt is
+        known, so the data goes at once and the open travels with the commit requests
+        (one meta store transaction records both). Any other epoch is opened first."""
         started = time.monotonic()
         requested = epoch
         last_error: BaseException | None = None
-        attempt_no = 0
-        while attempt_no < self._options.max_attempts:
-            attempt_no += 1
-            opening, guess = self._begin_open(actors, requested)
-            if opening is None and guess.skip:  # opened first, and nothing to write
-                self._predicted = None
-                return self._report(guess.epoch, 0, True, True, guess.skipped_sinks,
-                                    attempt_no - 1, started)
-            epoch, attempt = guess.epoch, guess.attempt
+        for attempt_no in range(1, self._options.max_attempts + 1):
+            predicted, generation = self._predicted or (None, None)
+            if predicted is not None and requested in (None, predicted):
+                epoch, attempt = predicted, 0
+            else:
+                decision = self._open_epoch(actors, requested)
+                if decision.skip:
+                    self._predicted = None
+                    return self._report(decision.epoch, 0, True, True,
+                                        decision.skipped_sinks, attempt_no - 1, started)
+                epoch, attempt, generation = decision.epoch, decision.attempt, None
+            self._predicted = None
             try:
-                rows, visible = self._feed_and_commit(actors, epoch, attempt, plan, opening)
-                report = self._finish(actors, epoch, rows, attempt_no, started,
-                                      waiting=visible, attempt=attempt)
-                self._predicted = epoch + 1 if report.committed else None
-                return report
-            except _OpenedOtherwise as other:
-                self._rollback_writers(actors, epoch, attempt)
-                self._predicted, attempt_no = None, attempt_no - 1
-                if other.decision.skip:
-                    return self._report(other.decision.epoch, 0, True, True,
-                                        other.decision.skipped_sinks, attempt_no, started)
+                rows, outcome = self._feed_and_commit(actors, epoch, attempt, plan, generation)
             except SchemaMismatchError:
-                self._predicted = None
                 self._abandon(actors, epoch, attempt)
                 raise
             except Exception as exc:
-                self._predicted = None
                 last_error = exc
                 log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
                             short(exc))
-                outcome = self._recover_epoch(actors, epoch, attempt)
-                if outcome is not None:
-                    return self._finish(actors, epoch, plan.rows or 0, attempt_no, started,
-                                        wait=outcome)
+                if self._recover_epoch(actors, epoch, attempt):
+                    outcome = self._committed(actors, epoch)
+                    return self._visible(epoch, plan.rows or 0, attempt_no, started, outcome)
                 requested = epoch
+                continue
+            if outcome.committed:
+                self._predicted = (epoch + 1, outcome.generation)
+            return self._visible(epoch, rows, attempt_no, started, outcome)
         raise EpochFailedError(
             f"epoch {epoch} failed {self._options.max_attempts} times; last error: "
             f"{short(last_error)}. The data is not committed; fix the cause and write the "
             "epoch again", attempts=self._options.max_attempts, runtime=self.name,
             epoch=epoch) from last_error
-
-    def _begin_open(self, actors: ActorSet, requested: int | None
-                    ) -> tuple[Any, OpenedEpoch]:
-        """``(None, answer)`` of an open asked and answered now; or, when the answer is
-        known ahead (the epoch after the last committed, first attempt), ``(pending call,
-        expected answer)``: the open is sent, not waited for."""
-        predicted = self._predicted
-        if predicted is not None and requested in (None, predicted):
-            call = actors.coordinator.open_epoch.remote(requested,
-                                                        self._options.commit_timeout)
-            return call, OpenedEpoch(epoch=predicted, attempt=0)
-        return None, self._open_epoch(actors, requested)
 
     def _open_epoch(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
         """Open at the coordinator; a coordinator lost meanwhile is waited for (restarting)
@@ -425,11 +408,12 @@ class SinkRuntime:
         return decision
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: _feed.FeedPlan, opening: Any = None) -> tuple[int, Any]:
-        """Send the data and the barriers; returns the rows and the pending answer of
-        ``wait_committed``, asked as soon as the barriers are out so that it overlaps the
-        commit. ``opening``: the open sent beside the data, checked here (a different
-        answer is ``_OpenedOtherwise``)."""
+                         plan: _feed.FeedPlan, generation: int | None = None
+                         ) -> tuple[int, CommitWait]:
+        """Send the data and the barriers; gather every writer's commit request from its
+        barrier answer and send them to the coordinator in one call, which decides the
+        attempt and answers once every sink made it visible (or ``commit_timeout``).
+        Returns the rows and that answer."""
         self._checkpoint_id += 1
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
@@ -437,35 +421,25 @@ class SinkRuntime:
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
                               shuffle=self._shuffle, on_rows=on_rows)
         self._inflight = barriers
-        visible = actors.coordinator.wait_committed.remote(
-            epoch, self._options.commit_timeout, attempt)
-        if opening is not None:
-            decision: OpenedEpoch = get(opening)
-            if (decision.epoch, decision.attempt, decision.skip) != (epoch, attempt, False):
-                raise _OpenedOtherwise(decision)
         try:
-            results = get(barriers)
-        except StaleAttemptError as exc:
-            # the coordinator aborted the attempt, releasing every barrier at once: one of
-            # them may carry the bad data that made it abort
+            acks: list[BarrierAck] = get(barriers)
+        except Exception as exc:
             bad = self._bad_data_among(barriers, timeout=5.0)
-            if bad is not None:
+            if bad is not None and bad is not exc:
                 raise bad from exc
             raise
         self._inflight = []
-        per_sink = len(self._sinks)
-        acks: list[BarrierAck] = results
-        return sum(ack.rows for ack in acks) // max(per_sink, 1), visible
+        outcome: CommitWait = get(actors.coordinator.commit_epoch.remote(
+            epoch, attempt, [ack.request for ack in acks], self._options.commit_timeout,
+            generation))
+        rows = sum(ack.rows for ack in acks) // max(len(self._sinks), 1)
+        return rows, outcome
 
     def _bad_data_among(self, barriers: list[Any], timeout: float
                         ) -> SchemaMismatchError | None:
-        """The ``SchemaMismatchError`` one of the failed attempt's barriers raised, if any.
-
-        One writer's bad data makes the coordinator abort the attempt, which fails the other
-        writers' barriers with ``StaleAttemptError``; ``ray.get`` of the list raises
-        whichever it meets first. Bad data must win: retrying it cannot help. (Only then:
-        after a writer died the other barriers wait for ``resolve``, so waiting for them
-        here would only delay the recovery.)"""
+        """The ``SchemaMismatchError`` one of the failed attempt's barriers raised, if any:
+        ``ray.get`` of the list raises whichever failure it meets first, and bad data must
+        win (retrying it cannot help)."""
         import ray
 
         ready, _ = ray.wait(barriers, num_returns=len(barriers), timeout=timeout)
@@ -478,17 +452,8 @@ class SinkRuntime:
                 log.debug("%s: barrier of the failed attempt: %s", self.name, short(exc))
         return None
 
-    def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int, started: float,
-                wait: bool = True, waiting: Any = None,
-                attempt: int | None = None) -> EpochReport:
-        """Wait for the epoch to be visible (up to ``commit_timeout``); an attempt that was
-        aborted meanwhile raises its cause (bad data), or ``StaleAttemptError``."""
-        timeout = self._options.commit_timeout if wait else 0.0
-        outcome = self._committed(actors, epoch, timeout, waiting, attempt)
-        if outcome.aborted and attempt is not None:
-            raise outcome.error or StaleAttemptError(
-                f"attempt {attempt} of epoch {epoch} was aborted", runtime=self.name,
-                epoch=epoch)
+    def _visible(self, epoch: int, rows: int, attempts: int, started: float,
+                 outcome: CommitWait) -> EpochReport:
         if not outcome.committed:
             log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
                         "will roll forward", self.name, epoch, self._options.commit_timeout,
@@ -496,39 +461,31 @@ class SinkRuntime:
         return self._report(epoch, rows, outcome.committed, False, outcome.skipped_sinks,
                             attempts, started)
 
-    def _committed(self, actors: ActorSet, epoch: int, timeout: float,
-                   waiting: Any = None, attempt: int | None = None) -> CommitWait:
-        """The answer of ``wait_committed``: the one already asked (``waiting``) or, when
-        that call was lost with a restarting coordinator, asked again."""
-        from ray.exceptions import ActorDiedError, ActorUnavailableError
-
-        if waiting is not None:
-            try:
-                answer: CommitWait = get(waiting)
-                return answer
-            except (ActorDiedError, ActorUnavailableError) as exc:
-                log.warning("%s: coordinator lost while waiting for epoch %s (%s)",
-                            self.name, epoch, short(exc))
-        answer = self._ask(actors, f"waiting for epoch {epoch}",
-                           actors.coordinator_call("wait_committed", epoch, timeout, attempt),
-                           timeout=timeout + self._options.commit_timeout)
+    def _committed(self, actors: ActorSet, epoch: int) -> CommitWait:
+        """Wait (up to ``commit_timeout``) for a decided epoch to be visible."""
+        timeout = self._options.commit_timeout
+        answer: CommitWait = self._ask(
+            actors, f"waiting for epoch {epoch}",
+            actors.coordinator_call("wait_committed", epoch, timeout), timeout=2 * timeout)
         return answer
 
-    def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool | None:
-        """After a failure: heal actors, resolve. True/False: decided (wait for commit);
-        None: aborted and rolled back, so re-feed."""
+    def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool:
+        """After a failure: heal the actors and resolve the attempt. True: it was decided
+        (it rolls forward); False: it was aborted, swept and cancelled at the writers, so
+        it may be fed again."""
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
-                               actors.coordinator_call("resolve", epoch))
-        self._settle_inflight()
+                               actors.coordinator_call("resolve", epoch, attempt))
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
+            self._settle_inflight()
             return True
         self._rollback_writers(actors, epoch, attempt)
-        return None
+        self._settle_inflight()
+        return False
 
     def _settle_inflight(self, timeout: float = 30.0) -> None:
-        """Collect the failed attempt's barrier calls (they end once the coordinator has
-        resolved the epoch), so no error is left unobserved."""
+        """Collect the failed attempt's barrier calls (cancelled, they end at once), so no
+        error is left unobserved."""
         import ray
 
         refs, self._inflight = self._inflight, []
@@ -541,9 +498,11 @@ class SinkRuntime:
 
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """Bad data: abort the attempt everywhere; nothing of it is written."""
-        self._ask(actors, f"resolving epoch {epoch}", actors.coordinator_call("resolve", epoch))
-        self._settle_inflight()
+        self._predicted = None
+        self._ask(actors, f"resolving epoch {epoch}",
+                  actors.coordinator_call("resolve", epoch, attempt))
         self._rollback_writers(actors, epoch, attempt)
+        self._settle_inflight()
 
     def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """The abandoned attempt's CANCEL barrier to every writer: each stops waiting for
@@ -625,14 +584,6 @@ class SinkRuntime:
     def writers(self) -> int:
         """Writer actors per sink."""
         return self._options.writers
-
-
-class _OpenedOtherwise(Exception):
-    """The open sent beside the data answered something else than expected."""
-
-    def __init__(self, decision: OpenedEpoch) -> None:
-        super().__init__(f"the coordinator opened {decision}")
-        self.decision = decision
 
 
 def source_offset(runtime: str, current: Mapping[str, Any] | None, query_id: str,

@@ -579,6 +579,20 @@ class InMemoryMetaStore:
                                  f"{row['attempt']}", runtime=record.name, sink=sink,
                                  epoch=epoch)
 
+    def put_decided(self, runtime: str, generation: int, epoch: int, attempt: int,
+                    layout: Mapping[str, Any],
+                    manifests: Mapping[str, Sequence[Manifest]]) -> None:
+        with self._lock:
+            record = self._fence(runtime, generation)
+            for sink in manifests:
+                self._check_openable(record, sink, epoch, attempt)
+            layout_text = json.dumps(_json_round_trip(dict(layout), "layout"))
+            for sink, items in manifests.items():
+                text = json.dumps(_json_round_trip(list(items), f"manifests of {sink}"))
+                self._epochs[(runtime, sink, epoch)] = _row(
+                    sink, epoch, attempt, EpochState.PENDING, layout=layout_text,
+                    manifests=text)
+
     def put_pending(self, runtime: str, generation: int, epoch: int, attempt: int,
                     manifests: Mapping[str, Sequence[Manifest]]) -> None:
         with self._lock:

@@ -8,9 +8,10 @@ method         group       what it does
 write          data        file ``(epoch, attempt, seq, [ref])``; apply in seq order; an early
                            message over the reorder buffer's byte bound is refused with
                            ``BackpressureError`` (the sender sends it again)
-barrier        barrier     wait for ``last_seq`` writes, flush, pre-commit, send the commit
-                           request to the coordinator; on its ack drop the epoch state. With
-                           ``DRAIN`` set it was the last epoch: the writer closes after it
+barrier        barrier     wait for ``last_seq`` writes, flush, pre-commit; answer with the
+                           commit request (the driver gathers every writer's and sends them
+                           to the coordinator at once). With ``DRAIN`` set it was the last
+                           epoch: the writer closes after it
 cancel         control     a ``CANCEL`` barrier: the attempt was abandoned; stop waiting for
                            it and drop what it staged
 drain          control     a ``DRAIN`` barrier between epochs (``rt.close()``): drop what an
@@ -138,7 +139,7 @@ class SinkWriterActor:
         """Tell the coordinator (without waiting) whether the target is reachable."""
         self._unreachable = error is not None
         try:
-            self._coordinator(fresh=False).writer_health.remote(
+            self._coordinator().writer_health.remote(
                 self._config.sink_name, self._config.writer_id, error)
         except Exception as exc:  # no coordinator right now: the next report tells it
             self._coordinator_handle = None
@@ -267,19 +268,15 @@ class SinkWriterActor:
         self._reachable()
         _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
-        try:
-            self._request_commit(epoch, attempt, manifest, schema)
-        except BaseException:
-            # The epoch may be PENDING already (the coordinator died after recording it):
-            # staged data stays until the coordinator's resolve says ABORTED.
-            self._mailbox.drop(epoch, attempt)
-            raise
-        self._ack(epoch, attempt, rows)
-        _faults.hit("writer.after_request", runtime=self._config.runtime, epoch=epoch,
-                    writer=self._config.writer_id, sink=self._config.sink_name)
+        # Done here: what it staged is the coordinator's to commit or sweep, by epoch.
+        self._mailbox.drop(epoch, attempt)
+        self._done = max(self._done, (epoch, attempt))
+        self._rows_total += rows
         if barrier.is_drain:
             self._close_writer()
-        return BarrierAck(rows=rows, manifest=manifest)
+        request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
+                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
+        return BarrierAck(rows=rows, request=request)
 
     def _await_writes(self, epoch: int, attempt: int, last_seq: int) -> None:
         outcome = self._mailbox.wait_applied(epoch, attempt, last_seq,
@@ -298,46 +295,13 @@ class SinkWriterActor:
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
             runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
 
-    def _request_commit(self, epoch: int, attempt: int, manifest: dict[str, Any],
-                        schema: str | None) -> None:
-        """Send the commit request; returns once the coordinator recorded it (it answers
-        at once: the decision comes later, and the driver waits for that).
-
-        The coordinator's handle is kept between epochs. When the actor behind it is gone
-        for good (re-created by the runtime after ``ray.kill``), the name is looked up
-        again and the request sent once more: the dead actor never saw it."""
-        import ray
-        from ray.exceptions import ActorDiedError, RayTaskError
-
-        request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
-                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
-        for fresh in (False, True):
-            coordinator = self._coordinator(fresh=fresh)
-            try:
-                ray.get(coordinator.commit_request.remote(request))
-                return
-            except ActorDiedError:
-                self._coordinator_handle = None
-                if fresh:
-                    raise
-            except RayTaskError as exc:
-                cause = getattr(exc, "cause", None)
-                if isinstance(cause, RaySinkError):
-                    raise cause from None
-                raise
-
-    def _coordinator(self, *, fresh: bool) -> Any:
+    def _coordinator(self) -> Any:
         import ray
 
-        if fresh or self._coordinator_handle is None:
+        if self._coordinator_handle is None:
             self._coordinator_handle = ray.get_actor(self._config.coordinator,
                                                      namespace=NAMESPACE)
         return self._coordinator_handle
-
-    def _ack(self, epoch: int, attempt: int, rows: int) -> None:
-        self._mailbox.drop(epoch, attempt)
-        self._done = max(self._done, (epoch, attempt))
-        self._rows_total += rows
 
     # ------------------------------------------------------------------ control group
 

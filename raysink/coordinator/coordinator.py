@@ -25,7 +25,7 @@ import logging
 import random
 import time
 from collections import OrderedDict
-from collections.abc import Awaitable, Callable, Coroutine
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
@@ -47,7 +47,7 @@ from raysink.errors import (
     RaySinkError,
 )
 from raysink.reports import RuntimeStatus, SinkStatus
-from raysink.sinks.base import Manifest, Sink
+from raysink.sinks.base import Sink
 
 __all__ = ["CoordinatorActor", "CoordinatorConfig"]
 
@@ -97,9 +97,6 @@ class CoordinatorActor:
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
-        self._parked: dict[tuple[int, int], list[CommitRequest]] = {}
-        self._background: set[asyncio.Task[None]] = set()
-        self._failed: OrderedDict[tuple[int, int], RaySinkError] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
         self._lock: asyncio.Lock | None = None
@@ -292,17 +289,27 @@ class CoordinatorActor:
         return os.getpid()
 
     async def open_epoch(self, requested: int | None, timeout: float) -> OpenedEpoch:
-        """Open an epoch for writing (waiting up to ``timeout`` under backpressure). The
-        driver may send it beside the epoch's data: requests that came first are taken
-        now."""
+        """Open an epoch before its data is sent (waiting up to ``timeout`` under
+        backpressure): its OPEN record is durable before any writer stages."""
         await self._until_recovered()
+        decision: OpenDecision = await self._retrying_backpressure(
+            lambda: self._core.open_epoch(requested), timeout)
+        await self._notify()
+        if decision.wait_roll_forward:
+            await self.wait_committed(decision.epoch, timeout)
+        skip = decision.skip or decision.wait_roll_forward
+        return OpenedEpoch(epoch=decision.epoch, attempt=decision.attempt, skip=skip,
+                           skipped_sinks=self._skipped_sinks(decision.epoch, skip),
+                           generation=self._core.generation)
+
+    async def _retrying_backpressure(self, call: Callable[[], T], timeout: float) -> T:
+        """``call`` under the lock, again while it raises ``BackpressureError`` (too many
+        outstanding epochs), up to ``timeout``."""
         deadline = time.monotonic() + timeout
         waited = False
         while True:
             try:
-                decision: OpenDecision = await self._locked(
-                    lambda: self._core.open_epoch(requested))
-                break
+                return await self._locked(call)
             except BackpressureError:
                 left = deadline - time.monotonic()
                 if left <= 0:
@@ -311,94 +318,38 @@ class CoordinatorActor:
                     waited = True
                     self._metrics.waited()
                 await self._wait_change(min(left, 1.0))
-        await self._take_parked(decision.epoch)
-        await self._notify()
-        if decision.wait_roll_forward:
-            await self.wait_committed(decision.epoch, timeout)
-        skip = decision.skip or decision.wait_roll_forward
-        return OpenedEpoch(epoch=decision.epoch, attempt=decision.attempt, skip=skip,
-                           skipped_sinks=self._skipped_sinks(decision.epoch, skip))
 
     def _skipped_sinks(self, epoch: int, skip: bool) -> tuple[str, ...]:
         if skip:
             return tuple(self._config.sinks)
         return self._recent.get(epoch, ())
 
-    async def commit_request(self, request: CommitRequest) -> None:
-        """A writer pre-committed its share of an attempt. Recorded in memory at once (no
-        thread, no I/O) and answered: the writer does not wait for the decision, the
-        driver learns it from ``wait_committed``. The request that completes the attempt
-        schedules its PENDING record. A request that comes before the driver's open of its
-        attempt (the open travels beside the data) waits here for it. Raises
-        ``StaleAttemptError`` for an attempt that can no longer commit and
-        ``SchemaMismatchError`` for writers of one sink that saw different schemas."""
+    async def commit_epoch(self, epoch: int, attempt: int, requests: list[CommitRequest],
+                           timeout: float, generation: int | None = None) -> CommitWait:
+        """Decide an attempt from its writers' commit requests, gathered by the driver from
+        their barrier answers (one call per epoch, whatever the writers), then wait up to
+        ``timeout`` for every sink to commit it.
+
+        The decision is one meta store transaction: PENDING, with the OPEN of an attempt
+        whose open travelled with its data. Bad data across writers
+        (``SchemaMismatchError``) aborts the attempt and is raised; so is
+        ``StaleAttemptError`` for an attempt that can no longer commit. ``generation``:
+        the coordinator generation the driver began an unopened attempt under."""
         await self._until_recovered()
-        assert self._lock is not None
-        async with self._lock:
-            if self._core.awaits_open(request.epoch, request.attempt):
-                self._parked.setdefault((request.epoch, request.attempt), []).append(request)
-                return
-            self._record_request(request)
-
-    def _record_request(self, request: CommitRequest) -> None:
-        """Record one request (the caller holds the lock); bad data aborts the attempt."""
-        epoch, attempt = request.epoch, request.attempt
         try:
-            done = self._core.commit_request(
-                sink=request.sink, writer_id=request.writer, epoch=epoch, attempt=attempt,
-                manifest=dict(request.manifest), schema=request.schema)
-        except StaleAttemptError:
+            await self._retrying_backpressure(
+                lambda: self._core.gather(epoch, attempt, requests, generation), timeout)
+            decided = await self._locked(lambda: self._core.persist_pending(epoch, attempt))
+        except (StaleAttemptError, BackpressureError, FencedError):
             raise
-        except RaySinkError as exc:
-            self._failed[(epoch, attempt)] = exc
-            while len(self._failed) > _RECENT_EPOCHS:
-                self._failed.popitem(last=False)
-            self._spawn(self._abort_attempt(epoch, attempt))
-            raise
-        if done:
-            self._spawn(self._decide(epoch, attempt))
-
-    def _spawn(self, work: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.get_running_loop().create_task(work)
-        self._background.add(task)
-        task.add_done_callback(self._background.discard)
-
-    async def _take_parked(self, epoch: int) -> None:
-        """Record the requests that came before the open of ``epoch``; drop those of
-        attempts that can no longer commit."""
-        assert self._lock is not None
-        async with self._lock:
-            for key in [k for k in self._parked if k[0] == epoch]:
-                if self._core.attempt_outcome(*key) == "open":
-                    for request in self._parked.pop(key):
-                        with contextlib.suppress(RaySinkError):  # recorded in _failed
-                            self._record_request(request)
-                elif not self._core.awaits_open(*key):
-                    self._spawn(self._discard(self._parked.pop(key)))
-
-    async def _discard(self, requests: list[CommitRequest]) -> None:
-        """Sweep what parked requests of an attempt that never opened staged."""
-        manifests: dict[str, list[Manifest]] = {}
-        for request in requests:
-            manifests.setdefault(request.sink, []).append(request.manifest)
-        epoch, attempt = requests[0].epoch, requests[0].attempt
-        try:
-            await self._locked(lambda: self._core.discard(epoch, attempt, manifests))
-        except Exception as exc:  # swept by epoch when the epoch is aborted or recovered
-            log.warning("%s: could not sweep attempt %s of epoch %s: %s",
-                        self._config.runtime, attempt, epoch, exc)
-
-    async def _decide(self, epoch: int, attempt: int) -> None:
-        """Write the PENDING record of a completed attempt: the decision."""
-        try:
-            await self._locked(lambda: self._core.persist_pending(epoch, attempt))
-        except FencedError:
-            raise
-        except Exception as exc:  # the meta store is down: the attempt cannot commit
-            log.warning("%s: could not record epoch %s PENDING (%s); aborting the attempt",
-                        self._config.runtime, epoch, exc)
+        except Exception:
             await self._abort_attempt(epoch, attempt)
+            raise
         await self._notify()
+        if not decided:
+            raise StaleAttemptError(f"attempt {attempt} of epoch {epoch} was aborted before "
+                                    "its decision", runtime=self._config.runtime, epoch=epoch)
+        return await self.wait_committed(epoch, timeout, attempt)
 
     async def _abort_attempt(self, epoch: int, attempt: int) -> None:
         """Abort the attempt. When recording the abort fails too (the meta store down), it
@@ -410,33 +361,29 @@ class CoordinatorActor:
                         self._config.runtime, attempt, epoch, exc)
         await self._notify()
 
-    async def resolve(self, epoch: int) -> str:
-        """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first."""
+    async def resolve(self, epoch: int, attempt: int | None = None) -> str:
+        """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first, and
+        what ``attempt`` staged swept when its open never came here."""
         await self._until_recovered()
-        resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch))
-        if resolution is Resolution.ABORTED:
-            for key in [k for k in self._parked if k[0] == epoch]:
-                self._spawn(self._discard(self._parked.pop(key)))
+        resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch, attempt))
         await self._notify()
         return resolution.value
 
     async def wait_committed(self, epoch: int, timeout: float,
                              attempt: int | None = None) -> CommitWait:
         """Wait until every sink committed ``epoch`` (or ``timeout``). The wait ends at once
-        for an attempt that can no longer commit (``aborted``, with the bad data that made
-        it abort as ``error``); an attempt not opened yet (the open travels beside the
-        data) is waited for."""
+        (``aborted``) for an epoch, or ``attempt``, that is neither decided nor open."""
         await self._until_recovered()
         deadline = time.monotonic() + timeout
         while True:
             last = self._core.last_committed
             if last is not None and last >= epoch:
-                return CommitWait(committed=True, skipped_sinks=self._recent.get(epoch, ()))
+                return CommitWait(committed=True, skipped_sinks=self._recent.get(epoch, ()),
+                                  generation=self._core.generation)
             outcome = (self._core.attempt_outcome(epoch, attempt) if attempt is not None
                        else "open" if self._core.epoch_state(epoch) is not None else "aborted")
-            if outcome == "aborted":
-                return CommitWait(committed=False, aborted=True,
-                                  error=self._failed.get((epoch, attempt or 0)))
+            if outcome in ("aborted", "unknown"):
+                return CommitWait(committed=False, aborted=True)
             left = deadline - time.monotonic()
             if left <= 0 or self._fatal is not None:
                 return CommitWait(committed=False, errors=self._health.errors())

@@ -32,6 +32,7 @@ run beside the others, one per sink. Reads from the event loop copy before they 
 from __future__ import annotations
 
 import enum
+import hashlib
 import logging
 import threading
 import time
@@ -41,6 +42,7 @@ from typing import Any
 
 from raysink import _faults, _schema
 from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
+from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore.base import EpochRecord, EpochState, MetaStore
 from raysink.coordinator.vnodes import Bitmap, CoverageTracker
 from raysink.errors import (
@@ -118,6 +120,7 @@ class _Epoch:
     coverage: dict[str, CoverageTracker[Manifest]] = field(default_factory=dict)
     schemas: dict[str, str] = field(default_factory=dict)
     complete: bool = False  # every writer's request is in; PENDING is being written
+    recorded: bool = True  # False: opened in memory only (its open came with the data)
 
 
 class EpochCoordinator:
@@ -207,7 +210,10 @@ class EpochCoordinator:
         return self._io[sink]
 
     def layout(self) -> dict[str, Any]:
-        return {"sinks": {name: {"writers": len(maps), "bitmaps": [b.to_hex() for b in maps]}
+        """The writer layout an OPEN record keeps: per sink, the writers and a digest of
+        their bitmaps (constant size: the bitmaps themselves follow from the writer count
+        and would make every OPEN grow with the writers)."""
+        return {"sinks": {name: {"writers": len(maps), "digest": _digest(maps)}
                           for name, maps in self._bitmaps.items()}}
 
     def set_layout(self, bitmaps: Mapping[str, Sequence[Bitmap]]) -> None:
@@ -240,8 +246,20 @@ class EpochCoordinator:
         for epoch in sorted(by_epoch):
             if self._recover_epoch(epoch, by_epoch[epoch], high):
                 aborted.append(epoch)
+        self._sweep_unrecorded(max(by_epoch, default=0))
         return aborted
 
+    def _sweep_unrecorded(self, known: int) -> None:
+        """Sweep the staging of the epochs after every one recorded, up to
+        ``max_pending_epochs`` of them: an epoch whose open travelled with its data may
+        have been staged by writers and never recorded (the coordinator or the driver died
+        first), and the runtime only sends such an epoch right after the last one it
+        knows, at most that many ahead. A driver still feeding such an attempt (the
+        coordinator restarted under it) began it under the previous generation: ``gather``
+        refuses it, and the driver feeds the epoch again."""
+        for epoch in range(known + 1, known + 1 + self.max_pending_epochs):
+            self._sweep(epoch, 0, manifests=None, recorded=False)
+            self._aborted.pop(epoch, None)
     def _recover_epoch(self, epoch: int, records: list[EpochRecord],
                        high: Mapping[str, int]) -> bool:
         states = {r.state for r in records}
@@ -352,7 +370,8 @@ class EpochCoordinator:
                             self.layout())
         self._epochs[epoch] = _Epoch(
             epoch=epoch, attempt=attempt, state=EpochState.OPEN,
-            coverage={name: CoverageTracker[Manifest]() for name in self.sinks})
+            coverage={name: CoverageTracker[Manifest](expected=len(self._bitmaps[name]))
+                      for name in self.sinks})
         _faults.hit("coordinator.after_open", runtime=self.runtime, epoch=epoch)
         return OpenDecision(epoch=epoch, attempt=attempt)
 
@@ -395,49 +414,67 @@ class EpochCoordinator:
                 f"{self.max_pending_epochs}); wait for commits or raise the limit",
                 retry_after=0.5, runtime=self.runtime, epoch=epoch)
 
-    def commit_request(
-        self,
-        *,
-        sink: str,
-        writer_id: int,
-        epoch: int,
-        attempt: int,
-        manifest: Manifest,
-        schema: str | None = None,
-    ) -> bool:
-        """Record one writer's pre-commit, in memory (no I/O). True when this request
-        completed the epoch: every sink's bitmaps cover every vnode, and ``persist_pending``
-        is next. Raises ``StaleAttemptError`` for an attempt that is not open and
-        ``SchemaMismatchError`` when writers of one sink saw different schemas."""
-        entry = self._epochs.get(epoch)
-        if (entry is None or entry.state is not EpochState.OPEN or entry.attempt != attempt
-                or entry.complete):
-            raise StaleAttemptError(
-                f"commit request for attempt {attempt} of epoch {epoch}, which is not open",
-                runtime=self.runtime, sink=sink, epoch=epoch)
-        if schema is not None:
-            self._check_epoch_schema(entry, sink, schema)
-        bitmap = self._bitmaps[sink][writer_id]
-        entry.coverage[sink].add(writer_id, bitmap, manifest)
-        if not all(tracker.aligned for tracker in entry.coverage.values()):
-            return False
-        entry.complete = True
-        return True
+    def gather(self, epoch: int, attempt: int, requests: Sequence[CommitRequest],
+               generation: int | None = None) -> None:
+        """Take an attempt's commit requests, all at once, in memory (no I/O): the driver
+        gathered them from the writers' barrier answers. ``persist_pending`` is next.
 
-    def awaits_open(self, epoch: int, attempt: int) -> bool:
-        """Whether ``(epoch, attempt)`` is not open yet but may still be: a request for it
-        arrived before the driver's open (which is sent beside the data). Not when the
-        epoch is decided, or that attempt (or a later one) was opened or aborted."""
-        if self.epoch_state(epoch) in (EpochState.COMMITTED, EpochState.PENDING):
-            return False
+        An attempt that was not opened before (its open travelled with the data, see
+        ``SinkRuntime``) is checked here as ``open_epoch`` would: the epoch is not decided,
+        the attempt number unused, no later epoch in flight, and within
+        ``max_pending_epochs`` (``BackpressureError`` otherwise: ask again later); and it
+        began under this coordinator ``generation`` (a restart swept what it staged).
+
+        Raises ``StaleAttemptError`` for an attempt that can no longer commit,
+        ``SchemaMismatchError`` when writers of one sink saw different schemas, and
+        ``VnodeOverlapError``/``RaySinkError`` when the requests do not cover the layout."""
         entry = self._epochs.get(epoch)
-        if entry is not None and entry.attempt >= attempt:
-            return False
-        return attempt > self._aborted.get(epoch, -1)
+        if entry is None:
+            if generation != self.generation:
+                raise StaleAttemptError(
+                    f"attempt {attempt} of epoch {epoch} began under coordinator generation "
+                    f"{generation}, before a restart; feed it again", runtime=self.runtime,
+                    epoch=epoch)
+            entry = self._open_in_memory(epoch, attempt)
+        elif entry.state is not EpochState.OPEN or entry.attempt != attempt or entry.complete:
+            raise StaleAttemptError(
+                f"commit requests for attempt {attempt} of epoch {epoch}, which is not open",
+                runtime=self.runtime, epoch=epoch)
+        try:
+            for request in requests:
+                if request.schema is not None:
+                    self._check_epoch_schema(entry, request.sink, request.schema)
+                entry.coverage[request.sink].add(request.writer,
+                                                 self._bitmaps[request.sink][request.writer],
+                                                 dict(request.manifest))
+        except Exception:
+            if not entry.recorded:
+                del self._epochs[epoch]
+            raise
+        missing = [n for n, tracker in entry.coverage.items() if not tracker.aligned]
+        if missing:
+            raise RaySinkError(f"the commit requests of attempt {attempt} do not cover every "
+                               f"writer of sinks {missing}", runtime=self.runtime, epoch=epoch)
+        entry.complete = True
+
+    def _open_in_memory(self, epoch: int, attempt: int) -> _Epoch:
+        """An attempt whose open travelled with its data: checked, not yet recorded."""
+        if self.epoch_state(epoch) is not None or attempt <= self._aborted.get(epoch, -1):
+            raise StaleAttemptError(
+                f"attempt {attempt} of epoch {epoch} cannot be opened: the epoch is "
+                f"{self.epoch_state(epoch) or 'past that attempt'}", runtime=self.runtime,
+                epoch=epoch)
+        self._refuse_regression(epoch)
+        self._check_backpressure(epoch)
+        entry = _Epoch(epoch=epoch, attempt=attempt, state=EpochState.OPEN, recorded=False,
+                       coverage={name: CoverageTracker[Manifest](expected=len(maps))
+                                 for name, maps in self._bitmaps.items()})
+        self._epochs[epoch] = entry
+        return entry
 
     def attempt_outcome(self, epoch: int, attempt: int) -> str:
         """``"committed"``, ``"pending"``, ``"open"``, ``"aborted"`` (that attempt can no
-        longer commit) or ``"unknown"`` (not opened yet)."""
+        longer commit) or ``"unknown"``."""
         state = self.epoch_state(epoch)
         if state is EpochState.COMMITTED:
             return "committed"
@@ -449,13 +486,25 @@ class EpochCoordinator:
         return "aborted" if attempt <= self._aborted.get(epoch, -1) else "unknown"
 
     def persist_pending(self, epoch: int, attempt: int) -> bool:
-        """Record the completed ``(epoch, attempt)`` PENDING for every sink in one
-        transaction (the decision). False when it was aborted meanwhile."""
+        """Record the gathered ``(epoch, attempt)`` PENDING for every sink in one
+        transaction (with its OPEN when that was never recorded): the decision. False
+        when it was aborted meanwhile."""
         entry = self._epochs.get(epoch)
         if (entry is None or entry.attempt != attempt or not entry.complete
                 or entry.state is not EpochState.OPEN):
             return False
-        self._persist_pending(entry)
+        manifests = {name: [m for _, m in sorted(tracker.items())]
+                     for name, tracker in entry.coverage.items()}
+        if entry.recorded:
+            self.store.put_pending(self.runtime, self.generation, epoch, attempt, manifests)
+        else:
+            self.store.put_decided(self.runtime, self.generation, epoch, attempt,
+                                   self.layout(), manifests)
+            entry.recorded = True
+        entry.state = EpochState.PENDING
+        entry.manifests = manifests
+        entry.coverage = {}
+        _faults.hit("coordinator.after_pending", runtime=self.runtime, epoch=epoch)
         return True
 
     def _check_epoch_schema(self, entry: _Epoch, sink: str, schema: str) -> None:
@@ -470,43 +519,31 @@ class EpochCoordinator:
             f"{got.to_string()!r}); an epoch has one schema", runtime=self.runtime,
             sink=sink, epoch=entry.epoch)
 
-    def _persist_pending(self, entry: _Epoch) -> None:
-        manifests = {name: [m for _, m in sorted(tracker.items())]
-                     for name, tracker in entry.coverage.items()}
-        self.store.put_pending(self.runtime, self.generation, entry.epoch, entry.attempt,
-                               manifests)
-        entry.state = EpochState.PENDING
-        entry.manifests = manifests
-        entry.coverage = {}
-        _faults.hit("coordinator.after_pending", runtime=self.runtime, epoch=entry.epoch)
-
     def abort(self, epoch: int, attempt: int) -> None:
         """Abort an OPEN attempt: record ABORTED, sweep every sink's staging, forget it."""
         entry = self._epochs.get(epoch)
         if entry is None or entry.state is not EpochState.OPEN or entry.attempt != attempt:
             return
-        self._sweep(epoch, attempt, manifests=None)
+        self._sweep(epoch, attempt, manifests=None, recorded=entry.recorded)
         del self._epochs[epoch]
 
-    def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None) -> None:
-        self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
+    def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None,
+               recorded: bool = True) -> None:
+        """Sweep every sink's staging of ``epoch`` (``recorded``: with its records ABORTED
+        first and deleted after)."""
+        if recorded:
+            self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
         for name, sink in self.sinks.items():
             with self._io[name]:
                 sink.abort(epoch, None if manifests is None else manifests.get(name))
-        self.store.delete_aborted(self.runtime, self.generation, epoch)
+        if recorded:
+            self.store.delete_aborted(self.runtime, self.generation, epoch)
         self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
 
-    def discard(self, epoch: int, attempt: int,
-                manifests: Mapping[str, Sequence[Manifest]]) -> None:
-        """Sweep what the writers staged for an attempt that was never opened (their
-        requests came before an open that decided otherwise): only those files."""
-        for name, listed in manifests.items():
-            with self._io[name]:
-                self.sinks[name].abort(epoch, list(listed))
-        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
-
-    def resolve(self, epoch: int) -> Resolution:
-        """COMMITTED, ROLLING_FORWARD or ABORTED; an OPEN attempt is aborted first."""
+    def resolve(self, epoch: int, attempt: int | None = None) -> Resolution:
+        """COMMITTED, ROLLING_FORWARD or ABORTED; an OPEN attempt is aborted first, and
+        what an attempt never opened here staged (``attempt``: its open travelled with the
+        data that never arrived) is swept."""
         state = self.epoch_state(epoch)
         if state is EpochState.COMMITTED:
             return Resolution.COMMITTED
@@ -515,6 +552,8 @@ class EpochCoordinator:
         entry = self._epochs.get(epoch)
         if entry is not None:
             self.abort(epoch, entry.attempt)
+        elif attempt is not None:
+            self._sweep(epoch, attempt, manifests=None, recorded=False)
         return Resolution.ABORTED
 
     # ------------------------------------------------------------------ phase two
@@ -591,6 +630,10 @@ class EpochCoordinator:
         self._epochs.pop(epoch, None)
         if self._last_committed is None or epoch > self._last_committed:
             self._last_committed = epoch
+
+
+def _digest(bitmaps: Sequence[Bitmap]) -> str:
+    return hashlib.sha256("".join(b.to_hex() for b in bitmaps).encode()).hexdigest()[:16]
 
 
 def _target_exists(sink: Sink) -> bool:

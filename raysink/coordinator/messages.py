@@ -1,13 +1,15 @@
-"""What the runtime's actors answer the driver, as frozen dataclasses (not dicts).
+"""What the runtime's actors and the driver send each other, as frozen dataclasses.
 
 ::
 
-    coordinator.open_epoch(E | None, timeout)          -> OpenedEpoch
-    coordinator.wait_committed(E, timeout, attempt)    -> CommitWait
-    writer.barrier(barrier, attempt, last_seq)         -> BarrierAck  (pre-committed, its
-                                                          CommitRequest recorded)
-    writer -> coordinator.commit_request(CommitRequest) -> None      (recorded, not decided)
-    writer.drain(DRAIN barrier)                        -> DrainReport
+    coordinator.open_epoch(E | None, timeout)            -> OpenedEpoch
+    writer.barrier(barrier, attempt, last_seq)           -> BarrierAck   (pre-committed:
+                                                            carries its CommitRequest)
+    coordinator.commit_epoch(E, attempt, [CommitRequest], timeout)
+                                                         -> CommitWait   (the driver
+                                                            gathered the requests)
+    coordinator.wait_committed(E, timeout, attempt)      -> CommitWait
+    writer.drain(DRAIN barrier)                          -> DrainReport
 """
 
 from __future__ import annotations
@@ -16,33 +18,33 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysink.errors import RaySinkError
-
 __all__ = ["BarrierAck", "CommitRequest", "CommitWait", "DrainReport", "OpenedEpoch"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpenedEpoch:
     """Write ``(epoch, attempt)``; or, with ``skip``, nothing: the epoch is in every target
-    already (``skipped_sinks`` lists them all)."""
+    already (``skipped_sinks`` lists them all). ``generation``: the coordinator's."""
 
     epoch: int
     attempt: int = 0
     skip: bool = False
     skipped_sinks: tuple[str, ...] = ()
+    generation: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitWait:
     """Whether every sink made the epoch visible before the wait ended. ``aborted``: the
     epoch's attempt was aborted (nothing to wait for); ``errors``: why a sink is stalled;
-    ``skipped_sinks``: the sinks whose marker already held the epoch."""
+    ``skipped_sinks``: the sinks whose marker already held the epoch; ``generation``: the
+    coordinator's."""
 
     committed: bool
     aborted: bool = False
     skipped_sinks: tuple[str, ...] = ()
     errors: Mapping[str, str] = field(default_factory=dict)
-    error: RaySinkError | None = None
+    generation: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -60,10 +62,11 @@ class CommitRequest:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class BarrierAck:
-    """A writer's epoch is PENDING: the rows it applied and the manifest it staged."""
+    """A writer pre-committed its share of an attempt: the rows it applied, and its
+    commit request for the coordinator."""
 
     rows: int
-    manifest: Mapping[str, Any]
+    request: CommitRequest
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -30,6 +30,7 @@ import pyarrow.compute as pc
 from raysink.errors import ConfigError, VnodeOverlapError
 
 __all__ = [
+    "MAX_WRITERS",
     "VNODE_COUNT",
     "Bitmap",
     "CoverageTracker",
@@ -44,6 +45,9 @@ __all__ = [
 R = TypeVar("R")
 
 VNODE_COUNT = 256
+
+MAX_WRITERS = 4096
+"""Writers per sink; above ``VNODE_COUNT`` only unkeyed data reaches them all."""
 
 U64 = npt.NDArray[np.uint64]
 
@@ -376,13 +380,15 @@ class Bitmap:
 
 def assign(num_writers: int) -> list[Bitmap]:
     """Split the vnodes into ``num_writers`` contiguous, disjoint, covering ranges whose
-    sizes differ by at most one (writer ``i`` gets ``[i*256//n, (i+1)*256//n)``)."""
+    sizes differ by at most one (writer ``i`` gets ``[i*256//n, (i+1)*256//n)``). With more
+    writers than vnodes some ranges are empty: keyed data reaches at most 256 writers,
+    unkeyed data all of them."""
     if (
         isinstance(num_writers, bool)
         or not isinstance(num_writers, int)
-        or not (1 <= num_writers <= VNODE_COUNT)
+        or not (1 <= num_writers <= MAX_WRITERS)
     ):
-        raise ConfigError(f"writers must be an int in [1, {VNODE_COUNT}], got {num_writers!r}")
+        raise ConfigError(f"writers must be an int in [1, {MAX_WRITERS}], got {num_writers!r}")
     bounds = [i * VNODE_COUNT // num_writers for i in range(num_writers + 1)]
     return [Bitmap.from_vnodes(range(lo, hi)) for lo, hi in itertools.pairwise(bounds)]
 
@@ -438,10 +444,12 @@ class CoverageTracker(Generic[R]):
 
     ``add`` refuses a writer seen before and a bitmap overlapping those already added
     (``VnodeOverlapError`` naming the shared vnodes and their owners); nothing is recorded
-    on refusal. ``aligned`` is True once every vnode is covered.
+    on refusal. ``aligned`` is True once every vnode is covered and, when ``expected`` is
+    given, that many writers reported (writers with an empty bitmap count too).
     """
 
-    def __init__(self) -> None:
+    def __init__(self, expected: int | None = None) -> None:
+        self._expected = expected
         self._covered = Bitmap.none()
         self._bitmaps: dict[int, Bitmap] = {}
         self._requests: list[R] = []
@@ -468,8 +476,10 @@ class CoverageTracker(Generic[R]):
 
     @property
     def aligned(self) -> bool:
-        """Whether the bitmaps added so far cover every vnode."""
-        return self._covered.is_full
+        """Whether the bitmaps added so far cover every vnode (and every expected writer
+        reported)."""
+        return self._covered.is_full and (
+            self._expected is None or len(self._bitmaps) >= self._expected)
 
     @property
     def covered(self) -> Bitmap:

@@ -20,7 +20,7 @@
    flight reconnects.
 5. ``writer_point`` trial (seed 1, trial 60, via Spark): the same family as 2 in
    PostgreSQL: an empty first epoch recorded progress rows but created no table (no
-   schema); a writer that restarted (killed at ``writer.after_request`` of epoch 2, whose
+   schema); a writer that restarted (killed at ``writer.after_pre_commit`` of epoch 2, whose
    ``CREATE TABLE`` was still inside a prepared transaction) found progress rows and no
    table and refused with ``DataLossError`` ("target table … was deleted"), so the
    writer never came back. Fixed with 2: the empty epoch's commit creates the table from
@@ -169,7 +169,7 @@ def test_postgres_empty_first_epoch_then_writer_restart(pg_server: PostgresServe
                      metastore=f"sqlite:///{tmp_path / 'm.db'}", retry_cap=0.2,
                      max_attempts=2) as rt:
         assert rt.write_arrow(epoch_table(1, 0, 1), epoch=1).committed
-        arm_fault(name, "writer.after_request", action="kill",
+        arm_fault(name, "writer.after_pre_commit", action="kill",
                   when={"epoch": 2, "writer": 0, "sink": "main"})
         data = epoch_table(2, 40, 2)
         assert rt.write_arrow([data.slice(0, 20), data.slice(20)], epoch=2).committed

@@ -37,7 +37,6 @@ ROWS = 400
 WRITER_POINTS = [
     ("writer.during_write", "writer"),
     ("writer.after_pre_commit", "writer"),
-    ("writer.after_request", "writer"),
     ("coordinator.after_pending", "coordinator"),
     ("sink.mid_commit", "coordinator"),
     ("coordinator.after_commit", "coordinator"),

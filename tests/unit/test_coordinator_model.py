@@ -1,12 +1,15 @@
 """A ``hypothesis.stateful`` model of the coordinator.
 
-Random interleavings of opens, writer pre-commits (each writer's commit request, recorded
-in memory), the PENDING record of a completed attempt (a step of its own: a resolve or a
-crash may come between), resolves, each sink's commits on its own (failing or not), and
-coordinator crashes with restarts. Invariants after every step: an epoch is visible in a
-sink at most once, and only from the attempt that was decided (went PENDING); nothing of
-an aborted attempt is ever visible. At the end, after draining the commits, every decided
-epoch is visible exactly once in every sink.
+Random interleavings of epochs opened first and epochs whose open travels with their
+decision (the driver's next epoch), writer pre-commits (each writer stages its share and
+hands its commit request to the driver), the driver's one ``gather`` of every request,
+the PENDING record (a step of its own: a resolve or a crash may come between), resolves,
+each sink's commits on its own (failing or not), and coordinator crashes with restarts.
+
+Invariants after every step: an epoch is visible in a sink at most once, and only from
+the attempt that was decided (went PENDING); nothing of an aborted attempt is ever
+visible. At the end, after a last crash, a recovery and every commit: every decided epoch
+is visible exactly once in every sink, and nothing staged is left behind.
 """
 
 from __future__ import annotations
@@ -16,8 +19,9 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
 
-from raysink.coordinator.epochs import Resolution, StaleAttemptError
-from raysink.errors import BackpressureError, EpochRegressionError
+from raysink.coordinator.epochs import Resolution
+from raysink.coordinator.messages import CommitRequest
+from raysink.errors import BackpressureError, EpochRegressionError, StaleAttemptError
 from tests.unit.test_epochs import WRITERS, Harness, commit_sink
 
 SINKS = ("a", "b")
@@ -28,22 +32,33 @@ class CoordinatorModel(RuleBasedStateMachine):
         super().__init__()
         self.h = Harness(sinks=SINKS, max_pending=3)
         self.current: tuple[int, int] | None = None
-        self.requested: set[tuple[str, int]] = set()
+        self.requests: dict[tuple[str, int], CommitRequest] = {}
         self.complete: tuple[int, int] | None = None
         self.decided: dict[int, int] = {}
+        self.generation: int | None = None
 
+    def _start(self, epoch: int, attempt: int, generation: int | None = None) -> None:
+        self.current, self.requests, self.generation = (epoch, attempt), {}, generation
+
+    @precondition(lambda self: self.current is None)
     @rule(gap=st.integers(min_value=0, max_value=2), explicit=st.booleans())
     def open_epoch(self, gap: int, explicit: bool) -> None:
+        """An epoch opened before its data (OPEN recorded first)."""
         last = max([*self.decided, self.h.core.last_committed or 0, 0])
         requested = last + 1 + gap if explicit else None
         try:
             decision = self.h.core.open_epoch(requested)
         except (BackpressureError, EpochRegressionError):
             return
-        if decision.skip or decision.wait_roll_forward:
-            return
-        self.current = (decision.epoch, decision.attempt)
-        self.requested = set()
+        if not (decision.skip or decision.wait_roll_forward):
+            self._start(decision.epoch, decision.attempt)
+
+    @precondition(lambda self: self.current is None)
+    @rule()
+    def next_epoch(self) -> None:
+        """The driver's next epoch: first attempt, its open travels with its decision."""
+        self._start(max([*self.decided, self.h.core.last_committed or 0, 0]) + 1, 0,
+                    self.h.core.generation)
 
     @precondition(lambda self: self.current is not None)
     @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1),
@@ -51,26 +66,34 @@ class CoordinatorModel(RuleBasedStateMachine):
     def pre_commit(self, sink: str, writer_id: int, rows: int) -> None:
         assert self.current is not None
         epoch, attempt = self.current
-        if (sink, writer_id) in self.requested:
+        if (sink, writer_id) in self.requests:
             return
         writer = self.h.core.sinks[sink].create_writer(writer_id)
         if rows:
             writer.write(pa.record_batch({"v": list(range(rows))}))
         manifest = writer.pre_commit(epoch, attempt)
+        self.requests[(sink, writer_id)] = CommitRequest(
+            sink=sink, writer=writer_id, epoch=epoch, attempt=attempt, manifest=manifest)
+
+    @precondition(lambda self: self.current is not None
+                  and len(self.requests) == len(SINKS) * WRITERS)
+    @rule()
+    def gather(self) -> None:
+        """The driver hands the coordinator every writer's request at once."""
+        assert self.current is not None
+        epoch, attempt = self.current
         try:
-            done = self.h.core.commit_request(sink=sink, writer_id=writer_id, epoch=epoch,
-                                              attempt=attempt, manifest=manifest)
-        except StaleAttemptError:
+            self.h.core.gather(epoch, attempt, list(self.requests.values()), self.generation)
+        except (StaleAttemptError, BackpressureError, EpochRegressionError):
+            self.h.core.resolve(epoch, attempt)  # the driver gives the attempt up
             self.current = None
             return
-        self.requested.add((sink, writer_id))
-        if done:
-            self.complete, self.current = (epoch, attempt), None
+        self.complete, self.current = (epoch, attempt), None
 
     @precondition(lambda self: self.complete is not None)
     @rule()
     def decide(self) -> None:
-        """The PENDING record of the completed attempt (unless it was aborted meanwhile)."""
+        """The PENDING record of the gathered attempt (unless it was aborted meanwhile)."""
         assert self.complete is not None
         epoch, attempt = self.complete
         if self.h.core.persist_pending(epoch, attempt):
@@ -78,20 +101,12 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.complete = None
 
     @precondition(lambda self: self.current is not None)
-    @rule(rows=st.integers(0, 2))
-    def pre_commit_remaining(self, rows: int) -> None:
-        """Every writer that has not pre-committed does so now (the common path)."""
-        for sink in SINKS:
-            for writer_id in range(WRITERS):
-                if self.current is not None:
-                    self.pre_commit(sink, writer_id, rows)
-
-    @precondition(lambda self: self.current is not None)
     @rule()
     def resolve_current(self) -> None:
+        """The driver gives up an attempt still being fed (a writer died)."""
         assert self.current is not None
-        resolution = self.h.core.resolve(self.current[0])
-        assert resolution is Resolution.ABORTED
+        epoch, attempt = self.current
+        assert self.h.core.resolve(epoch, attempt) is Resolution.ABORTED
         self.current = None
 
     @precondition(lambda self: self.complete is not None)
@@ -100,8 +115,9 @@ class CoordinatorModel(RuleBasedStateMachine):
         """The driver resolves an attempt whose requests are all in, before its PENDING
         record: it is aborted, and can no longer be decided."""
         assert self.complete is not None
-        assert self.h.core.resolve(self.complete[0]) is Resolution.ABORTED
-        assert not self.h.core.persist_pending(*self.complete)
+        epoch, attempt = self.complete
+        assert self.h.core.resolve(epoch, attempt) is Resolution.ABORTED
+        assert not self.h.core.persist_pending(epoch, attempt)
         self.complete = None
 
     @rule(fail=st.booleans(), sink=st.sampled_from(SINKS))
@@ -116,10 +132,14 @@ class CoordinatorModel(RuleBasedStateMachine):
         except ConnectionError:
             self.h.targets[sink].fail_commits = 0
 
-    @rule()
-    def crash(self) -> None:
+    @rule(feeding=st.booleans())
+    def crash(self, feeding: bool) -> None:
+        """The coordinator restarts; with ``feeding`` the driver goes on with the attempt
+        it was feeding (its requests then reach the new coordinator)."""
         self.h.crash()
-        self.current = self.complete = None
+        self.complete = None
+        if not feeding:
+            self.current = None
 
     @invariant()
     def visible_at_most_once_and_only_decided(self) -> None:
@@ -133,11 +153,12 @@ class CoordinatorModel(RuleBasedStateMachine):
             assert len(commits) <= len(self.decided)
 
     def teardown(self) -> None:
+        self.h.crash()
         self.h.commit_all()
         for target in self.h.targets.values():
             assert {e for e, _, _ in target.visible} <= set(self.decided)
             assert target.commits == len(self.decided)
-            assert not target.staged or all(k[0] not in self.decided for k in target.staged)
+            assert not target.staged, f"staged data left behind: {sorted(target.staged)}"
         for epoch in self.decided:
             assert self.h.core.resolve(epoch) is Resolution.COMMITTED
 

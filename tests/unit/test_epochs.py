@@ -14,6 +14,7 @@ from raysink.coordinator.epochs import (
     Resolution,
     StaleAttemptError,
 )
+from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.metastore.base import EpochState
 from raysink.coordinator.vnodes import assign
@@ -67,17 +68,23 @@ class Harness:
     def crash(self) -> None:
         self.core = self.boot()
 
-    def precommit_all(self, epoch: int, attempt: int, rows: int = 3) -> bool:
-        done = False
+    def requests(self, epoch: int, attempt: int, rows: int = 3) -> list[CommitRequest]:
+        """Every writer of every sink stages ``rows`` rows: their commit requests."""
+        out = []
         for name, sink in self.core.sinks.items():
             for writer_id in range(WRITERS):
                 writer = sink.create_writer(writer_id)
                 values = [epoch * 1000 + writer_id * 100 + i for i in range(rows)]
                 writer.write(pa.record_batch({"v": values}))
-                manifest = writer.pre_commit(epoch, attempt)
-                done = self.core.commit_request(sink=name, writer_id=writer_id, epoch=epoch,
-                                                attempt=attempt, manifest=manifest)
-        return done and self.core.persist_pending(epoch, attempt)
+                out.append(CommitRequest(sink=name, writer=writer_id, epoch=epoch,
+                                         attempt=attempt,
+                                         manifest=writer.pre_commit(epoch, attempt)))
+        return out
+
+    def precommit_all(self, epoch: int, attempt: int, rows: int = 3) -> bool:
+        """The writers' requests, gathered, then the decision."""
+        self.core.gather(epoch, attempt, self.requests(epoch, attempt, rows))
+        return self.core.persist_pending(epoch, attempt)
 
     def commit_all(self) -> None:
         while (step := self.core.next_commit()) is not None:
@@ -147,8 +154,7 @@ def test_retry_of_open_epoch_sweeps_and_takes_next_attempt() -> None:
     assert second.attempt == first.attempt + 1
     assert (5, first.attempt, 0) not in h.targets["a"].staged
     with pytest.raises(StaleAttemptError):
-        h.core.commit_request(sink="a", writer_id=0, epoch=5, attempt=first.attempt,
-                              manifest={"attempt": first.attempt, "writer": 0})
+        h.core.gather(5, first.attempt, h.requests(5, first.attempt))
 
 
 def test_resolve_answers_from_the_meta_store() -> None:
@@ -162,14 +168,43 @@ def test_resolve_answers_from_the_meta_store() -> None:
     assert h.core.resolve(1) is Resolution.COMMITTED
 
 
-def test_overlapping_bitmaps_are_refused() -> None:
+def test_a_writer_twice_in_one_gather_is_refused() -> None:
     h = Harness(sinks=("a",))
     d = h.core.open_epoch(1)
-    h.core.commit_request(sink="a", writer_id=0, epoch=1, attempt=d.attempt,
-                          manifest={"attempt": d.attempt, "writer": 0})
+    requests = h.requests(1, d.attempt)
     with pytest.raises(ValueError):
-        h.core.commit_request(sink="a", writer_id=0, epoch=1, attempt=d.attempt,
-                              manifest={"attempt": d.attempt, "writer": 0})
+        h.core.gather(1, d.attempt, [*requests, requests[0]])
+
+
+def test_the_next_epoch_is_decided_with_its_open_in_one_record() -> None:
+    """An epoch whose open travelled with its data: no OPEN before, PENDING with its
+    layout at once; it commits like any other."""
+    h = Harness()
+    h.write_epoch()
+    h.core.gather(2, 0, h.requests(2, 0), h.core.generation)
+    assert [r.state for r in h.store.records(RUNTIME) if r.epoch == 2] == []
+    assert h.core.persist_pending(2, 0)
+    records = [r for r in h.store.records(RUNTIME) if r.epoch == 2]
+    assert {r.state for r in records} == {EpochState.PENDING}
+    assert records[0].layout["sinks"]["a"]["writers"] == WRITERS
+    h.commit_all()
+    _visible_once(h, [1, 2])
+
+
+def test_a_crash_before_the_decision_sweeps_what_writers_staged() -> None:
+    """Writers staged the next epoch, whose open never reached the meta store: recovery
+    sweeps the epochs after the last one it knows."""
+    h = Harness()
+    h.write_epoch()
+    began = h.core.generation
+    requests = h.requests(2, 0)  # staged, never gathered
+    assert any(k[0] == 2 for k in h.targets["a"].staged)
+    h.crash()
+    assert not any(k[0] == 2 for t in h.targets.values() for k in t.staged)
+    with pytest.raises(StaleAttemptError, match="before a restart"):
+        h.core.gather(2, 0, requests, began)  # the driver was still feeding it
+    assert h.write_epoch() == 2
+    _visible_once(h, [1, 2])
 
 
 def test_backpressure_bounds_outstanding_epochs() -> None:

@@ -287,10 +287,20 @@ def test_assign_always_covers_without_overlap(writers: int) -> None:
     assert max(b.count() for b in bitmaps) - min(b.count() for b in bitmaps) <= 1
 
 
-@pytest.mark.parametrize("writers", [0, 257, -1, True, 2.0])  # out of range or not an int
+@pytest.mark.parametrize("writers", [0, 4097, -1, True, 2.0])  # out of range or not an int
 def test_assign_rejects_bad_counts(writers: Any) -> None:
     with pytest.raises(ConfigError):
         assign(writers)
+
+
+def test_assign_beyond_the_vnodes_leaves_some_writers_empty() -> None:
+    """1,000 writers: the first 256 ranges hold one vnode each in turn, the others none;
+    together they still cover every vnode once."""
+    bitmaps = assign(1000)
+    assert sum(b.count() for b in bitmaps) == 256
+    assert {b.count() for b in bitmaps} == {0, 1}
+    assert set(writer_of_vnode(bitmaps).tolist()) == {i for i, b in enumerate(bitmaps)
+                                                       if b.count()}
 
 
 def test_writer_of_vnode_refuses_gaps_and_overlaps() -> None:

@@ -357,6 +357,32 @@ class SqlMetaStore(abc.ABC):
         logger.debug("runtime %r epoch %d attempt %d OPEN for %s", runtime, epoch, attempt,
                      list(sinks))
 
+    def put_decided(self, runtime: str, generation: int, epoch: int, attempt: int,
+                    layout: Mapping[str, Any],
+                    manifests: Mapping[str, Sequence[ManifestJSON]]) -> None:
+        """Record an attempt that was never recorded OPEN straight PENDING for every sink,
+        in one transaction (its open travelled with the data)."""
+        layout_text = encode(dict(layout), "layout", runtime=runtime, epoch=epoch)
+        texts = {sink: encode(list(items), f"manifests of sink {sink!r}", runtime=runtime,
+                              sink=sink, epoch=epoch) for sink, items in manifests.items()}
+        with self._transaction(write=True) as tx:
+            record = self._fence(tx, runtime, generation)
+            existing = self._epoch_rows(tx, runtime, epoch)
+            for sink in texts:
+                _check_openable(record, sink, epoch, attempt, existing.get(sink))
+            now = time.time()
+            for sink, text in texts.items():
+                tx.run(f"INSERT INTO {EPOCHS} (runtime, {_EPOCH_COLUMNS}) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) "
+                       "ON CONFLICT (runtime, sink, epoch) DO UPDATE SET "
+                       "attempt = excluded.attempt, state = excluded.state, "
+                       "layout = excluded.layout, manifests = excluded.manifests, "
+                       "updated_at = excluded.updated_at, marked = 1",
+                       runtime, sink, epoch, attempt, EpochState.PENDING.value, layout_text,
+                       text, now)
+        logger.debug("runtime %r epoch %d attempt %d decided (PENDING) for %s", runtime,
+                     epoch, attempt, sorted(texts))
+
     def put_pending(self, runtime: str, generation: int, epoch: int, attempt: int,
                     manifests: Mapping[str, Sequence[ManifestJSON]]) -> None:
         """Record the epoch PENDING for every sink in ``manifests``, in one transaction."""

@@ -5,6 +5,8 @@ One meta store may hold many runtimes; every record is keyed by runtime name. Re
 
     OPEN(attempt, layout) ──> PENDING(manifests) ──> COMMITTED
         └──> ABORTED(attempt)      (then deleted once its staging is swept)
+    (none) ──────────────────> PENDING(layout, manifests)    ``put_decided``: an epoch
+                                                             whose open travelled with it
 
 * OPEN: an attempt started; its writer layout is recorded. Never rolls forward.
 * PENDING: every writer pre-committed; the decision to commit is durable. Written for all
@@ -141,6 +143,20 @@ class MetaStore(Protocol):
         layout: Mapping[str, Any],
     ) -> None:
         """Record ``(epoch, attempt)`` OPEN for every sink in one transaction."""
+        ...
+
+    def put_decided(
+        self,
+        runtime: str,
+        generation: int,
+        epoch: int,
+        attempt: int,
+        layout: Mapping[str, Any],
+        manifests: Mapping[str, Sequence[ManifestJSON]],
+    ) -> None:
+        """Record ``(epoch, attempt)``, never recorded OPEN, straight PENDING for every sink
+        in ``manifests``, in one transaction: the decision of an epoch whose open travelled
+        with its data. Refused (``MetaStoreError``) where ``put_open`` would refuse."""
         ...
 
     def put_pending(
