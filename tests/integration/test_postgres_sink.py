@@ -15,7 +15,7 @@ import socket
 import sys
 import threading
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -27,28 +27,10 @@ from raysink._faults import fault_dir
 from raysink.errors import ConfigError, DataLossError, SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest
 from raysink.sinks.postgres import PostgresSink, arrow_to_postgres_type
-from tests.support.postgres import PostgresServer, pg_server
-
-__all__ = ["pg_server"]
+from tests.support.postgres import PostgresServer
 
 METHODS = ["prepared", "staging"]
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def schema(pg_server: PostgresServer) -> Iterator[str]:
-    """A fresh schema owned by ``raysink``; dropped afterwards."""
-    name = f"s_{uuid.uuid4().hex[:10]}"
-    pg_server.execute(f'CREATE SCHEMA "{name}" AUTHORIZATION raysink', dbname="raysink")
-    yield name
-    _rollback_prepared(pg_server)
-    pg_server.execute(f'DROP SCHEMA "{name}" CASCADE', dbname="raysink")
-
-
-def _rollback_prepared(pg: PostgresServer) -> None:
-    for (gid,) in pg.execute("SELECT gid FROM pg_prepared_xacts WHERE database = 'raysink'"):
-        pg.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)).as_string(None),
-                   dbname="raysink")
 
 
 def make_sink(pg: PostgresServer, schema: str, table: str = "events", *,
