@@ -143,7 +143,7 @@ class CoordinatorModel(RuleBasedStateMachine):
     # the in-memory store: many interleavings, cheap
     ("memory", 150),
     # SQLite in a temp dir (WAL, synchronous=FULL): fewer, each step syncs to disk
-    ("sqlite", 25),
+    ("sqlite", 20),
 ])
 def test_coordinator_model(store: str, examples: int, tmp_path: Path) -> None:
     def machine() -> CoordinatorModel:
