@@ -98,11 +98,18 @@ class Target:
         return dict(zip(ids, table.column(column).to_pylist(), strict=True))
 
 
-class DeltaTarget(Target):
-    kind = "delta"
+class _DirectoryTarget(Target):
+    """A target that is one directory, deleted as a whole."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    def delete(self) -> None:
+        shutil.rmtree(self.path)
+
+
+class DeltaTarget(_DirectoryTarget):
+    kind = "delta"
 
     def sink(self, **options: Any) -> Sink:
         return DeltaSink(str(self.path), **options)
@@ -137,9 +144,6 @@ class DeltaTarget(Target):
             added = set(actions.column("path").to_pylist())
         return [f["path"] for m in manifests for f in m["files"]
                 if (self.path / f["path"]).exists() and f["path"] not in added]
-
-    def delete(self) -> None:
-        shutil.rmtree(self.path)
 
 
 class IcebergTarget(Target):
@@ -196,14 +200,11 @@ class IcebergTarget(Target):
         self._catalog().drop_table(self.identifier)
 
 
-class ParquetTarget(Target):
+class ParquetTarget(_DirectoryTarget):
     """A ``ParquetSink`` directory, read with ``pyarrow.dataset`` (which skips
     ``_raysink``)."""
 
     kind = "parquet"
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
 
     def sink(self, **options: Any) -> Sink:
         return ParquetSink(str(self.path), **options)
@@ -219,21 +220,15 @@ class ParquetTarget(Target):
         return [int(e["epoch"]) for e in entries
                 if (e["runtime"], e["sink"]) == (runtime, sink)]
 
-    def delete(self) -> None:
-        shutil.rmtree(self.path)
-
     def staged(self, manifests: Sequence[Manifest]) -> list[str]:
         return [f["path"] for m in manifests for f in m["files"]
                 if (self.path / f["path"]).exists()]
 
 
-class ListTarget(Target):
+class ListTarget(_DirectoryTarget):
     """A ``raysink.testing.ListSink`` directory (one sink's: its markers carry no name)."""
 
     kind = "list"
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
 
     def sink(self, **options: Any) -> Sink:
         return ListSink(self.path, **options)
@@ -243,9 +238,6 @@ class ListTarget(Target):
 
     def commit_epochs(self, runtime: str, sink: str = "main") -> list[int]:
         return ListSink(self.path).committed_epochs()
-
-    def delete(self) -> None:
-        shutil.rmtree(self.path)
 
     def staged(self, manifests: Sequence[Manifest]) -> list[str]:
         return [f for m in manifests for f in m["files"] if (self.path / f).exists()]

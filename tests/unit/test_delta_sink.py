@@ -21,7 +21,6 @@ deltalake = pytest.importorskip("deltalake")
 
 from raysink.errors import (  # noqa: E402
     ConfigError,
-    DataLossError,
     MetaStoreError,
     SchemaMismatchError,
     SinkUnavailableError,
@@ -255,18 +254,6 @@ def test_options_are_checked(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- lost table
-
-
-def test_a_deleted_table_is_told_apart(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    assert sink.target_exists()
-    shutil.rmtree(path)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    with pytest.raises(DataLossError):
-        sink.recreate_marker(1)
 
 
 def test_recreate_marker_writes_an_empty_commit_once(tmp_path: Path) -> None:

@@ -21,7 +21,6 @@ from pyiceberg.catalog import load_catalog
 
 from raysink.errors import (
     ConfigError,
-    DataLossError,
     MetaStoreError,
     SchemaMismatchError,
     SinkUnavailableError,
@@ -194,16 +193,6 @@ def test_validate_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="warehouse"):
         IcebergSink(IDENT, catalog={"type": "sql",
                                     "uri": f"sqlite:///{tmp_path / 'x.db'}"}).validate()
-
-
-def test_a_deleted_table_is_told_apart(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    load_catalog("raysink", **catalog_props(tmp_path)).drop_table(IDENT)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    with pytest.raises(DataLossError):
-        sink.recreate_marker(1)
 
 
 def test_recreate_marker_is_idempotent(tmp_path: Path) -> None:

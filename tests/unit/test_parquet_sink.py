@@ -11,7 +11,6 @@ import hashlib
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import uuid
@@ -437,15 +436,6 @@ def test_committed_epoch_cases(sink: ParquetSink) -> None:
     assert sink.committed_epoch() is None  # marker deleted: the coordinator re-creates it
     sink.recreate_marker(7)
     assert sink.committed_epoch() == 7 and _visible(sink) == [1]
-
-
-def test_recreate_marker_refuses_a_deleted_table(sink: ParquetSink) -> None:
-    sink.commit(1, _stage(sink, 1, 1, [[1]]))
-    assert sink.target_exists()
-    shutil.rmtree(sink.path)
-    assert sink.committed_epoch() is None and not sink.target_exists()
-    with pytest.raises(DataLossError, match="deleted"):
-        sink.recreate_marker(1)
 
 
 # --------------------------------------------------------------------------- options
