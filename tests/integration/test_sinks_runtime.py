@@ -8,8 +8,6 @@ epoch would show. Runtime names are unique per test: fault arms are files keyed 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import pytest
 from raysink import SinkRuntime
 from raysink.coordinator.metastore import open_metastore
 from raysink.sinks.base import Sink
-from raysink.testing import FailingSink, arm_fault, disarm_faults
+from raysink.testing import FailingSink, arm_fault
 from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
 from tests.integration.real_targets import (
     DeltaTarget,
@@ -27,7 +25,6 @@ from tests.integration.real_targets import (
     PostgresTarget,
     Target,
     assert_ids_exact,
-    pg_schema,
 )
 from tests.support.postgres import PostgresServer
 
@@ -35,24 +32,6 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 ROWS = 300
 KINDS = ["delta", "iceberg", "postgres"]
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A runtime name no other test session uses; its fault arms removed afterwards."""
-    runtime = f"sr-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
-@pytest.fixture
-def meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
-@pytest.fixture
-def schema(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from pg_schema(request.getfixturevalue("pg_server"))
 
 
 def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path,

@@ -1,8 +1,5 @@
-"""The Spark handoff and init_spark, on one RayDP session for the module.
-
-The session shares the test session's Ray (``ray_session``, 8 logical CPUs) and is kept
-small: 2 executors x 1 core, 1 GB each.
-"""
+"""The Spark handoff and init_spark, on one RayDP session for the module (the ``spark``
+fixture of ``tests/spark/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ import datetime as dt
 import os
 import sys
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,27 +19,10 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from raysink.errors import ConfigError, SinkUnavailableError
-from raysink.spark import SparkPartitions, active_spark, init_spark, stop_spark
+from raysink.spark import SparkPartitions, active_spark, init_spark
 from raysink.spark.session import JAVA_17_OPTIONS, _check_pyspark_python, spark_configs
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def spark(ray_session: None) -> Iterator[SparkSession]:
-    session = init_spark(
-        "raysink-test-handoff",
-        executors=2,
-        executor_cores=1,
-        executor_memory="1g",
-        configs={"spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "4"},
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    assert active_spark() is session
-    yield session
-    stop_spark()
-    stop_spark()  # safe twice
-    assert active_spark() is None
 
 
 # --- every type -----------------------------------------------------------------------

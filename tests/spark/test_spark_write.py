@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,10 @@ from pyspark.sql import types as T
 from raysink import SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
-from raysink.spark import init_spark, stop_spark
+from raysink.spark import stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def spark(ray_session: None) -> Iterator[SparkSession]:
-    session = init_spark(
-        "raysink-test-write", executors=2, executor_cores=1, executor_memory="1g",
-        configs={"spark.ui.showConsoleProgress": "false", "spark.ui.enabled": "false",
-                 "spark.sql.shuffle.partitions": "4", "spark.sql.session.timeZone": "UTC"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_spark()
 
 
 def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
