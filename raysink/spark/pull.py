@@ -48,8 +48,6 @@ EXECUTOR_PREFIX = "raydp-executor-"
 #: next live executor is asked.
 EXECUTOR_CALL_TIMEOUT = 60.0
 
-_handles: dict[str, Any] = {}
-_handles_lock = threading.Lock()
 _cross_language_lock = threading.Lock()
 
 
@@ -115,12 +113,18 @@ def _candidates(located: str, index: int) -> Iterator[str]:
 
 def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url: str,
          runtime: str, problems: list[str], timeout: float) -> Any:
-    """One executor's answer (the IPC bytes), or ``None`` with the problem recorded."""
+    """One executor's answer (the IPC bytes), or ``None`` with the problem recorded.
+
+    Any failure of the call means "ask the next one": the actor is gone (``ValueError``
+    from the lookup, ``RayActorError``), slow (``GetTimeoutError``), or raised in Java (a
+    restarted executor that never started has no Spark environment and throws). The
+    handle is looked up on every pull (one GCS call): a cached one would outlive a Spark
+    session restarted under the same executor names."""
     import ray
-    from ray.exceptions import GetTimeoutError, RayActorError
+    from ray.exceptions import RayError
 
     try:
-        actor = _executor(name)
+        actor = ray.get_actor(name)
         if runtime:
             _faults.hit("spark.mid_pull", runtime=runtime, executor=name, rdd=rdd_id,
                         partition=index)
@@ -128,30 +132,18 @@ def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url:
             ref: Any = actor.getRDDPartition.remote(rdd_id, index, schema_json,
                                                     driver_agent_url)
         return ray.get(ref, timeout=timeout)
-    except (ValueError, GetTimeoutError, RayActorError) as exc:
-        _forget(name)
+    except (ValueError, RayError) as exc:
         problems.append(f"{name}: {type(exc).__name__}")
-        logger.warning("executor %s did not serve partition %s of RDD %s (%s); asking the "
-                       "next", name, index, rdd_id, type(exc).__name__)
+        logger.warning("executor %s did not serve partition %s of RDD %s (%s: %s); asking "
+                       "the next", name, index, rdd_id, type(exc).__name__,
+                       _first_line(exc))
         return None
 
 
-def _executor(name: str) -> Any:
-    """The executor actor's handle, looked up once per process (``ValueError`` if none)."""
-    import ray
-
-    with _handles_lock:
-        handle = _handles.get(name)
-    if handle is None:
-        handle = ray.get_actor(name)
-        with _handles_lock:
-            _handles[name] = handle
-    return handle
-
-
-def _forget(name: str) -> None:
-    with _handles_lock:
-        _handles.pop(name, None)
+def _first_line(exc: BaseException) -> str:
+    lines = [line for line in str(exc).splitlines() if line.strip()]
+    cause = next((line for line in lines if "Caused by" in line), None)
+    return (cause or (lines[0] if lines else "")).strip()[:300]
 
 
 def decode(ipc: Any, schema: pa.Schema) -> pa.Table:
