@@ -24,10 +24,11 @@ The rest: ``_common`` (types, CSV, names, raysink's tables, progress rows), ``_s
 
 Measured with ``bench/sink_postgres.py`` (1 M rows of 4 columns, 2 writers, 2 cores):
 appends in ``prepared`` run at 0.8-1.3x a plain single-process COPY, ``staging`` at
-0.12-0.25x (the move is a second full write, serial in the coordinator). Upserts (half new
-keys, half existing) in ``prepared`` run at about 2x a single-process ``INSERT … ON
-CONFLICT`` from a staged COPY; see the bench for today's figures. Empty-epoch commits
-cost about 1-7 ms p50 in either method.
+0.12-0.25x (the move is a second full write, serial in the coordinator). Upserts of 1 M
+rows (half new keys, half existing) in ``prepared`` run at 1.6-2x a single-process
+``INSERT … ON CONFLICT`` from a staged COPY (0.14-0.28 M rows/s on a shared 2-core
+machine): the server's own CPU, 4-6 us per upserted row, is the bound. Empty-epoch
+commits cost about 1-7 ms p50 in either method.
 
 Upserts keep the last row per key within an epoch, by ``(seq, row index)``; later epochs
 overwrite earlier ones. ``committed_epoch()`` is the highest epoch row ``writer=-1``, and
