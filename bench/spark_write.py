@@ -8,9 +8,16 @@ cached in Spark on Ray (RayDP, 2 executors x 1 core), then alternating rounds ti
                   is in the object store (nothing written), then released;
 * ``raysink``     ``rt.write(df)`` into a ``ParquetSink`` with 2 writers: one exactly-once
                   epoch, committed (the runtime is started once, before the rounds);
+* ``raysink-refs`` (``--with-refs``) ``rt.write(df)``'s path before the writers pulled
+                  from the executors: a fetch task per partition, its table in the object
+                  store, the ref handed to a writer;
 * ``from_spark+tasks`` (``--with-tasks``) ``ray.data.from_spark(df)`` and one Ray task
                   per block writing it with ``pyarrow.parquet.write_table``: a Spark-on-Ray
                   user's write today, without exactly-once.
+
+``--key k`` makes raysink's runtime keyed (rows routed by ``k``: one split task per
+partition pulls and cuts it). Each round also prints the machine's busy CPU seconds
+(``/proc/stat``, every process): on 2 cores every variant is bound by the CPUs.
 
 Spark and raysink use the same compression (``--compression``, default snappy: Spark's
 default). Each round prints seconds and rows/s; the end prints medians and the ratios
@@ -23,7 +30,8 @@ so the rounds can be read against them. ``--profile`` adds one more raysink epoc
 phase by phase from the driver, with the Ray timeline and, when ``py-spy`` is installed,
 a sampled profile of the writer actors grouped by what they were doing.
 
-    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--phases] [--profile]
+    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--phases]
+        [--profile] [--with-refs] [--with-tasks] [--key k]
 """
 
 from __future__ import annotations
@@ -76,14 +84,15 @@ def build_frame(spark: Any, rows: int, partitions: int) -> Any:
 class Bench:
     """The variants, sharing one output root and one started runtime."""
 
-    def __init__(self, df: Any, root: Path, compression: str, writers: int) -> None:
+    def __init__(self, df: Any, root: Path, compression: str, writers: int,
+                 key: list[str] | None = None) -> None:
         self.df = df
         self.root = root
         self.compression = compression
         self.rt = SinkRuntime(
             "bench-spark-write",
             ParquetSink(str(root / "raysink"), compression=compression),  # type: ignore[arg-type]
-            writers=writers, metastore=f"sqlite:///{root / 'meta.db'}",
+            writers=writers, key=key, metastore=f"sqlite:///{root / 'meta.db'}",
         ).start()
 
     def spark(self, round_no: int) -> int:
@@ -346,6 +355,8 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1,
                         help="rounds run first and not counted (JIT, worker start-up)")
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--key", default=None,
+                        help="route raysink's rows by this column (a keyed runtime; e.g. k)")
     parser.add_argument("--compression", default="snappy",
                         choices=["snappy", "zstd", "lz4", "gzip", "none"])
     parser.add_argument("--profile", action="store_true",
@@ -376,7 +387,8 @@ def main() -> None:
               f"({time.perf_counter() - started:.1f} s); output under {root}")
         if args.phases:
             phases(df, args.rows, root, args.compression)
-        bench = Bench(df, root, args.compression, args.writers)
+        bench = Bench(df, root, args.compression, args.writers,
+                      key=[args.key] if args.key else None)
         variants: dict[str, Callable[[int], int]] = {
             "spark": bench.spark, "handoff": bench.handoff, "raysink": bench.raysink}
         if args.with_tasks:
