@@ -19,7 +19,7 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from raysink.errors import SchemaMismatchError
+from raysink.errors import SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest
 from raysink.sinks.postgres import PostgresSink, _prepared
 from tests.support.postgres import PostgresServer, pg_server
@@ -261,4 +261,29 @@ def test_null_keys_in_a_later_batch_write_nothing_of_the_epoch(
     writer.close()
     sink.commit(1, [manifest])
     assert _table(pg_server, schema) == {}
+    sink.close()
+
+
+def test_a_lost_connection_never_commits_part_of_an_epoch(
+        pg_server: PostgresServer, schema: str, small_chunks: None) -> None:
+    """Chunks already upserted go with the broken transaction: a flush (the actor's timer
+    calls it) sends nothing, and ``pre_commit`` fails rather than prepare the rest."""
+    sink = _sink(pg_server, schema, "prepared")
+    writer = sink.create_writer(0)
+    writer.open()
+    writer.write(pa.record_batch({"id": pa.array(range(120), pa.int64()),
+                                  "value": ["x"] * 120}))  # two chunks sent, 20 rows wait
+    pg_server.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE "
+                      "datname = 'raysink' AND usename = 'raysink' AND pid <> "
+                      "pg_backend_pid()")
+    writer.flush()
+    with pytest.raises(SinkUnavailableError):
+        writer.pre_commit(1, 0)
+    writer.rollback(1, 0)  # reconnects: the runtime rolls the attempt back, then retries
+    writer.write(pa.record_batch({"id": pa.array(range(120), pa.int64()),
+                                  "value": ["y"] * 120}))
+    manifest = writer.pre_commit(1, 1)
+    writer.close()
+    sink.commit(1, [manifest])
+    assert _table(pg_server, schema) == dict.fromkeys(range(120), "y")
     sink.close()

@@ -81,7 +81,7 @@ if TYPE_CHECKING:
     from raysink.sinks.postgres._sink import PostgresSink
 
 UPSERT_CHUNK_ROWS = 131_072
-"""Rows an upserting writer gathers before it sends them (also sent at every flush)."""
+"""Rows an upserting writer gathers before it sends them (the rest at ``pre_commit``)."""
 
 
 # --------------------------------------------------------------------------- writer side

@@ -164,7 +164,7 @@ class PostgresWriter(SinkWriter):
 
     def write(self, batch: pa.RecordBatch) -> None:
         """Send ``batch`` into the open transaction (see the module docstring; upserts wait
-        for a full chunk or the next flush). An empty batch only tells the epoch's schema
+        for a full chunk or ``pre_commit``). An empty batch only tells the epoch's schema
         (the commit creates a missing table from it)."""
         self._check_batch(batch)
         types = self.sink.pg_types(batch.schema)
@@ -193,12 +193,11 @@ class PostgresWriter(SinkWriter):
             cp.write(data)
         logger.debug("postgres writer %d staged %d rows", self.writer_id, batch.num_rows)
 
-    def flush(self) -> None:
-        """Send the gathered upsert chunk (nothing else waits in the writer)."""
-        if self._chunk:
-            self._send_chunk()
-
     def _send_chunk(self) -> None:
+        """Upsert the gathered chunk. Only ``write`` and ``pre_commit`` send one, never a
+        periodic ``flush``: a failure there would be logged and dropped by the actor's
+        timer, with the transaction's rows gone and the epoch still going on. (Nothing is
+        durable before ``PREPARE`` anyway.)"""
         import pyarrow as pa
 
         chunk = pa.Table.from_batches(self._chunk)
@@ -272,7 +271,8 @@ class PostgresWriter(SinkWriter):
                 manifest["token"] = seg.token
                 conn.commit()
             else:
-                self.flush()
+                if self._chunk:
+                    self._send_chunk()
                 manifest["gid"] = _prepared.prepare(conn, self._t, epoch, attempt,
                                                     self.writer_id)
         self._segment = _Segment()
