@@ -1,25 +1,37 @@
-"""Benchmark: writing one cached Spark DataFrame as Parquet, three ways (not a test).
+"""Benchmark: one cached Spark DataFrame, raysink against RayDP's handoff and Spark's writer.
 
 One DataFrame (default 5 M rows, 8 partitions: a long, a double, a string, an int) is
 cached in Spark on Ray (RayDP, 2 executors x 1 core), then alternating rounds time:
 
 * ``spark``       ``df.write.parquet``: Spark's own writer, in the executors;
-* ``from_spark``  ``ray.data.from_spark(df)``, then one Ray task per block writing it with
-                  ``pyarrow.parquet.write_table``: what a Spark-on-Ray user does today,
-                  without exactly-once;
+* ``handoff``     RayDP's bare handoff: ``ray.data.from_spark(df)`` until every partition
+                  is in the object store (nothing written), then released;
 * ``raysink``     ``rt.write(df)`` into a ``ParquetSink`` with 2 writers: one exactly-once
-                  epoch (the runtime is started once, before the rounds).
+                  epoch, committed (the runtime is started once, before the rounds);
+* ``raysink-refs`` (``--with-refs``) ``rt.write(df)``'s path before the writers pulled
+                  from the executors: a fetch task per partition, its table in the object
+                  store, the ref handed to a writer;
+* ``from_spark+tasks`` (``--with-tasks``) ``ray.data.from_spark(df)`` and one Ray task
+                  per block writing it with ``pyarrow.parquet.write_table``: a Spark-on-Ray
+                  user's write today, without exactly-once.
 
-All three use the same compression (``--compression``, default snappy: Spark's default).
-Each round prints seconds and rows/s; the end prints medians and the ratios
-raysink / from_spark+tasks (target >= 1.3) and raysink / Spark (target >= 0.8).
+``--key k`` makes raysink's runtime keyed (rows routed by ``k``: one split task per
+partition pulls and cuts it). Each round also prints the machine's busy CPU seconds
+(``/proc/stat``, every process): on 2 cores every variant is bound by the CPUs.
 
-``--profile`` adds one more raysink epoch, timed phase by phase from the driver (Spark
-prepare, partitions ready, feed + pre-commit, coordinator commit), with the Ray timeline
-of the fetch tasks and writer calls, and, when ``py-spy`` is installed, a sampled profile
-of the writer actors grouped by what they were doing.
+Spark and raysink use the same compression (``--compression``, default snappy: Spark's
+default). Each round prints seconds and rows/s; the end prints medians and the ratios
+raysink / handoff (target >= 0.9) and raysink / spark (target >= 1.3).
 
-    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--profile]
+``--phases`` first times the steps of raysink's handoff one after the other in this
+process (Spark prepare = cache + count of the Arrow RDD; fetch of every partition's IPC
+bytes from its executor; decode; Parquet write of the decoded tables by one sink writer),
+so the rounds can be read against them. ``--profile`` adds one more raysink epoch, timed
+phase by phase from the driver, with the Ray timeline and, when ``py-spy`` is installed,
+a sampled profile of the writer actors grouped by what they were doing.
+
+    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--phases]
+        [--profile] [--with-refs] [--with-tasks] [--key k]
 """
 
 from __future__ import annotations
@@ -72,14 +84,15 @@ def build_frame(spark: Any, rows: int, partitions: int) -> Any:
 class Bench:
     """The variants, sharing one output root and one started runtime."""
 
-    def __init__(self, df: Any, root: Path, compression: str, writers: int) -> None:
+    def __init__(self, df: Any, root: Path, compression: str, writers: int,
+                 key: list[str] | None = None) -> None:
         self.df = df
         self.root = root
         self.compression = compression
         self.rt = SinkRuntime(
             "bench-spark-write",
             ParquetSink(str(root / "raysink"), compression=compression),  # type: ignore[arg-type]
-            writers=writers, metastore=f"sqlite:///{root / 'meta.db'}",
+            writers=writers, key=key, metastore=f"sqlite:///{root / 'meta.db'}",
         ).start()
 
     def spark(self, round_no: int) -> int:
@@ -88,7 +101,29 @@ class Bench:
             str(target))
         return -1
 
-    def from_spark(self, round_no: int) -> int:
+    def handoff(self, round_no: int) -> int:
+        """RayDP's bare handoff: every partition in the object store, nothing written."""
+        from raydp.spark.dataset import release_spark_recoverable
+
+        dataset = ray.data.from_spark(self.df)
+        refs = dataset.to_arrow_refs()
+        ray.wait(refs, num_returns=len(refs), fetch_local=False)
+        release_spark_recoverable(self.df)
+        return -1
+
+    def raysink_refs(self, round_no: int) -> int:
+        """``rt.write(df)`` as it was before pulls: one fetch task per partition, its table
+        in the object store, the ref handed to a writer as soon as it is ready."""
+        from raysink.spark import SparkPartitions
+
+        with SparkPartitions.open(self.df) as parts:
+            ready = (ref for _, ref in parts.as_ready(window=2 * self.rt.writers))
+            report = self.rt._run_refs(ready, None)
+        if not report.committed:
+            raise RuntimeError(f"raysink epoch not committed: {report}")
+        return report.rows
+
+    def from_spark_tasks(self, round_no: int) -> int:
         from raydp.spark.dataset import release_spark_recoverable
 
         target = self.root / f"from_spark-{round_no}"
@@ -116,7 +151,9 @@ class Bench:
 #: What a writer's sampled stack was doing, first match wins (matched on the frame text).
 _CATEGORIES = (
     ("coordinator commit wait", ("_request_commit",)),
-    ("object fetch (ray.get of partitions)", ("_fetch (", "get_objects", "ray.get")),
+    ("executor pull: waiting for the IPC bytes", ("fetch_ipc", "getRDDPartition")),
+    ("executor pull: decode", ("decode (", "open_stream", "read_all")),
+    ("object fetch (ray.get of refs)", ("_fetch (", "get_objects", "ray.get")),
     ("parquet encode + file write", ("write_table", "ParquetWriter", "_write_buffer")),
     ("fsync / rename", ("fsync", "_stage_flushed", "_finish_file")),
     ("batch split / schema conform", ("to_batches", "_conform", "_as_table", "from_batches")),
@@ -129,7 +166,6 @@ class _PhaseClock:
 
     def __init__(self) -> None:
         self.marks: dict[str, list[tuple[float, float]]] = collections.defaultdict(list)
-        self.ready: list[float] = []
         self._undo: list[Callable[[], None]] = []
 
     def wrap(self, owner: Any, name: str, label: str) -> None:
@@ -145,17 +181,6 @@ class _PhaseClock:
 
         setattr(owner, name, classmethod(timed) if isinstance(original, classmethod) else timed)
         self._undo.append(lambda: setattr(owner, name, original))
-
-    def wrap_ready(self, owner: Any) -> None:
-        original = owner.as_ready
-
-        def as_ready(this: Any, *args: Any, **kwargs: Any) -> Any:
-            for item in original(this, *args, **kwargs):
-                self.ready.append(time.perf_counter())
-                yield item
-
-        owner.as_ready = as_ready
-        self._undo.append(lambda: setattr(owner, "as_ready", original))
 
     def restore(self) -> None:
         for undo in reversed(self._undo):
@@ -225,30 +250,49 @@ def _timeline(since: float, out: Path) -> dict[str, tuple[int, float, float]]:
     return {n: (len(v), sum(v), max(v)) for n, v in stats.items()}
 
 
-def _fetch_casts(df: Any) -> str:
-    """Whether ``conform`` in raysink's fetch task copies: the executor's IPC schema vs
-    the schema raysink normalises to (partition 0)."""
-    from raysink.spark.handoff import (
-        _jvm_arrow_schema,
-        _RecoverableRdd,
-        cross_language_calls,
-        normalise_schema,
-    )
+def phases(df: Any, rows: int, root: Path, compression: str) -> None:
+    """raysink's handoff step by step, one after the other in this process."""
+    from raysink.sinks import ParquetSink
+    from raysink.spark import SparkPartitions
+    from raysink.spark.pull import ExecutorPartition, decode
 
-    schema = normalise_schema(_jvm_arrow_schema(df))
-    rdd = _RecoverableRdd.prepare(df, schema)
-    try:
-        executor = ray.get_actor(f"raydp-executor-{rdd.locations[0]}")
-        with cross_language_calls():
-            ref: Any = executor.getRDDPartition.remote(rdd.rdd_id, 0, rdd.schema_json,
-                                                  rdd.driver_agent_url)
-        got = pa.ipc.open_stream(pa.py_buffer(ray.get(ref))).read_all()
-    finally:
-        rdd.release()
-    got_schema = got.replace_schema_metadata().schema
-    if got_schema.equals(schema):
-        return "no (schemas equal)"
-    return f"YES: executor sends {got_schema} but raysink expects {schema}"
+    cpu = busy_cpu_seconds()
+    started = time.perf_counter()
+    with SparkPartitions.open(df) as parts:
+        prepared = time.perf_counter()
+        cpu = busy_cpu_seconds() - cpu
+        items = [item for item in parts.pulls() if isinstance(item, ExecutorPartition)]
+        fetched: list[Any] = []
+        for item in items:
+            fetched.append(item.fetch_ipc())
+        got = time.perf_counter()
+        raw = [pa.ipc.open_stream(pa.py_buffer(ipc)).read_all() for ipc in fetched]
+        tables = [decode(ipc, parts.schema) for ipc in fetched]
+        decoded = time.perf_counter()
+    sink = ParquetSink(str(root / "phases"), compression=compression)  # type: ignore[arg-type]
+    writer = sink.bind("bench-phases", "main").create_writer(0)
+    writer.open()
+    write_start = time.perf_counter()
+    for table in tables:
+        for batch in table.to_batches():
+            writer.write(batch)
+    writer.flush()
+    written = time.perf_counter()
+    writer.close()
+    nbytes = sum(len(ipc) for ipc in fetched)
+    casts = "no" if raw[0].replace_schema_metadata().schema.equals(parts.schema) else "YES"
+    print(f"\nphases of raysink's handoff, one after the other ({rows:,} rows, "
+          f"{len(items)} partitions, {nbytes / 2**20:.0f} MiB of Arrow IPC):")
+    for label, seconds in (
+            ("Spark prepare (toArrowBatchRdd, persist, count)", prepared - started),
+            ("fetch IPC bytes from the executors (serial)", got - prepared),
+            (f"decode (x2: plain, then normalised; schema cast: {casts})", decoded - got),
+            ("Parquet write of every table by one sink writer", written - write_start)):
+        print(f"  {label:<58} {seconds:6.2f} s  {rate(rows, seconds)}")
+    print(f"  the machine was busy {cpu:.2f} CPU-s during the prepare "
+          f"({cpu / (prepared - started):.1f} of {os.cpu_count()} cores)")
+    print(f"  batches per partition: {raw[0].to_batches().__len__()} "
+          f"(Spark's spark.sql.execution.arrow.maxRecordsPerBatch)")
 
 
 def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
@@ -258,7 +302,6 @@ def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
 
     clock = _PhaseClock()
     clock.wrap(SparkPartitions, "open", "spark prepare (JVM toArrowBatchRdd, cache, count)")
-    clock.wrap_ready(SparkPartitions)
     clock.wrap(Runtime, "_open_epoch", "open epoch at the coordinator")
     clock.wrap(Runtime, "_feed_and_commit", "feed writers + barriers (until all pre-committed)")
     clock.wrap(Runtime, "_finish", "wait for the sink commit")
@@ -277,10 +320,6 @@ def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
         for begin, end in spans:
             print(f"  {label:<52} {begin - start:6.2f} -> {end - start:6.2f} s  "
                   f"({end - begin:.2f} s)")
-    if clock.ready:
-        print("  partitions ready at (s after start): "
-              + ", ".join(f"{t - start:.2f}" for t in clock.ready))
-    print(f"  fetched tables need a schema cast in the fetch task: {_fetch_casts(df)}")
     print("  Ray timeline (count, total s, longest s):")
     for name, (count, seconds, longest) in sorted(_timeline(wall_start, out).items(),
                                                   key=lambda kv: -kv[1][1])[:12]:
@@ -290,6 +329,18 @@ def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
         print(f"  py-spy {name}: {active:.2f} s active (of {total:.2f} s)")
         for label, seconds in sorted(cats.items(), key=lambda kv: -kv[1])[:8]:
             print(f"    {label[:70]:<70} {seconds:6.2f} s")
+
+
+def busy_cpu_seconds() -> float:
+    """CPU seconds the whole machine spent busy so far (``/proc/stat``; 0 elsewhere): the
+    difference over a round says whether it was bound by the cores."""
+    try:
+        fields = Path("/proc/stat").read_text().splitlines()[0].split()[1:]
+    except OSError:
+        return 0.0
+    ticks = [int(f) for f in fields]
+    idle = ticks[3] + (ticks[4] if len(ticks) > 4 else 0)
+    return (sum(ticks) - idle) / os.sysconf("SC_CLK_TCK")
 
 
 def rate(rows: int, seconds: float) -> str:
@@ -304,10 +355,19 @@ def main() -> None:
     parser.add_argument("--warmup", type=int, default=1,
                         help="rounds run first and not counted (JIT, worker start-up)")
     parser.add_argument("--writers", type=int, default=2)
+    parser.add_argument("--key", default=None,
+                        help="route raysink's rows by this column (a keyed runtime; e.g. k)")
     parser.add_argument("--compression", default="snappy",
                         choices=["snappy", "zstd", "lz4", "gzip", "none"])
     parser.add_argument("--profile", action="store_true",
                         help="after the rounds, profile one more raysink epoch")
+    parser.add_argument("--phases", action="store_true",
+                        help="before the rounds, time the handoff's steps one by one")
+    parser.add_argument("--with-tasks", action="store_true",
+                        help="also time from_spark + Ray tasks writing Parquet")
+    parser.add_argument("--with-refs", action="store_true",
+                        help="also time rt.write through fetch tasks and object refs (the "
+                             "handoff before writers pulled from the executors)")
     parser.add_argument("--dir", default=None, help="output root (default: a temp dir)")
     args = parser.parse_args()
 
@@ -325,9 +385,16 @@ def main() -> None:
         df = build_frame(spark, args.rows, args.partitions)
         print(f"cached {args.rows:,} rows in {args.partitions} partitions "
               f"({time.perf_counter() - started:.1f} s); output under {root}")
-        bench = Bench(df, root, args.compression, args.writers)
+        if args.phases:
+            phases(df, args.rows, root, args.compression)
+        bench = Bench(df, root, args.compression, args.writers,
+                      key=[args.key] if args.key else None)
         variants: dict[str, Callable[[int], int]] = {
-            "spark": bench.spark, "from_spark": bench.from_spark, "raysink": bench.raysink}
+            "spark": bench.spark, "handoff": bench.handoff, "raysink": bench.raysink}
+        if args.with_tasks:
+            variants["from_spark+tasks"] = bench.from_spark_tasks
+        if args.with_refs:
+            variants["raysink-refs"] = bench.raysink_refs
         times: dict[str, list[float]] = {name: [] for name in variants}
         for round_no in range(args.warmup + args.rounds):
             order = list(variants)
@@ -335,15 +402,19 @@ def main() -> None:
                 order.reverse()  # alternate which variant runs first
             warmup = round_no < args.warmup
             for name in order:
+                cpu = busy_cpu_seconds()
                 start = time.perf_counter()
                 rows = variants[name](round_no)
                 seconds = time.perf_counter() - start
+                cpu = busy_cpu_seconds() - cpu
                 if not warmup:
                     times[name].append(seconds)
                 if rows not in (-1, args.rows):
                     raise RuntimeError(f"{name} wrote {rows} rows, expected {args.rows}")
-                print(f"{'warm-up' if warmup else 'round'} {round_no} {name:>10}: "
-                      f"{seconds:6.2f} s  {rate(args.rows, seconds)}", flush=True)
+                print(f"{'warm-up' if warmup else 'round'} {round_no} {name:>16}: "
+                      f"{seconds:6.2f} s  {rate(args.rows, seconds)}  machine busy "
+                      f"{cpu:5.2f} CPU-s ({cpu / seconds:.1f} of {os.cpu_count()} cores)",
+                      flush=True)
         summarise(times, args.rows)
         if args.profile:
             profile_raysink_epoch(bench.rt, df, args.rows, root)
@@ -357,15 +428,22 @@ def main() -> None:
 
 
 def summarise(times: dict[str, list[float]], rows: int) -> None:
+    """Medians per variant, then raysink's ratios: of the medians, and the median of the
+    per-round ratios (each round runs the variants back to back)."""
     median = {name: statistics.median(values) for name, values in times.items()}
     print()
     for name, seconds in median.items():
-        print(f"{name:>10}: median {seconds:6.2f} s  {rate(rows, seconds)} "
+        print(f"{name:>16}: median {seconds:6.2f} s  {rate(rows, seconds)} "
               f"(best {rate(rows, min(times[name]))})")
-    print(f"raysink / from_spark+tasks: {median['from_spark'] / median['raysink']:.2f}x "
-          "(target >= 1.3)")
-    print(f"raysink / spark:            {median['spark'] / median['raysink']:.2f}x "
-          "(target >= 0.8; goal 1.0)")
+    targets = {"handoff": ">= 0.9", "spark": ">= 1.3", "from_spark+tasks": "",
+               "raysink-refs": ""}
+    for other, target in targets.items():
+        if other not in times:
+            continue
+        per_round = [o / r for o, r in zip(times[other], times["raysink"], strict=True)]
+        print(f"raysink / {other + ':':<17} {median[other] / median['raysink']:.2f}x of medians, "
+              f"{statistics.median(per_round):.2f}x median per round"
+              + (f" (target {target})" if target else ""))
 
 
 if __name__ == "__main__":

@@ -38,7 +38,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_VAR", "POINTS", "InjectedFault", "enabled", "fault_dir", "hit"]
+__all__ = ["ENV_VAR", "HANDOFF_POINTS", "POINTS", "InjectedFault", "enabled", "fault_dir",
+           "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -52,6 +53,13 @@ POINTS = (
     "sink.mid_commit",
     "coordinator.after_commit",
 )
+
+HANDOFF_POINTS = (
+    "spark.mid_pull",
+)
+"""Points of the Spark handoff, apart from the protocol's (the chaos plan draws from
+``POINTS``): ``spark.mid_pull``, a consumer chose the executor to pull a partition from
+and has not asked it yet (context ``executor``, ``rdd``, ``partition``)."""
 
 
 class InjectedFault(RuntimeError):

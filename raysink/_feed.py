@@ -18,6 +18,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from raysink._pull import resolve
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.vnodes import Bitmap, split_by_writer
 from raysink.errors import BackpressureError, ConfigError, SchemaMismatchError
@@ -138,8 +139,9 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
               bitmaps: Sequence[Bitmap], rows: int | None = None,
               first_writer: int = 0) -> FeedPlan:
-    """Route remote tables (e.g. Spark partitions, as they become ready) to writers without
-    fetching them here, round-robin from ``first_writer``."""
+    """Route remote tables (refs, or pulls such as Spark partitions) to writers without
+    fetching them here, round-robin from ``first_writer``; with a key, one split task per
+    item fetches it and cuts it by writer."""
 
     def items() -> Iterator[tuple[int, Any]]:
         turn = first_writer
@@ -193,17 +195,22 @@ def _place_ref(ref: Any, placed: list[tuple[int, Any]], writers: int,
 
 
 def _split_remote(ref: Any, key: list[str], bitmaps_hex: list[str]) -> list[Any]:
+    """One task fetches ``ref`` (or pulls it) and cuts it by writer. A pull whose source
+    failed (``SinkUnavailableError``) is tried again by the task: the epoch's retries
+    re-send these same pieces, so a failure kept in them would fail every attempt."""
     import ray
 
-    task = ray.remote(_split_task).options(num_returns=len(bitmaps_hex), num_cpus=0)
+    from raysink.errors import SinkUnavailableError
+
+    task = ray.remote(_split_task).options(num_returns=len(bitmaps_hex), num_cpus=0,
+                                           max_retries=3,
+                                           retry_exceptions=[SinkUnavailableError])
     result: Any = task.remote([ref], key, bitmaps_hex)
     return [result] if len(bitmaps_hex) == 1 else list(result)
 
 
 def _split_task(refs: list[Any], key: list[str], bitmaps_hex: list[str]) -> Any:
-    import ray
-
-    table = _to_table(ray.get(refs[0]))
+    table = _to_table(resolve(refs[0]))
     check_keys(table, key)
     bitmaps = [Bitmap.from_hex(h) for h in bitmaps_hex]
     pieces = [_to_table(p) if p is not None else table.schema.empty_table()

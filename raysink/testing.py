@@ -32,7 +32,15 @@ from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 
-from raysink._faults import POINTS, InjectedFault, _arm_path, enabled, fault_dir, hit
+from raysink._faults import (
+    HANDOFF_POINTS,
+    POINTS,
+    InjectedFault,
+    _arm_path,
+    enabled,
+    fault_dir,
+    hit,
+)
 from raysink.coordinator.metastore.base import (
     HISTORY_LIMIT,
     EpochRecord,
@@ -726,8 +734,8 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    if point not in POINTS:
-        raise ConfigError(f"unknown fault point {point!r}; one of {POINTS}")
+    if point not in POINTS + HANDOFF_POINTS:
+        raise ConfigError(f"unknown fault point {point!r}; one of {POINTS + HANDOFF_POINTS}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:
@@ -745,7 +753,7 @@ def disarm_faults(runtime: str) -> None:
     fault injection is off."""
     if not enabled():
         return
-    for point in POINTS:
+    for point in POINTS + HANDOFF_POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)

@@ -23,9 +23,10 @@ status, ping   control     answer at once
 A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a watchdog
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
 poisons the epoch: its barrier rolls back and fails. Data refs travel nested (``[ref]``)
-so no call waits on an unresolved argument; the writer fetches them itself. A writer that
-cannot reach its target tells the coordinator, which shows the sink ``stalled`` until it
-can again.
+so no call waits on an unresolved argument; the writer fetches them itself, and reads
+pulls (``raysink._pull``: a Spark partition on a RayDP executor) at their source. A writer
+that cannot reach its target tells the coordinator, which shows the sink ``stalled`` until
+it can again.
 """
 
 from __future__ import annotations
@@ -43,6 +44,7 @@ import pyarrow as pa
 
 from raysink import _faults, _schema
 from raysink._metrics import WriterMetrics
+from raysink._pull import resolve
 from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
 from raysink.actors.watchdog import Watchdog
 from raysink.coordinator.barrier import CheckpointBarrier
@@ -395,9 +397,8 @@ class SinkWriterActor:
 
 
 def _fetch(refs: Sequence[Any]) -> list[Any]:
-    import ray
-
-    return [ray.get(r) if isinstance(r, ray.ObjectRef) else r for r in refs]
+    """The data of one message: refs fetched, pulls (e.g. Spark partitions) pulled here."""
+    return [resolve(r) for r in refs]
 
 
 def _as_table(parts: list[Any]) -> pa.Table:

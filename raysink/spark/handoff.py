@@ -1,44 +1,50 @@
 """Spark DataFrame -> one Arrow table per partition, through RayDP's recoverable path.
 
-How the data travels (RayDP 1.6.5)::
+How the data travels (RayDP 1.6.5), two ways after one prepare::
 
     driver JVM   ObjectStoreWriter.prepareRecoverableRDD(df)   toArrowBatchRdd, persist,
                                                                count(): all computed here
-    Ray task     _fetch_partition(i)  -> executor actor raydp-executor-<id>.getRDDPartition
-                                         (the cached Arrow batches as one IPC stream)
-                                      -> pa.Table (zero-copy view of the bytes), schema
-                                         normalised, returned into the object store
-    consumer     ray.get([ref])       -> the pa.Table, zero-copy from the object store
+    pulls()      ExecutorPartition items (raysink.spark.pull), sent to the writers in data
+                 messages; each writer asks the executor actor raydp-executor-<id>
+                 .getRDDPartition itself (the cached Arrow batches as one IPC stream) and
+                 decodes the bytes: no Ray task, no table in the object store
+    refs()       one Ray task per partition does the same pull and returns the table into
+                 the object store; a consumer ray.get()s it (zero-copy)
+
+``rt.write(df)`` uses ``pulls()``: measured on 5 M rows (bench/spark_write.py), the task
+hop and its object-store copy cost more than the writers' own decoding.
 
 Lifecycle of a :class:`SparkPartitions`:
 
 1. ``open(df)`` caches and counts the DataFrame in Spark; nothing moves to Ray yet.
    A DataFrame with zero partitions never reaches RayDP (its conversion throws on one):
    it has an empty partition list and the right schema.
-2. ``refs()`` submits one fetch task per partition at once; ``as_ready(window=n)`` keeps
-   at most ``n`` in flight. The
-   refs are owned by the calling process, so a consumer actor that crashes loses nothing
-   but its borrow; hand them to actors nested in a list (``actor.write.remote([ref])``).
-   The handoff keeps no ref itself: a partition's object lives as long as its consumer
-   holds it.
+2. ``pulls()`` describes every partition (nothing is fetched); each item can be pulled
+   any number of times until ``release()``, so a writer that crashed is re-fed the same
+   items. Or ``refs()`` submits one fetch task per partition at once, and
+   ``as_ready(window=n)`` keeps at most ``n`` in flight. The refs are owned by the calling
+   process, so a consumer actor that crashes loses nothing but its borrow; hand them to
+   actors nested in a list (``actor.write.remote([ref])``). The handoff keeps no ref
+   itself: a partition's object lives as long as its consumer holds it.
 3. ``release()`` (also on ``__exit__``) unpins the cached RDD; call it once the epoch is
    committed. Idempotent. Fetching after it is a :class:`ConfigError`.
 
 An executor that dies is restarted by Ray, but RayDP registers it with Spark under a new
-executor id, and sometimes never starts it; the fetch then asks the other live executors
+executor id, and sometimes never starts it; a pull then asks the other live executors
 (``executor_candidates``), whose block managers read or re-cache the partition.
 
 RayDP's fetch retries forever when the app master is gone (it is not restartable), so
-``as_ready`` bounds the wait: no partition finishing within ``fetch_timeout`` seconds is
-a :class:`SinkUnavailableError`.
+every executor call is bounded (``EXECUTOR_CALL_TIMEOUT``), and ``as_ready`` bounds the
+wait for its tasks: no partition finishing within ``fetch_timeout`` seconds is a
+:class:`SinkUnavailableError`.
 """
 
 from __future__ import annotations
 
 import logging
+import math
 import time
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
 from types import TracebackType
 from typing import Any
@@ -47,22 +53,28 @@ import pyarrow as pa
 import ray
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
-from ray.exceptions import GetTimeoutError, RayActorError
 
+from raysink._pull import Pull
 from raysink.errors import ConfigError, SinkUnavailableError
+from raysink.spark.pull import (
+    EXECUTOR_PREFIX,
+    ExecutorPartition,
+    conform,
+    cross_language_calls,
+    executor_candidates,
+)
 
-__all__ = ["SparkPartitions", "normalise_schema"]
+__all__ = ["SparkPartitions", "conform", "cross_language_calls", "executor_candidates",
+           "normalise_schema"]
 
 logger = logging.getLogger(__name__)
 
 #: Submits the fetch of one partition and returns the ref of its ``pa.Table``.
 FetchFn = Callable[[int], "ray.ObjectRef[pa.Table]"]
+#: Describes partition ``i`` for a consumer that fetches it itself (``runtime`` labels
+#: it; the last argument bounds one pull, in seconds).
+PullFn = Callable[[int, str, float], Pull]
 
-_EXECUTOR_PREFIX = "raydp-executor-"
-#: Seconds one executor may take to serve a partition (re-caching included) before the
-#: next live executor is asked.
-EXECUTOR_CALL_TIMEOUT = 60.0
-_EXECUTOR_ACTOR = _EXECUTOR_PREFIX + "{}"
 
 
 class SparkPartitions:
@@ -81,12 +93,14 @@ class SparkPartitions:
         release: Callable[[], None] | None = None,
         fetch_timeout: float = 300.0,
         description: str = "DataFrame",
+        pull: PullFn | None = None,
     ) -> None:
         if fetch_timeout <= 0:
             raise ConfigError(f"fetch_timeout must be positive seconds, got {fetch_timeout!r}")
         self._schema = schema
         self._num_partitions = num_partitions
         self._fetch = fetch
+        self._pull = pull
         self._release = release
         self._fetch_timeout = fetch_timeout
         self._description = description
@@ -108,7 +122,7 @@ class SparkPartitions:
         rdd = _RecoverableRdd.prepare(df, schema)
         return cls(
             schema=schema, num_partitions=rdd.num_partitions, fetch=rdd.fetch,
-            release=rdd.release, fetch_timeout=fetch_timeout,
+            pull=rdd.pull, release=rdd.release, fetch_timeout=fetch_timeout,
             description=f"Spark RDD {rdd.rdd_id}",
         )
 
@@ -134,6 +148,22 @@ class SparkPartitions:
         """
         self._check_open()
         return [self._fetch(index) for index in range(self._num_partitions)]
+
+    def pulls(self, runtime: str = "") -> list[Pull]:
+        """One item per partition, in order, for consumers that fetch it themselves (a
+        writer actor reads its partitions straight from the executors: no Ray task and no
+        object-store copy per partition). Nothing is fetched here; each item may be pulled
+        any number of times while the partitions are not released, and one pull takes at
+        most ``fetch_timeout`` seconds. ``runtime`` labels the items in logs and fault
+        points."""
+        self._check_open()
+        if self._pull is None:
+            if self._num_partitions == 0:
+                return []
+            raise ConfigError(f"{self._description} can only be fetched through refs(); "
+                              "open a DataFrame with SparkPartitions.open(df) to pull")
+        pull, bound = self._pull, self._fetch_timeout
+        return [pull(index, runtime, bound) for index in range(self._num_partitions)]
 
     def as_ready(
         self, timeout: float | None = None, *, window: int | None = None
@@ -248,14 +278,6 @@ def _normalise_type(dtype: pa.DataType) -> pa.DataType:
     return dtype
 
 
-def conform(table: pa.Table, schema: pa.Schema) -> pa.Table:
-    """``table`` with exactly ``schema`` (a relabelling; no data is copied when equal)."""
-    table = table.replace_schema_metadata()
-    if table.schema.equals(schema):
-        return table
-    return table.cast(schema)
-
-
 @dataclass(frozen=True, slots=True)
 class _RecoverableRdd:
     """A DataFrame cached by RayDP's ``prepareRecoverableRDD``, served by its executors."""
@@ -284,11 +306,16 @@ class _RecoverableRdd:
             writer=writer,
         )
 
+    def pull(self, index: int, runtime: str = "", timeout: float = 300.0) -> ExecutorPartition:
+        """Partition ``index`` as an item its consumer fetches itself."""
+        return ExecutorPartition(
+            rdd_id=self.rdd_id, index=index,
+            located=EXECUTOR_PREFIX + self.locations[index], schema_json=self.schema_json,
+            driver_agent_url=self.driver_agent_url, schema=self.schema, runtime=runtime,
+            timeout=timeout)
+
     def fetch(self, index: int) -> ray.ObjectRef[pa.Table]:
-        ref: ray.ObjectRef[pa.Table] = _fetch_partition.remote(
-            _EXECUTOR_ACTOR.format(self.locations[index]), self.rdd_id, index,
-            self.schema_json, self.driver_agent_url, self.schema,
-        )
+        ref: ray.ObjectRef[pa.Table] = _fetch_partition.remote(self.pull(index, "", math.inf))
         return ref
 
     def release(self) -> None:
@@ -332,80 +359,11 @@ def _java_cause(exc: Any) -> str:
 
 
 @ray.remote(num_cpus=0, max_retries=3, retry_exceptions=True)
-def _fetch_partition(
-    executor: str,
-    rdd_id: int,
-    index: int,
-    schema_json: str,
-    driver_agent_url: str,
-    schema: pa.Schema,
-) -> pa.Table:
-    """Ask an executor actor for a cached partition's Arrow IPC stream; decode it.
-
-    The executor Spark placed the partition on is asked first, then the other live
-    executors in turn (see :func:`executor_candidates`). Retried up to 3 times on any
-    failure, and re-run by Ray's lineage when the returned object is lost.
-    """
-    problems: list[str] = []
-    for name in executor_candidates(executor, index, ray.util.list_named_actors()):
-        try:
-            actor = ray.get_actor(name)
-            with cross_language_calls():
-                ipc_ref: Any = actor.getRDDPartition.remote(
-                    rdd_id, index, schema_json, driver_agent_url
-                )
-            ipc: Any = ray.get(ipc_ref, timeout=EXECUTOR_CALL_TIMEOUT)
-        except (ValueError, GetTimeoutError, RayActorError) as exc:
-            problems.append(f"{name}: {type(exc).__name__}")
-            logger.warning("executor %s did not serve partition %s of RDD %s (%s); asking "
-                           "the next", name, index, rdd_id, type(exc).__name__)
-            continue
-        table = pa.ipc.open_stream(pa.py_buffer(ipc)).read_all()
-        return conform(table, schema)
-    raise SinkUnavailableError(
-        f"no RayDP executor served partition {index} of Spark RDD {rdd_id} "
-        f"({'; '.join(problems) or 'no executor actor alive'}); restart Spark with "
-        "init_spark() and write the epoch again"
-    )
-
-
-def executor_candidates(located: str, index: int, named_actors: list[str]) -> list[str]:
-    """The executor actors to ask for partition ``index``, in order.
-
-    First the actor of the executor Spark placed the partition on, then every other
-    live executor, rotated by ``index`` to spread the load. Why others: a RayDP executor
-    that Ray restarted keeps its actor name but registers with Spark under a new executor
-    id (so later block locations name an actor that does not exist), and sometimes never
-    starts at all (a call to it waits forever). Any started executor serves any
-    partition: its block manager reads the block from the executor holding it, or has
-    Spark re-cache the RDD when no executor does.
-    """
-    others = sorted(name for name in named_actors
-                    if name.startswith(_EXECUTOR_PREFIX) and name != located)
-    if others:
-        turn = index % len(others)
-        others = others[turn:] + others[:turn]
-    return [located, *others]
-
-
-@contextmanager
-def cross_language_calls() -> Iterator[None]:
-    """Let this process call a Java actor's method (Ray's internal load-code-from-local).
-
-    The flag also stops the process exporting its own remote functions to Ray (other
-    workers then wait forever for their definition), so it is set only around the
-    ``.remote()`` of the Java call and restored at once. RayDP's own fetch task leaves it
-    set in the pooled worker.
-    """
-    from ray._private.worker import global_worker
-
-    worker: Any = global_worker
-    before = bool(worker.load_code_from_local)
-    worker.set_load_code_from_local(True)
-    try:
-        yield
-    finally:
-        worker.set_load_code_from_local(before)
+def _fetch_partition(item: ExecutorPartition) -> pa.Table:
+    """``item.pull()`` in a Ray task, its table returned into the object store (the
+    ``refs``/``as_ready`` path). Retried up to 3 times on any failure, and re-run by Ray's
+    lineage when the returned object is lost."""
+    return item.pull()
 
 
 def _cancel(refs: list[ray.ObjectRef[pa.Table]]) -> None:

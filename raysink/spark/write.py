@@ -1,10 +1,14 @@
 """``SinkRuntime.write(df)`` and ``SinkRuntime.foreach_batch(df, batch_id)``.
 
 A DataFrame is one epoch. Its partitions travel through RayDP's recoverable path
-(``SparkPartitions``): Spark caches and computes the DataFrame, then each partition is
-handed to a writer as soon as its fetch finishes. The cached RDD stays pinned until the
-epoch is decided and visible, so a partition that a crashed writer had buffered can be
-fetched again for the next attempt; it is released after.
+(``SparkPartitions``): Spark caches and computes the DataFrame, then each writer is sent
+the descriptions of its partitions (``SparkPartitions.pulls``, with the runtime's credit
+window) and reads them straight from the executor actors, decoding the Arrow bytes
+itself: no Ray task hop and no copy in the object store per partition. The cached RDD
+stays pinned until the epoch is decided and visible, so a partition that a crashed writer
+had buffered is pulled again for the next attempt; it is released after. A pull that no
+executor serves within ``fetch_timeout`` seconds fails the attempt with
+``SinkUnavailableError`` (retried up to ``max_attempts``).
 
 Checks made before anything is cached or written:
 
@@ -16,8 +20,9 @@ Checks made before anything is cached or written:
   ``YearMonthIntervalType`` becomes an Arrow month interval that no file format holds.
 
 With a routing key the rows are split by vnode beside the data (one small Ray task per
-partition, see ``raysink._feed``), with the same hash as ``write_arrow``: a key lands on
-the same writer whichever way it arrived, and Spark runs no extra shuffle.
+partition pulls it from the executors and splits it, see ``raysink._feed``), with the same
+hash as ``write_arrow``: a key lands on the same writer whichever way it arrived, and
+Spark runs no extra shuffle.
 
 Structured Streaming: micro-batch ``batch_id`` of query ``Q`` is epoch
 ``batch_id + 1 + offset``. The runtime is bound to ``Q`` (its ``id``, which lives in the
@@ -133,8 +138,7 @@ def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
     with SparkPartitions.open(df, fetch_timeout=fetch_timeout) as parts:
         if parts.num_partitions == 0:
             return rt.write_arrow(parts.schema.empty_table(), epoch=epoch)
-        ready = (ref for _, ref in parts.as_ready(window=2 * rt.writers))
-        return rt._run_refs(ready, epoch)
+        return rt._run_refs(parts.pulls(runtime=rt.name), epoch)
 
 
 def _committed_through(rt: SinkRuntime) -> int:

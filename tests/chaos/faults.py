@@ -1,5 +1,6 @@
 """The killer's tools: killing actors, a small tmpfs that can turn read-only or full,
-a watcher that notes when a self-firing fault point fired, a thread runner."""
+a watcher that notes when a self-firing fault point fired; ``run_in_thread`` comes from
+``tests.integration.helpers``."""
 
 from __future__ import annotations
 
@@ -11,11 +12,12 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 from raysink.testing import fired
+from tests.integration.helpers import run_in_thread
 
 __all__ = ["FiredWatch", "Tmpfs", "kill_actor", "kill_executor", "run_in_thread", "wait_fired"]
 
@@ -62,23 +64,6 @@ def kill_executor(which: int, wait: float = 60.0) -> str:
     name, pid = alive[which % len(alive)]
     os.kill(pid, signal.SIGKILL)
     return f"sigkill {name} pid {pid}"
-
-
-def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
-    """Run ``fn`` in a daemon thread; its result or error lands in the returned box."""
-    box: dict[str, Any] = {}
-
-    def target() -> None:
-        try:
-            box["result"] = fn()
-        except BaseException as exc:  # re-raised by the caller
-            box["error"] = exc
-        finally:
-            box["ended"] = time.monotonic()
-
-    thread = threading.Thread(target=target, daemon=True)
-    thread.start()
-    return thread, box
 
 
 def wait_fired(runtime: str, point: str, timeout: float, box: dict[str, Any] | None = None

@@ -51,13 +51,17 @@ def assert_exactly(path: str | Path, epochs: list[int], rows: int) -> None:
 
 
 def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
+    """Run ``fn`` in a daemon thread; its ``result`` or ``error`` lands in the returned box,
+    and ``ended`` (``time.monotonic()``) once it returned either way."""
     box: dict[str, Any] = {}
 
     def target() -> None:
         try:
             box["result"] = fn()
-        except BaseException as exc:  # surfaced by the test
+        except BaseException as exc:  # re-raised by the caller
             box["error"] = exc
+        finally:
+            box["ended"] = time.monotonic()
 
     thread = threading.Thread(target=target, daemon=True)
     thread.start()

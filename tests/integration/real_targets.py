@@ -1,8 +1,10 @@
-"""Real targets for the runtime-level sink tests: build the sink, read the target back.
+"""Real targets for the sink tests: build the sink, read the target back.
 
-Each target reads what a reader of the real table sees (``deltalake``, ``pyiceberg``,
-SQL) and lists the commits that carry a sink's marker, one entry per commit, so a
-second commit of an epoch shows as a repeated epoch.
+Each target reads what a reader of the real table sees (``pyarrow.dataset``,
+``deltalake``, ``pyiceberg``, SQL, ``ListSink.read``), lists the commits that carry a
+sink's marker, one entry per commit, so a second commit of an epoch shows as a repeated
+epoch, and names what of a set of manifests is still staged (neither committed nor
+removed).
 """
 
 from __future__ import annotations
@@ -16,17 +18,22 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.dataset as ds
 from psycopg import sql
 
-from raysink.sinks.base import Sink
+from raysink.sinks.base import Manifest, Sink
 from raysink.sinks.delta import DeltaSink
 from raysink.sinks.iceberg import IcebergSink
+from raysink.sinks.parquet import ParquetSink
 from raysink.sinks.postgres import PostgresSink
+from raysink.testing import ListSink
 from tests.support.postgres import PostgresServer
 
 __all__ = [
     "DeltaTarget",
     "IcebergTarget",
+    "ListTarget",
+    "ParquetTarget",
     "PostgresTarget",
     "Target",
     "assert_ids_exact",
@@ -71,9 +78,15 @@ class Target:
         """Delete the table, as a user would."""
         raise NotImplementedError
 
+    def staged(self, manifests: Sequence[Manifest]) -> list[str]:
+        """What ``manifests`` staged that is still there and not part of the table."""
+        raise NotImplementedError
+
     def ids(self) -> list[int]:
         table = self.table()
-        return [] if table is None else [int(v) for v in table.column("id").to_pylist()]
+        if table is None or "id" not in table.column_names:
+            return []
+        return [int(v) for v in table.column("id").to_pylist()]
 
     def values(self, column: str = "value") -> dict[int, Any]:
         """``id -> column`` (ids must be unique, as in an upsert table)."""
@@ -85,11 +98,18 @@ class Target:
         return dict(zip(ids, table.column(column).to_pylist(), strict=True))
 
 
-class DeltaTarget(Target):
-    kind = "delta"
+class _DirectoryTarget(Target):
+    """A target that is one directory, deleted as a whole."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
+
+    def delete(self) -> None:
+        shutil.rmtree(self.path)
+
+
+class DeltaTarget(_DirectoryTarget):
+    kind = "delta"
 
     def sink(self, **options: Any) -> Sink:
         return DeltaSink(str(self.path), **options)
@@ -115,8 +135,15 @@ class DeltaTarget(Target):
     def versions(self) -> int:
         return len(list((self.path / "_delta_log").glob("*.json")))
 
-    def delete(self) -> None:
-        shutil.rmtree(self.path)
+    def staged(self, manifests: Sequence[Manifest]) -> list[str]:
+        from deltalake import DeltaTable
+
+        added: set[str] = set()
+        if (self.path / "_delta_log").is_dir():
+            actions = DeltaTable(str(self.path)).get_add_actions(flatten=False)
+            added = set(actions.column("path").to_pylist())
+        return [f["path"] for m in manifests for f in m["files"]
+                if (self.path / f["path"]).exists() and f["path"] not in added]
 
 
 class IcebergTarget(Target):
@@ -162,8 +189,58 @@ class IcebergTarget(Target):
         return [int(s.summary["raysink.epoch"]) for s in snapshots
                 if s.summary is not None and s.summary.get("raysink.sink") == marker]
 
+    def staged(self, manifests: Sequence[Manifest]) -> list[str]:
+        table = self._load()
+        data = set() if table is None else set(
+            table.inspect.files().column("file_path").to_pylist())
+        return [f["path"] for m in manifests for f in m["files"]
+                if Path(f["path"].removeprefix("file://")).exists() and f["path"] not in data]
+
     def delete(self) -> None:
         self._catalog().drop_table(self.identifier)
+
+
+class ParquetTarget(_DirectoryTarget):
+    """A ``ParquetSink`` directory, read with ``pyarrow.dataset`` (which skips
+    ``_raysink``)."""
+
+    kind = "parquet"
+
+    def sink(self, **options: Any) -> Sink:
+        return ParquetSink(str(self.path), **options)
+
+    def table(self) -> pa.Table | None:
+        if not self.path.is_dir():
+            return None
+        return ds.dataset(str(self.path), format="parquet").to_table()
+
+    def commit_epochs(self, runtime: str, sink: str = "main") -> list[int]:
+        entries = [json.loads(p.read_text())
+                   for p in sorted((self.path / "_raysink" / "commits").glob("*.json"))]
+        return [int(e["epoch"]) for e in entries
+                if (e["runtime"], e["sink"]) == (runtime, sink)]
+
+    def staged(self, manifests: Sequence[Manifest]) -> list[str]:
+        return [f["path"] for m in manifests for f in m["files"]
+                if (self.path / f["path"]).exists()]
+
+
+class ListTarget(_DirectoryTarget):
+    """A ``raysink.testing.ListSink`` directory (one sink's: its markers carry no name)."""
+
+    kind = "list"
+
+    def sink(self, **options: Any) -> Sink:
+        return ListSink(self.path, **options)
+
+    def table(self) -> pa.Table | None:
+        return ListSink(self.path).read() if self.path.is_dir() else None
+
+    def commit_epochs(self, runtime: str, sink: str = "main") -> list[int]:
+        return ListSink(self.path).committed_epochs()
+
+    def staged(self, manifests: Sequence[Manifest]) -> list[str]:
+        return [f for m in manifests for f in m["files"] if (self.path / f).exists()]
 
 
 class PostgresTarget(Target):
@@ -212,6 +289,23 @@ class PostgresTarget(Target):
 
     def delete(self) -> None:
         self._query(sql.SQL("DROP TABLE {}").format(sql.Identifier(self.schema, self.name)))
+
+    def staged(self, manifests: Sequence[Manifest]) -> list[str]:
+        """Prepared transactions of ``manifests`` still open, and staging rows of their
+        tokens still in a ``_raysink_stage_*`` table."""
+        gids = [m["gid"] for m in manifests if m.get("gid")]
+        left = [f"gid {g}" for (g,) in self.pg.execute(
+            "SELECT gid FROM pg_prepared_xacts WHERE gid = ANY(%s)", (gids,))]
+        tokens = [int(m["token"]) for m in manifests if m.get("token") is not None]
+        stages = self._query(sql.SQL(
+            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
+            "WHERE nspname = {} AND relname LIKE '\\_raysink\\_stage\\_%'").format(
+                sql.Literal(self.schema)))
+        for (stage,) in stages:
+            left += [f"token {t} in {stage}" for (t,) in self._query(sql.SQL(
+                "SELECT DISTINCT _raysink_token FROM {} WHERE _raysink_token = ANY(%s)").format(
+                    sql.Identifier(self.schema, stage)), (tokens,))]
+        return left
 
     def delete_marker(self) -> None:
         """Drop the progress table (every marker of the schema)."""

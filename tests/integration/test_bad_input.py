@@ -35,16 +35,12 @@ pytestmark = pytest.mark.usefixtures("ray_session")
 ROWS = 50
 
 
-def _meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
 @pytest.fixture
-def committed(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[SinkRuntime]:
+def committed(tmp_path: Path, request: pytest.FixtureRequest, meta: str) -> Iterator[SinkRuntime]:
     """A started runtime (routing key ``customer``) with epoch 1 committed; afterwards the
     table must still hold exactly epoch 1 plus whatever the test wrote on purpose."""
     name = f"bad-{request.node.name.split('[')[0][5:].replace('_', '-')}"[:40]
-    rt = SinkRuntime(name, ParquetSink(str(tmp_path / "table")), metastore=_meta(tmp_path),
+    rt = SinkRuntime(name, ParquetSink(str(tmp_path / "table")), metastore=meta,
                      key=["customer"], progress=False).start()
     try:
         assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
@@ -98,11 +94,11 @@ def test_non_arrow_data(tmp_path: Path, committed: SinkRuntime, data: Any) -> No
     assert_exactly(tmp_path / "table", [1], ROWS)
 
 
-def test_batch_differs_from_the_targets_schema(tmp_path: Path) -> None:
+def test_batch_differs_from_the_targets_schema(tmp_path: Path, meta: str) -> None:
     """A sink given a schema refuses a batch of another one, in the writer."""
     schema = epoch_table(1, 1).schema
     sink = ParquetSink(str(tmp_path / "table"), schema=schema)
-    with SinkRuntime("bad-target-schema", sink, metastore=_meta(tmp_path),
+    with SinkRuntime("bad-target-schema", sink, metastore=meta,
                      progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
         wrong = epoch_table(2, ROWS).set_column(2, "amount", pa.array(range(ROWS)))
@@ -122,13 +118,13 @@ def test_negative_epoch(tmp_path: Path, committed: SinkRuntime) -> None:
     assert_exactly(tmp_path / "table", [1, 2], ROWS)
 
 
-def test_regression_message_names_both_epochs(tmp_path: Path) -> None:
+def test_regression_message_names_both_epochs(tmp_path: Path, meta: str) -> None:
     """Below an epoch still in flight: the message says which and what to do."""
     from raysink.testing import FailingSink
 
     sink = FailingSink(ParquetSink(str(tmp_path / "table")), fail_commit_times=1000,
                        state_dir=str(tmp_path / "faults"))
-    with SinkRuntime("bad-regress-msg", sink, metastore=_meta(tmp_path), commit_timeout=1.0,
+    with SinkRuntime("bad-regress-msg", sink, metastore=meta, commit_timeout=1.0,
                      retry_cap=0.2, progress=False) as rt:
         assert not rt.write_arrow(epoch_table(4, 5), epoch=4).committed
         with pytest.raises(EpochRegressionError) as info:
@@ -141,10 +137,10 @@ def test_regression_message_names_both_epochs(tmp_path: Path) -> None:
 # --------------------------------------------------------------------------- meta store
 
 
-def test_metastore_under_a_regular_file(tmp_path: Path) -> None:
+def test_metastore_under_a_regular_file(tmp_path: Path, meta: str) -> None:
     """Root ignores file modes: a path under a regular file is unwritable for anyone."""
     out = tmp_path / "table"
-    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=_meta(tmp_path),
+    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=meta,
                      progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
     blocker = tmp_path / "plain-file"
@@ -154,7 +150,7 @@ def test_metastore_under_a_regular_file(tmp_path: Path) -> None:
         SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=bad).start()
     assert str(blocker / "sub") in str(info.value)
     assert blocker.read_text() == "not a directory"
-    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=_meta(tmp_path),
+    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=meta,
                      progress=False) as rt:  # nothing was left running or half-claimed
         assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
     assert_exactly(out, [1, 2], ROWS)
@@ -183,19 +179,18 @@ def test_metastore_url_of_no_accepted_form(url: str, fragment: str, tmp_path: Pa
 # --------------------------------------------------------------------------- sinks
 
 
-def test_sink_path_is_a_file(tmp_path: Path) -> None:
+def test_sink_path_is_a_file(tmp_path: Path, meta: str) -> None:
     target = tmp_path / "table"
     target.write_text("someone's file")
     with pytest.raises(SinkUnavailableError, match="is a file; give a directory"):
-        SinkRuntime("bad-sink-file", ParquetSink(str(target)), metastore=_meta(tmp_path)).start()
+        SinkRuntime("bad-sink-file", ParquetSink(str(target)), metastore=meta).start()
     assert target.read_text() == "someone's file"
     with pytest.raises(SinkUnavailableError, match="is a file; give a directory"):
         SinkRuntime("bad-sink-file", ParquetSink(str(target / "sub")),
-                    metastore=_meta(tmp_path)).start()
+                    metastore=meta).start()
 
 
-def test_sink_of_another_kind_under_the_same_name(tmp_path: Path) -> None:
-    meta = _meta(tmp_path)
+def test_sink_of_another_kind_under_the_same_name(tmp_path: Path, meta: str) -> None:
     with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
                      progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
@@ -208,8 +203,7 @@ def test_sink_of_another_kind_under_the_same_name(tmp_path: Path) -> None:
     assert_exactly(tmp_path / "table", [1, 2], ROWS)
 
 
-def test_changed_sink_set_says_how_to_change_it(tmp_path: Path) -> None:
-    meta = _meta(tmp_path)
+def test_changed_sink_set_says_how_to_change_it(tmp_path: Path, meta: str) -> None:
     with SinkRuntime("bad-set", ParquetSink(str(tmp_path / "a")), metastore=meta,
                      progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
@@ -220,14 +214,14 @@ def test_changed_sink_set_says_how_to_change_it(tmp_path: Path) -> None:
     assert_exactly(tmp_path / "a", [1], ROWS)
 
 
-def test_batch_over_the_size_limit_writes_nothing(tmp_path: Path) -> None:
+def test_batch_over_the_size_limit_writes_nothing(tmp_path: Path, meta: str) -> None:
     """A local table over ``max_batch_bytes`` is cut to fit and committed; an object ref
     over it (a Spark partition arrives the same way) is refused by the writer, nothing of
     the epoch is written, and the epoch can be written again in smaller pieces."""
     big = epoch_table(2, 20_000)
     limit = big.nbytes // 8
     with SinkRuntime("bad-oversized", ParquetSink(str(tmp_path / "table")),
-                     metastore=_meta(tmp_path), max_batch_bytes=limit, progress=False) as rt:
+                     metastore=meta, max_batch_bytes=limit, progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, 20_000), epoch=1).committed  # cut to fit
         with pytest.raises(SchemaMismatchError, match=r"over max_batch_bytes=[\d,]+; split "
                                                       r"the data") as info:

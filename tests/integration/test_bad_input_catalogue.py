@@ -24,20 +24,16 @@ from tests.chaos.targets import epoch_table
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 
-def _meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
-def test_new_streaming_query_on_an_old_runtime(tmp_path: Path) -> None:
+def test_new_streaming_query_on_an_old_runtime(tmp_path: Path, meta: str) -> None:
     name = "bad-new-query"
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=_meta(tmp_path)) as rt:
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=meta) as rt:
         assert rt._bind_source("query-1") == 0
         assert rt.write_arrow(epoch_table(1, 10, 1), epoch=1).committed
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=_meta(tmp_path)) as rt:
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=meta) as rt:
         assert rt._bind_source("query-1") == 0  # the same query carries on
         with pytest.raises(ConfigError, match=r"epoch_offset=1"):
             rt._bind_source("query-2")  # a new checkpoint: batch ids restart at 0
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=_meta(tmp_path),
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=meta,
                      epoch_offset=1) as rt:
         assert rt._bind_source("query-2") == 1  # re-bound on purpose
 
@@ -75,15 +71,15 @@ def test_unknown_option_is_a_config_error(tmp_path: Path, cls: Any, options: dic
     assert not (tmp_path / "t").exists()  # nothing created
 
 
-def test_target_deleted_after_commit_is_data_loss(tmp_path: Path) -> None:
+def test_target_deleted_after_commit_is_data_loss(tmp_path: Path, meta: str) -> None:
     name, out = "bad-deleted", tmp_path / "out"
-    with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path)) as rt:
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=meta) as rt:
         assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
     shutil.rmtree(out)
     with pytest.raises(DataLossError, match="deleted after raysink committed"):
-        SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path),
+        SinkRuntime(name, ParquetSink(str(out)), metastore=meta,
                     commit_timeout=5).start()  # recovery checks the target in start()
-    store = open_metastore(_meta(tmp_path), name)
+    store = open_metastore(meta, name)
     try:
         status = store.sink_statuses(name)["main"]
     finally:
@@ -92,9 +88,9 @@ def test_target_deleted_after_commit_is_data_loss(tmp_path: Path) -> None:
     assert not out.exists()  # nothing re-created behind the user's back
 
 
-def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path) -> None:
+def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path, meta: str) -> None:
     name, out = "bad-marker-pending", tmp_path / "out"
-    with SinkRuntime(name, ParquetSink(str(out)), metastore=_meta(tmp_path),
+    with SinkRuntime(name, ParquetSink(str(out)), metastore=meta,
                      commit_timeout=3, retry_cap=0.2) as rt:
         assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,
@@ -110,7 +106,7 @@ def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path) -
     assert "while epoch 2 is pending" in error
 
 
-def test_routing_key_outside_the_upsert_key(tmp_path: Path) -> None:
+def test_routing_key_outside_the_upsert_key(tmp_path: Path, meta: str) -> None:
     upsert = DeltaSink(str(tmp_path / "d"), mode="upsert", key=["id"])
     with pytest.raises(ConfigError, match="not within the upsert key"):
-        SinkRuntime("bad-key", upsert, key=["customer"], metastore=_meta(tmp_path))
+        SinkRuntime("bad-key", upsert, key=["customer"], metastore=meta)

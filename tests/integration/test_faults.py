@@ -20,7 +20,7 @@ import ray
 
 from raysink import SinkRuntime
 from raysink.sinks import ParquetSink
-from raysink.testing import arm_fault
+from raysink.testing import arm_fault, fired
 from tests.integration.helpers import (
     assert_exactly,
     epoch_table,
@@ -57,20 +57,24 @@ def _sinks(tmp_path: Path) -> dict[str, ParquetSink]:
             "copy": ParquetSink(str(tmp_path / "copy"))}
 
 
-def _pid(handle: Any) -> int:
-    return int(ray.get(handle.pid.remote() if hasattr(handle, "pid") else handle.ping.remote()))
+def _handle(rt: SinkRuntime, victim: str) -> Any:
+    actors = rt._actors
+    assert actors is not None
+    return actors.coordinator if victim == "coordinator" else actors.writers["main"][0]
+
+
+def _pid(rt: SinkRuntime, victim: str) -> int:
+    """The process id of the victim's current incarnation."""
+    handle = _handle(rt, victim)
+    call = handle.pid.remote() if victim == "coordinator" else handle.ping.remote()
+    return int(ray.get(call, timeout=60))
 
 
 def _kill(rt: SinkRuntime, victim: str, how: str) -> None:
-    actors = rt._actors
-    assert actors is not None
-    handle = actors.coordinator if victim == "coordinator" else actors.writers["main"][0]
     if how == "ray.kill":
-        ray.kill(handle)
+        ray.kill(_handle(rt, victim))
     else:
-        pid = ray.get(handle.pid.remote()) if victim == "coordinator" else ray.get(
-            handle.ping.remote())
-        sigkill(int(pid))
+        sigkill(_pid(rt, victim))
 
 
 def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
@@ -82,9 +86,11 @@ def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
                      metastore=f"sqlite:///{tmp_path / 'meta.db'}", retry_cap=0.5) as rt:
         for epoch in (1, 2):
             rt.write_arrow(epoch_table(epoch, ROWS))
+        victim_pid = _pid(rt, victim)
         if how == "sigkill" and victim == where:
             arm_fault(name, point, action="kill", when=when)
             report = rt.write_arrow(epoch_table(3, ROWS))
+            assert fired(name, point), f"{point} never fired: nothing was killed"
         else:
             arm_fault(name, point, action="sleep", seconds=2.0, when=when)
             thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(3, ROWS)))
@@ -98,6 +104,8 @@ def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
         assert report.epoch == 3 and report.committed
         fourth = rt.write_arrow(epoch_table(4, ROWS))
         assert fourth.epoch == 4 and fourth.committed
+        # (a writer ended by ray.kill after its ack is re-created by the next epoch)
+        assert _pid(rt, victim) != victim_pid, f"the {victim} (pid {victim_pid}) never died"
     for sink in ("main", "copy"):
         assert_exactly(tmp_path / sink, [1, 2, 3, 4], ROWS)
 

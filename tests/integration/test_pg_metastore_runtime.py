@@ -8,38 +8,23 @@ password kept out of status, errors and every log line (the driver's and the act
 from __future__ import annotations
 
 import logging
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from raysink import MetaStoreError, SinkRuntime
-from raysink.testing import arm_fault, disarm_faults
+from raysink.testing import arm_fault
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import (
     DeltaTarget,
     PostgresTarget,
     assert_ids_exact,
-    pg_schema,
 )
 from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 ROWS = 200
-
-
-@pytest.fixture
-def name() -> Iterator[str]:
-    runtime = f"pm-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
-@pytest.fixture
-def schema(pg_server: PostgresServer) -> Iterator[str]:
-    yield from pg_schema(pg_server)
 
 
 def _ray_log_text() -> str:

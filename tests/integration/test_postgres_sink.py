@@ -2,7 +2,11 @@
 
 Each test gets its own schema, so progress rows of ``bind("rt", "main")`` never collide.
 The protocol is driven by hand: ``create_writer(k)``, ``open``, ``write``, ``pre_commit``,
-then the coordinator side ``commit``/``abort``.
+then the coordinator side ``commit``/``abort``. What every sink shares (commit twice,
+abort, markers, empty epochs, rollback, a crash inside commit) is in
+``test_sink_contract.py``; here: concurrent and crashed servers, upserts, deleted tables and
+progress rows, every refusal of ``validate()`` (authentication, reachability, privileges,
+columns, ``max_prepared_transactions=0``), identifiers and types.
 """
 
 from __future__ import annotations
@@ -14,8 +18,7 @@ import pickle
 import socket
 import sys
 import threading
-import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import psycopg
@@ -23,32 +26,13 @@ import pyarrow as pa
 import pytest
 from psycopg import sql
 
-from raysink._faults import fault_dir
 from raysink.errors import ConfigError, DataLossError, SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest
 from raysink.sinks.postgres import PostgresSink, arrow_to_postgres_type
-from tests.support.postgres import PostgresServer, pg_server
-
-__all__ = ["pg_server"]
+from tests.support.postgres import PostgresServer
 
 METHODS = ["prepared", "staging"]
 pytestmark = pytest.mark.timeout(120)
-
-
-@pytest.fixture
-def schema(pg_server: PostgresServer) -> Iterator[str]:
-    """A fresh schema owned by ``raysink``; dropped afterwards."""
-    name = f"s_{uuid.uuid4().hex[:10]}"
-    pg_server.execute(f'CREATE SCHEMA "{name}" AUTHORIZATION raysink', dbname="raysink")
-    yield name
-    _rollback_prepared(pg_server)
-    pg_server.execute(f'DROP SCHEMA "{name}" CASCADE', dbname="raysink")
-
-
-def _rollback_prepared(pg: PostgresServer) -> None:
-    for (gid,) in pg.execute("SELECT gid FROM pg_prepared_xacts WHERE database = 'raysink'"):
-        pg.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)).as_string(None),
-                   dbname="raysink")
 
 
 def make_sink(pg: PostgresServer, schema: str, table: str = "events", *,
@@ -88,36 +72,7 @@ def count(pg: PostgresServer, schema: str, table: str = "events") -> int:
     return int(pg.execute(query.as_string(None), dbname="raysink")[0][0])
 
 
-def _arm_raise(runtime: str, point: str) -> None:
-    """Arm ``point`` once for ``runtime`` (the file format ``raysink._faults.hit`` reads)."""
-    fault_dir().mkdir(parents=True, exist_ok=True)
-    spec = {"action": "raise", "times": 1, "when": {"sink": "main"}}
-    (fault_dir() / f"{runtime}--{point}.json").write_text(json.dumps(spec))
-
-
-def prepared_count(pg: PostgresServer) -> int:
-    return int(pg.execute("SELECT count(*) FROM pg_prepared_xacts")[0][0])
-
-
 # ----------------------------------------------------------------------------- commit
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_commit_twice_changes_nothing(pg_server: PostgresServer, schema: str, method: str) -> None:
-    sink = make_sink(pg_server, schema, method=method)
-    manifests = stage_epoch(sink, 1, {0: [batch([1, 2])], 1: [batch([3]), batch([4, 5])]})
-    assert sink.committed_epoch() is None
-    sink.commit(1, manifests)
-    sink.commit(1, manifests)
-    assert [r[0] for r in rows(pg_server, schema)] == [1, 2, 3, 4, 5]
-    assert sink.committed_epoch() == 1
-    sink.commit(2, stage_epoch(sink, 2, {0: [batch([6])], 1: []}))
-    sink.commit(1, manifests)  # a replay of an older epoch
-    assert count(pg_server, schema) == 6
-    assert sink.committed_epoch() == 2
-    assert prepared_count(pg_server) == 0
-    pickle.loads(pickle.dumps(sink))  # the cached connection is not pickled
-    sink.close()
 
 
 @pytest.mark.parametrize("method", METHODS)
@@ -161,24 +116,6 @@ def test_crash_restart_after_pre_commit_loses_nothing(
 
 
 @pytest.mark.parametrize("method", METHODS)
-def test_crash_inside_commit_then_retry_commits_once(
-    pg_server: PostgresServer, schema: str, method: str
-) -> None:
-    runtime = f"rt-pg-{uuid.uuid4().hex[:8]}"
-    sink = make_sink(pg_server, schema, method=method, runtime=runtime)
-    manifests = stage_epoch(sink, 1, {0: [batch([1, 2])], 1: [batch([3])]})
-    _arm_raise(runtime, "sink.mid_commit")
-    with pytest.raises(RuntimeError, match="injected fault"):
-        sink.commit(1, manifests)
-    # staging: one transaction, nothing landed; prepared: data in, epoch row not yet
-    assert sink.committed_epoch() is None
-    sink.commit(1, manifests)
-    assert count(pg_server, schema) == 3
-    assert sink.committed_epoch() == 1
-    sink.close()
-
-
-@pytest.mark.parametrize("method", METHODS)
 def test_upsert_keeps_last_value_per_key(
     pg_server: PostgresServer, schema: str, method: str
 ) -> None:
@@ -192,74 +129,6 @@ def test_upsert_keeps_last_value_per_key(
     sink.commit(2, e2)
     sink.commit(2, e2)
     assert rows(pg_server, schema) == [(1, "f"), (2, "d"), (3, "g"), (10, "y"), (11, "w")]
-    sink.close()
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_abort_twice_leaves_nothing(pg_server: PostgresServer, schema: str, method: str) -> None:
-    sink = make_sink(pg_server, schema, method=method)
-    manifests = stage_epoch(sink, 1, {0: [batch([1, 2])], 1: [batch([3])]})
-    sink.abort(1, manifests)
-    sink.abort(1, manifests)
-    sink.abort(1, None)
-    assert count(pg_server, schema) == 0
-    assert prepared_count(pg_server) == 0
-    if method == "staging":
-        stage = [t for (t,) in pg_server.execute(
-            "SELECT relname FROM pg_class c JOIN pg_namespace n ON n.oid = c.relnamespace "
-            "WHERE nspname = %s AND relname LIKE '\\_raysink\\_stage\\_%%'", (schema,),
-            dbname="raysink")]
-        assert stage and count(pg_server, schema, stage[0]) == 0
-    retry = stage_epoch(sink, 1, {0: [batch([1, 2])], 1: [batch([3])]}, attempt=1)
-    sink.commit(1, retry)
-    assert count(pg_server, schema) == 3
-    sink.close()
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_abort_none_sweeps_by_epoch(pg_server: PostgresServer, schema: str, method: str) -> None:
-    sink = make_sink(pg_server, schema, method=method)
-    stage_epoch(sink, 1, {0: [batch([1, 2])], 1: [batch([3])]})
-    sink.abort(1, None)
-    sink.abort(1, None)
-    assert prepared_count(pg_server) == 0
-    sink.commit(1, [])  # an epoch with no rows still gets its marker
-    assert count(pg_server, schema) == 0
-    assert sink.committed_epoch() == 1
-    sink.close()
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_rollback_drops_the_attempt(pg_server: PostgresServer, schema: str, method: str) -> None:
-    sink = make_sink(pg_server, schema, method=method)
-    writer = sink.create_writer(0)
-    writer.open()
-    writer.write(batch([1, 2]))
-    writer.pre_commit(1, 0)
-    writer.rollback(1, 0)
-    writer.rollback(1, 0)
-    writer.write(batch([7]))
-    manifest = writer.pre_commit(1, 1)
-    writer.close()
-    sink.commit(1, [manifest])
-    assert rows(pg_server, schema) == [(7, "v7")]
-    sink.close()
-
-
-@pytest.mark.parametrize("method", METHODS)
-def test_staged_rows_invisible_before_commit(
-    pg_server: PostgresServer, schema: str, method: str
-) -> None:
-    sink = make_sink(pg_server, schema, method=method)
-    writer = sink.create_writer(0)
-    writer.open()
-    writer.write(batch([1, 2, 3]))
-    assert count(pg_server, schema) == 0  # written, not pre-committed
-    manifest = writer.pre_commit(1, 0)
-    assert count(pg_server, schema) == 0  # durable, still invisible
-    writer.close()
-    sink.commit(1, [manifest])
-    assert count(pg_server, schema) == 3
     sink.close()
 
 
@@ -353,25 +222,50 @@ def test_unreachable_host_is_unavailable(schema: str) -> None:
     assert "pw-secret" not in str(info.value)
 
 
-def test_missing_privileges_are_named(pg_server: PostgresServer, schema: str) -> None:
+_USAGE = "GRANT USAGE ON SCHEMA {schema} TO reader"
+_INSERT = "GRANT INSERT ON {schema}.events TO reader"
+
+
+@pytest.mark.parametrize(("grants", "user", "options", "match"), [
+    # the schema does not exist
+    ([], "raysink", {"schema": "nowhere"}, "schema 'nowhere' does not exist; create it first"),
+    # a role without USAGE on the schema
+    ([], "reader", {}, "lacks the USAGE privilege on schema"),
+    # the table exists; the role may not INSERT into it
+    ([_USAGE], "reader", {}, "lacks the INSERT privilege on table"),
+    # INSERT granted, but no CREATE for raysink's progress table
+    ([_USAGE, _INSERT], "reader", {}, "CREATE privilege on schema .*_raysink_progress"),
+    # an upsert reads and updates rows too: SELECT is missing
+    ([_USAGE, _INSERT], "reader", {"key": ["id"]}, "lacks the SELECT privilege on table"),
+    # no table, and no CREATE to make it
+    ([_USAGE], "reader", {"table": "absent"}, "CREATE privilege on schema .*the target table"),
+    # no table, and create_table=False
+    ([], "raysink", {"table": "absent", "create_table": False},
+     "absent does not exist and create_table=False"),
+])
+def test_validate_refusals(pg_server: PostgresServer, schema: str, grants: list[str], user: str,
+                           options: dict[str, Any], match: str) -> None:
     pg_server.execute(f'CREATE TABLE "{schema}".events (id bigint, value text)', dbname="raysink")
-    pg_server.execute(f'GRANT USAGE ON SCHEMA "{schema}" TO reader', dbname="raysink")
-    dsn = pg_server.dsn(user="reader")
-    reader = PostgresSink(dsn, "events", schema=schema).bind("rt", "main")
-    with pytest.raises(SinkUnavailableError, match="INSERT privilege"):
-        reader.validate()
-    pg_server.execute(f'GRANT INSERT ON "{schema}".events TO reader', dbname="raysink")
-    with pytest.raises(SinkUnavailableError, match="CREATE privilege"):  # progress table
-        reader.validate()
-    missing = PostgresSink(dsn, "other", schema=schema).bind("rt", "main")
-    with pytest.raises(SinkUnavailableError, match="CREATE privilege"):
-        missing.validate()
+    for grant in grants:
+        pg_server.execute(grant.format(schema=f'"{schema}"'), dbname="raysink")
+    options = {"schema": schema, **options}
+    table = options.pop("table", "events")
+    sink = PostgresSink(pg_server.dsn(user=user), table, **options).bind("rt", "main")
+    with pytest.raises(SinkUnavailableError, match=match):
+        sink.validate()
 
 
-def test_prepared_needs_a_server_setting_reported_by_validate(
-    pg_server: PostgresServer, schema: str
-) -> None:
-    make_sink(pg_server, schema, method="prepared").validate()  # the test server allows it
+def test_prepared_is_refused_where_the_server_disables_prepared_transactions() -> None:
+    server = PostgresServer(settings={"max_prepared_transactions": "0"})
+    try:
+        server.start()
+        dsn = server.dsn(server.superuser, dbname="postgres")
+        with pytest.raises(SinkUnavailableError,
+                           match=r"max_prepared_transactions > 0 .*or use method='staging'"):
+            PostgresSink(dsn, "events", method="prepared").bind("rt", "main").validate()
+        PostgresSink(dsn, "events", method="staging").bind("rt", "main").validate()
+    finally:
+        server.cleanup()
 
 
 def test_table_whose_columns_disagree(pg_server: PostgresServer, schema: str) -> None:

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import socket
 import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,7 +26,7 @@ from raysink import (
 from raysink.sinks.base import Sink
 from raysink.sinks.delta import DeltaSink
 from raysink.sinks.postgres import PostgresSink
-from raysink.testing import arm_fault, disarm_faults
+from raysink.testing import arm_fault
 from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
 from tests.integration.real_targets import (
     DeltaTarget,
@@ -35,30 +34,12 @@ from tests.integration.real_targets import (
     PostgresTarget,
     Target,
     assert_ids_exact,
-    pg_schema,
 )
 from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
 ROWS = 50
-
-
-@pytest.fixture
-def name() -> Iterator[str]:
-    runtime = f"sb-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
-@pytest.fixture
-def meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
-@pytest.fixture
-def schema(pg_server: PostgresServer) -> Iterator[str]:
-    yield from pg_schema(pg_server)
 
 
 def _runtime(name: str, sink: Sink, meta: str, **options: Any) -> SinkRuntime:

@@ -8,8 +8,6 @@ epoch would show. Runtime names are unique per test: fault arms are files keyed 
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +17,7 @@ import pytest
 from raysink import SinkRuntime
 from raysink.coordinator.metastore import open_metastore
 from raysink.sinks.base import Sink
-from raysink.testing import FailingSink, arm_fault, disarm_faults
+from raysink.testing import FailingSink, arm_fault, fired
 from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
 from tests.integration.real_targets import (
     DeltaTarget,
@@ -27,7 +25,6 @@ from tests.integration.real_targets import (
     PostgresTarget,
     Target,
     assert_ids_exact,
-    pg_schema,
 )
 from tests.support.postgres import PostgresServer
 
@@ -35,24 +32,6 @@ pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(180)]
 
 ROWS = 300
 KINDS = ["delta", "iceberg", "postgres"]
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> Iterator[str]:
-    """A runtime name no other test session uses; its fault arms removed afterwards."""
-    runtime = f"sr-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
-@pytest.fixture
-def meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
-@pytest.fixture
-def schema(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from pg_schema(request.getfixturevalue("pg_server"))
 
 
 def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
@@ -191,16 +170,54 @@ def test_upsert_keeps_the_last_value_per_key(kind: str, request: pytest.FixtureR
     assert target.commit_epochs(name) == [1, 2, 3]
 
 
+@pytest.mark.parametrize(("point", "action"), [
+    # a writer dies while its upsert transaction is open, nothing prepared
+    ("writer.during_write", "kill"),
+    # a writer dies after PREPARE, before its commit request: the attempt is aborted and
+    # its prepared transaction, which holds the keys, rolled back before the retry
+    ("writer.after_pre_commit", "kill"),
+    # the coordinator dies with the epoch PENDING: recovery commits the prepared upserts
+    ("coordinator.after_pending", "kill"),
+    # the commit fails between COMMIT PREPARED and the epoch row: retried, counted once
+    ("sink.mid_commit", "raise"),
+])
+def test_postgres_upserts_at_each_crash_point(pg_server: PostgresServer, schema: str,
+                                              name: str, meta: str, point: str,
+                                              action: str) -> None:
+    """Prepared upserts (two writers routed by key, keys repeated within and across epochs)
+    with a crash in epoch 2: every key holds its last value and each epoch committed once."""
+    target = PostgresTarget(pg_server, schema)
+    epochs = [_upsert_batches(e) for e in (1, 2, 3)]
+    when: dict[str, Any] = {"epoch": 2}
+    if point.startswith("writer."):
+        when["writer"] = 0
+    with _runtime(name, target.sink(key=["id"]), meta, writers=2) as rt:
+        assert rt.write_arrow(epochs[0]).committed
+        arm_fault(name, point, action=action, when=when)  # type: ignore[arg-type]
+        assert rt.write_arrow(epochs[1]).committed
+        assert fired(name, point)
+        assert rt.write_arrow(epochs[2]).committed
+    assert target.values() == _last_values(epochs)
+    assert target.commit_epochs(name) == [1, 2, 3]
+
+
 # ----------------------------------------------------------------------------- PostgreSQL
 
 
-@pytest.mark.parametrize("method", ["prepared", "staging"])
+@pytest.mark.parametrize(("method", "key"), [
+    ("prepared", None),
+    ("staging", None),
+    # upserts: the writers' UNLOGGED stages are emptied by the crash, the prepared
+    # transactions are not
+    ("prepared", ["id"]),
+])
 def test_postgres_restart_between_pre_commit_and_commit(
-        pg_server: PostgresServer, schema: str, name: str, meta: str, method: str) -> None:
+        pg_server: PostgresServer, schema: str, name: str, meta: str, method: str,
+        key: list[str] | None) -> None:
     """PostgreSQL crash-restarts (``-m immediate``) while epoch 2 is PENDING and not yet
     committed: the prepared or staged rows survive and commit once."""
     target = PostgresTarget(pg_server, schema)
-    with _runtime(name, target.sink(method=method), meta) as rt:
+    with _runtime(name, target.sink(method=method, key=key), meta) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
                   when={"epoch": 2})

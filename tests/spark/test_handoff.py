@@ -1,8 +1,5 @@
-"""The Spark handoff and init_spark, on one RayDP session for the module.
-
-The session shares the test session's Ray (``ray_session``, 8 logical CPUs) and is kept
-small: 2 executors x 1 core, 1 GB each.
-"""
+"""The Spark handoff and init_spark, on one RayDP session for the module (the ``spark``
+fixture of ``tests/spark/conftest.py``)."""
 
 from __future__ import annotations
 
@@ -10,7 +7,6 @@ import datetime as dt
 import os
 import sys
 import time
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -23,27 +19,10 @@ from pyspark.sql import types as T
 from pyspark.sql.pandas.types import from_arrow_schema
 
 from raysink.errors import ConfigError, SinkUnavailableError
-from raysink.spark import SparkPartitions, active_spark, init_spark, stop_spark
+from raysink.spark import SparkPartitions, active_spark, init_spark
 from raysink.spark.session import JAVA_17_OPTIONS, _check_pyspark_python, spark_configs
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def spark(ray_session: None) -> Iterator[SparkSession]:
-    session = init_spark(
-        "raysink-test-handoff",
-        executors=2,
-        executor_cores=1,
-        executor_memory="1g",
-        configs={"spark.ui.showConsoleProgress": "false", "spark.sql.shuffle.partitions": "4"},
-    )
-    session.sparkContext.setLogLevel("ERROR")
-    assert active_spark() is session
-    yield session
-    stop_spark()
-    stop_spark()  # safe twice
-    assert active_spark() is None
 
 
 # --- every type -----------------------------------------------------------------------
@@ -211,6 +190,7 @@ def test_zero_partitions_is_an_empty_list_with_a_schema(spark: SparkSession, bui
     with SparkPartitions.open(df) as parts:
         assert parts.num_partitions == 0
         assert parts.refs() == []
+        assert parts.pulls() == []
         assert list(parts.as_ready()) == []
         assert _spark_types(parts.schema) == df.schema.simpleString()
 
@@ -231,6 +211,8 @@ def test_fetching_twice_gives_the_same_partitions_and_release_is_idempotent(
     assert parts.released
     with pytest.raises(ConfigError, match="released"):
         parts.refs()
+    with pytest.raises(ConfigError, match="released"):
+        parts.pulls()
 
 
 @ray.remote(max_restarts=0)
@@ -240,6 +222,9 @@ class _Consumer:
 
     def crash(self) -> None:
         os._exit(1)
+
+    def pull(self, items: list[Any]) -> list[pa.Table]:
+        return [item.pull() for item in items]
 
 
 def test_refs_survive_a_consumer_crash(spark: SparkSession) -> None:
@@ -251,6 +236,29 @@ def test_refs_survive_a_consumer_crash(spark: SparkSession) -> None:
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(consumer.rows.remote(refs))
         assert sum(table.num_rows for table in ray.get(refs)) == 500  # owned here
+
+
+def test_pulls_in_another_process_give_exactly_what_refs_give(every_type: DataFrame) -> None:
+    # what a writer actor does with the items rt.write(df) sends it: read each partition
+    # from the executors itself, decode, normalise
+    with SparkPartitions.open(every_type) as parts:
+        items = parts.pulls(runtime="test-pulls")
+        assert [item.index for item in items] == [0, 1, 2]  # type: ignore[attr-defined]
+        consumer = _Consumer.remote()  # type: ignore[attr-defined]
+        pulled = ray.get(consumer.pull.remote(items))
+        again = ray.get(consumer.pull.remote(items))  # a pull can run again (a re-fed attempt)
+        fetched = ray.get(parts.refs())
+    assert len(pulled) == 3
+    for got, other, ref_table in zip(pulled, again, fetched, strict=True):
+        assert got.schema.equals(parts.schema) and got.equals(ref_table) and got.equals(other)
+    assert _arrow_rows(pulled) == _spark_rows(every_type)
+
+
+def test_pulls_need_an_opened_dataframe(ray_session: None) -> None:
+    parts = SparkPartitions(schema=pa.schema([("id", pa.int64())]), num_partitions=2,
+                            fetch=ray.put)
+    with pytest.raises(ConfigError, match=r"SparkPartitions\.open"):
+        parts.pulls()
 
 
 # --- fetch timeout (the seam: a fetch that never finishes) --------------------------------

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
-from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -25,21 +24,10 @@ from pyspark.sql import types as T
 from raysink import SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
-from raysink.spark import init_spark, stop_spark
+from raysink.spark import stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
 
 pytestmark = pytest.mark.timeout(300)
-
-
-@pytest.fixture(scope="module")
-def spark(ray_session: None) -> Iterator[SparkSession]:
-    session = init_spark(
-        "raysink-test-write", executors=2, executor_cores=1, executor_memory="1g",
-        configs={"spark.ui.showConsoleProgress": "false", "spark.ui.enabled": "false",
-                 "spark.sql.shuffle.partitions": "4", "spark.sql.session.timeZone": "UTC"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_spark()
 
 
 def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
@@ -172,9 +160,14 @@ def test_empty_dataframes_are_empty_epochs(every_type: DataFrame, tmp_path: Path
 def test_keyed_rows_land_on_one_writer_each(spark: SparkSession, tmp_path: Path) -> None:
     df = spark.range(0, 6000, 1, 4).selectExpr(
         "id", "concat('c', CAST(id % 53 AS STRING)) AS customer", "id * 1.5 AS amount")
+    # the same customers by write_arrow: a key lands on one writer whatever way it came
+    local = pa.table({"id": pa.array(range(12_000, 12_530), pa.int64()),
+                      "customer": [f"c{i % 53}" for i in range(530)],
+                      "amount": pa.array([Decimal("1.5")] * 530, pa.decimal128(23, 1))})
     with _runtime(tmp_path, "sw-keyed", writers=3, key=["customer"]) as rt:
         rt.write(df)
         rt.write(df.selectExpr("id + 6000 AS id", "customer", "amount"))
+        rt.write_arrow(local)
     owners: dict[str, set[str]] = {}
     data = ds.dataset(str(tmp_path / "table"), format="parquet")
     for fragment in data.get_fragments():
@@ -184,8 +177,11 @@ def test_keyed_rows_land_on_one_writer_each(spark: SparkSession, tmp_path: Path)
     assert len(owners) == 53
     assert all(len(w) == 1 for w in owners.values()), owners
     assert len(set().union(*owners.values())) == 3  # every writer got some keys
-    assert_same_rows(df.union(df.selectExpr("id + 6000 AS id", "customer", "amount")),
-                     tmp_path / "table")
+    local_df = spark.range(12_000, 12_530, 1, 1).selectExpr(
+        "id", "concat('c', CAST((id - 12000) % 53 AS STRING)) AS customer",
+        "CAST(1.5 AS DECIMAL(23, 1)) AS amount")
+    assert_same_rows(df.union(df.selectExpr("id + 6000 AS id", "customer", "amount"))
+                     .union(local_df), tmp_path / "table")
 
 
 # --- a writer killed in the middle of a Spark epoch -----------------------------------

@@ -40,6 +40,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
+from raysink._faults import ENV_VAR, fault_dir
 from raysink.testing import arm_fault, disarm_faults
 from tests.integration.helpers import wait_fired
 
@@ -169,8 +170,9 @@ def _is_batch(batch_id: int) -> Callable[[str], bool]:
 
 @pytest.fixture
 def layout(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    faults = tmp_path / "faults"
-    monkeypatch.setenv("RAYSINK_FAULT_DIR", str(faults))  # the drivers inherit it
+    # the drivers inherit this process's fault directory (read once, when raysink is
+    # imported): arms written here reach their actors
+    monkeypatch.setenv(ENV_VAR, str(fault_dir()))
     (tmp_path / "input").mkdir()
     config = {"name": NAME, "metastore": f"sqlite:///{tmp_path / 'meta.db'}",
               "table": str(tmp_path / "table"), "input": str(tmp_path / "input"),

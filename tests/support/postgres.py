@@ -5,7 +5,8 @@
 server binaries run as the ``postgres`` system user (``initdb`` and ``postgres`` refuse
 root). The server listens on 127.0.0.1 only, on a free random port, with its unix socket
 inside its directory, scram-sha-256 password authentication for every connection,
-``max_prepared_transactions=20`` and fsync on (crash-restart tests need durability).
+``max_prepared_transactions=20`` and fsync on (crash-restart tests need durability);
+``settings`` adds to or overrides these ``postgresql.conf`` lines.
 
 The session fixture ``pg_server`` also creates:
 
@@ -69,7 +70,8 @@ class PostgresServer:
 
     superuser = "postgres"
 
-    def __init__(self, bindir: Path | None = None) -> None:
+    def __init__(self, bindir: Path | None = None, *,
+                 settings: dict[str, str] | None = None) -> None:
         found = bindir or find_bindir()
         if found is None:
             raise RuntimeError(f"no PostgreSQL server binaries under {_PG_ROOT}/*/bin; "
@@ -85,6 +87,7 @@ class PostgresServer:
         self._initialised = False
         self._running = False
         self._as_postgres = os.geteuid() == 0
+        self._settings = dict(settings or {})
         if self._as_postgres:
             shutil.chown(self.root, user="postgres", group="postgres")
 
@@ -125,6 +128,7 @@ class PostgresServer:
             "max_prepared_transactions": "20",
             "fsync": "on",
             "max_connections": "100",
+            **self._settings,
         }
         with open(self.data_dir / "postgresql.conf", "a", encoding="utf-8") as conf:
             conf.write("\n# raysink test server\n")

@@ -10,17 +10,33 @@ Invariants after every step: an epoch is visible in a sink at most once, and onl
 the attempt that was decided (went PENDING); nothing of an aborted attempt is ever
 visible. At the end, after a last crash, a recovery and every commit: every decided epoch
 is visible exactly once in every sink, and nothing staged is left behind.
+
+The model runs over the in-memory meta store and over the SQLite one, whose file is
+opened again at every crash (what survives is what reached the file).
 """
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+
 import pyarrow as pa
+import pytest
 from hypothesis import settings
 from hypothesis import strategies as st
-from hypothesis.stateful import RuleBasedStateMachine, invariant, precondition, rule
+from hypothesis.stateful import (
+    RuleBasedStateMachine,
+    invariant,
+    precondition,
+    rule,
+    run_state_machine_as_test,
+)
 
 from raysink.coordinator.epochs import Resolution
 from raysink.coordinator.messages import CommitRequest
+from raysink.coordinator.metastore import SqliteMetaStore
+from raysink.coordinator.metastore.base import MetaStore
 from raysink.errors import BackpressureError, EpochRegressionError, StaleAttemptError
 from tests.unit.test_epochs import WRITERS, Harness, commit_sink
 
@@ -28,9 +44,9 @@ SINKS = ("a", "b")
 
 
 class CoordinatorModel(RuleBasedStateMachine):
-    def __init__(self) -> None:
+    def __init__(self, open_store: Callable[[], MetaStore] | None = None) -> None:
         super().__init__()
-        self.h = Harness(sinks=SINKS, max_pending=3)
+        self.h = Harness(sinks=SINKS, max_pending=3, open_store=open_store)
         self.current: tuple[int, int] | None = None
         self.requests: dict[tuple[str, int], CommitRequest] = {}
         self.complete: tuple[int, int] | None = None
@@ -153,16 +169,31 @@ class CoordinatorModel(RuleBasedStateMachine):
             assert len(commits) <= len(self.decided)
 
     def teardown(self) -> None:
-        self.h.crash()
-        self.h.commit_all()
-        for target in self.h.targets.values():
-            assert {e for e, _, _ in target.visible} <= set(self.decided)
-            assert target.commits == len(self.decided)
-            assert not target.staged, f"staged data left behind: {sorted(target.staged)}"
-        for epoch in self.decided:
-            assert self.h.core.resolve(epoch) is Resolution.COMMITTED
+        try:
+            self.h.crash()
+            self.h.commit_all()
+            for target in self.h.targets.values():
+                assert {e for e, _, _ in target.visible} <= set(self.decided)
+                assert target.commits == len(self.decided)
+                assert not target.staged, f"staged data left behind: {sorted(target.staged)}"
+            for epoch in self.decided:
+                assert self.h.core.resolve(epoch) is Resolution.COMMITTED
+        finally:
+            self.h.store.close()
 
 
-CoordinatorModel.TestCase.settings = settings(max_examples=150, stateful_step_count=40,
-                                              deadline=None)
-TestCoordinatorModel = CoordinatorModel.TestCase
+@pytest.mark.parametrize(("store", "examples"), [
+    # the in-memory store: many interleavings, cheap
+    ("memory", 150),
+    # SQLite in a temp dir (WAL, synchronous=FULL): fewer, each step syncs to disk
+    ("sqlite", 20),
+])
+def test_coordinator_model(store: str, examples: int, tmp_path: Path) -> None:
+    def machine() -> CoordinatorModel:
+        if store == "memory":
+            return CoordinatorModel()
+        path = tmp_path / f"meta-{uuid.uuid4().hex[:8]}.db"  # a fresh store per example
+        return CoordinatorModel(lambda: SqliteMetaStore(path))
+
+    run_state_machine_as_test(machine, settings=settings(
+        max_examples=examples, stateful_step_count=40, deadline=None))

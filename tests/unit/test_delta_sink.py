@@ -1,4 +1,9 @@
-"""DeltaSink driven without Ray: writers, pre_commit, commit, abort, markers."""
+"""DeltaSink driven without Ray: concurrent committers, upserts, partitions, schema,
+validation, lost tables and markers.
+
+The cases every sink shares (commit twice, abort twice, markers, empty epochs,
+rollback, a crash inside commit) are in ``tests/integration/test_sink_contract.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,8 @@ import pytest
 
 deltalake = pytest.importorskip("deltalake")
 
-from raysink._faults import InjectedFault  # noqa: E402
 from raysink.errors import (  # noqa: E402
     ConfigError,
-    DataLossError,
     MetaStoreError,
     SchemaMismatchError,
     SinkUnavailableError,
@@ -82,49 +85,6 @@ def on_mid_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -
 # --------------------------------------------------------------------------- append
 
 
-def test_commit_makes_rows_visible_once_and_twice_changes_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    manifests = stage(sink, 1, [[batch([1, 2])], [batch([3])]])
-    sink.commit(1, manifests)
-    before = (version(path), read(path))
-    sink.commit(1, manifests)  # the same epoch again: nothing changes
-    assert (version(path), read(path)) == before
-    assert before[1]["id"] == [1, 2, 3]
-    assert sink.committed_epoch() == 1
-
-
-def test_epoch_zero_is_a_real_marker(tmp_path: Path) -> None:
-    # delta-rs returns version 0 for the marker: 0 is falsy but committed
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    manifests = stage(sink, 0, [[batch([1])]])
-    sink.commit(0, manifests)
-    sink.commit(0, manifests)
-    assert sink.committed_epoch() == 0
-    assert read(path)["id"] == [1]
-
-
-def test_staged_files_are_invisible_before_commit(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    manifests = stage(sink, 2, [[batch([2, 3])], [batch([4])]])
-    assert all((path / f["path"]).is_file() for m in manifests for f in m["files"])
-    assert read(path)["id"] == [1]
-    sink.commit(2, manifests)
-    assert read(path)["id"] == [1, 2, 3, 4]
-
-
-def test_two_stale_instances_commit_the_same_epoch_once(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    first, second = sink_at(path), sink_at(path)
-    manifests = stage(first, 1, [[batch([1])]])
-    first.commit(1, manifests)
-    second.commit(1, manifests)
-    assert version(path) == 0 and read(path)["id"] == [1]
-
-
 @pytest.mark.parametrize("existing_table", [False, True])  # table creation, plain append
 def test_a_concurrent_commit_of_the_same_epoch_wins_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing_table: bool) -> None:
@@ -143,34 +103,6 @@ def test_a_concurrent_commit_of_the_same_epoch_wins_once(
     assert first.committed_epoch() == epoch
 
 
-def test_crash_before_the_delta_commit_leaves_nothing_visible(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    manifests = stage(sink, 2, [[batch([2])]])
-
-    def crash() -> None:
-        raise InjectedFault("crash")
-
-    on_mid_commit(monkeypatch, crash)
-    with pytest.raises(InjectedFault):
-        sink.commit(2, manifests)
-    assert sink.committed_epoch() == 1 and read(path)["id"] == [1]
-    sink.commit(2, manifests)  # the roll-forward
-    assert sink.committed_epoch() == 2 and read(path)["id"] == [1, 2]
-
-
-def test_committed_but_caller_not_told_is_seen_and_not_redone(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    manifests = stage(sink_at(path), 1, [[batch([1, 2])]])
-    sink_at(path).commit(1, manifests)  # the caller crashed before hearing back
-    restarted = sink_at(path)
-    assert restarted.committed_epoch() == 1
-    restarted.commit(1, manifests)
-    assert version(path) == 0 and read(path)["id"] == [1, 2]
-
-
 def test_partitioned_append(tmp_path: Path) -> None:
     path = tmp_path / "t"
     sink = sink_at(path, partition_by=["day"])
@@ -185,52 +117,7 @@ def test_partitioned_append(tmp_path: Path) -> None:
     assert got == {"day": ["a", "b", None, "a"], "n": [1, 2, 3, 4]}
 
 
-def test_empty_epoch_commits_the_marker_without_data_files(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    files_before = deltalake.DeltaTable(str(path)).file_uris()
-    sink.commit(2, stage(sink, 2, [[], []]))
-    assert sink.committed_epoch() == 2
-    assert deltalake.DeltaTable(str(path)).file_uris() == files_before
-    assert read(path)["id"] == [1]
-
-
-def test_empty_epoch_before_any_table_creates_nothing(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    sink.commit(1, stage(sink, 1, [[]]))
-    assert not sink.target_exists() and sink.committed_epoch() is None
-
-
 # --------------------------------------------------------------------------- abort
-
-
-def test_abort_twice_removes_staged_files_and_keeps_committed_ones(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    listed = stage(sink, 2, [[batch([2])]], attempt=1)
-    swept = stage(sink, 2, [[batch([3])]], attempt=2)
-    sink.abort(2, listed)
-    sink.abort(2, listed)  # idempotent
-    assert not any((path / f["path"]).exists() for f in listed[0]["files"])
-    assert all((path / f["path"]).exists() for f in swept[0]["files"])
-    sink.abort(2, None)
-    sink.abort(2, None)
-    assert not (path / "raysink" / f"{2:012d}").exists()
-    sink.abort(1, None)  # epoch 1 is committed: its files are referenced and stay
-    assert read(path)["id"] == [1]
-
-
-def test_writer_rollback_deletes_what_it_staged(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path / "t")
-    writer = sink.create_writer(0)
-    writer.write(batch([1]))
-    manifest = writer.pre_commit(1, 1)
-    writer.rollback(1, 1)
-    writer.rollback(1, 1)
-    assert not any((tmp_path / "t" / f["path"]).exists() for f in manifest["files"])
 
 
 def test_manifest_path_outside_the_staging_is_refused(tmp_path: Path) -> None:
@@ -367,18 +254,6 @@ def test_options_are_checked(tmp_path: Path) -> None:
 
 
 # --------------------------------------------------------------------------- lost table
-
-
-def test_a_deleted_table_is_told_apart(tmp_path: Path) -> None:
-    path = tmp_path / "t"
-    sink = sink_at(path)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    assert sink.target_exists()
-    shutil.rmtree(path)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    with pytest.raises(DataLossError):
-        sink.recreate_marker(1)
 
 
 def test_recreate_marker_writes_an_empty_commit_once(tmp_path: Path) -> None:

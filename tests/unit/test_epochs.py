@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import shutil
+from collections.abc import Callable
 from pathlib import Path
 
 import pyarrow as pa
@@ -16,7 +17,7 @@ from raysink.coordinator.epochs import (
 )
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
-from raysink.coordinator.metastore.base import EpochState
+from raysink.coordinator.metastore.base import EpochState, MetaStore
 from raysink.coordinator.vnodes import assign
 from raysink.errors import (
     BackpressureError,
@@ -44,10 +45,15 @@ def commit_sink(core: EpochCoordinator, epoch: int, sink: str) -> CommitOutcome:
 
 
 class Harness:
-    """A coordinator over two memory sinks, with what survives a crash kept outside it."""
+    """A coordinator over two memory sinks, with what survives a crash kept outside it: the
+    targets, and the meta store (``self.store``, an ``InMemoryMetaStore`` by default). With
+    ``open_store``, the store is opened by it, and closed and opened again at every crash
+    (a SQLite file: what survives is what reached the file)."""
 
-    def __init__(self, sinks: tuple[str, ...] = ("a", "b"), max_pending: int = 2) -> None:
-        self.store = InMemoryMetaStore()
+    def __init__(self, sinks: tuple[str, ...] = ("a", "b"), max_pending: int = 2,
+                 open_store: Callable[[], MetaStore] | None = None) -> None:
+        self.open_store = open_store
+        self.store: MetaStore = open_store() if open_store else InMemoryMetaStore()
         self.targets = {name: MemoryTarget() for name in sinks}
         self.max_pending = max_pending
         self.epoch_offset: int | None = None
@@ -66,6 +72,9 @@ class Harness:
         return core
 
     def crash(self) -> None:
+        if self.open_store is not None:  # the coordinator's process and connection are gone
+            self.store.close()
+            self.store = self.open_store()
         self.core = self.boot()
 
     def requests(self, epoch: int, attempt: int, rows: int = 3) -> list[CommitRequest]:

@@ -1,4 +1,9 @@
-"""IcebergSink driven without Ray: writers, pre_commit, commit, abort, markers."""
+"""IcebergSink driven without Ray: stale handles, snapshot expiry, schema, validation,
+lost tables and markers.
+
+The cases every sink shares (commit twice, abort twice, markers, empty epochs,
+rollback, a crash inside commit) are in ``tests/integration/test_sink_contract.py``.
+"""
 
 from __future__ import annotations
 
@@ -14,10 +19,8 @@ pytest.importorskip("pyiceberg")
 
 from pyiceberg.catalog import load_catalog
 
-from raysink._faults import InjectedFault
 from raysink.errors import (
     ConfigError,
-    DataLossError,
     MetaStoreError,
     SchemaMismatchError,
     SinkUnavailableError,
@@ -89,28 +92,6 @@ def on_mid_commit(monkeypatch: pytest.MonkeyPatch, action: Callable[[], None]) -
     monkeypatch.setattr(iceberg_module, "hit", fake_hit)
 
 
-def test_commit_twice_changes_nothing(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path)
-    manifests = stage(sink, 1, [[batch([1, 2])], [batch([3])]])
-    sink.commit(1, manifests)
-    snapshots = len(table(tmp_path).snapshots())
-    sink.commit(1, manifests)
-    assert len(table(tmp_path).snapshots()) == snapshots == 1
-    assert ids(tmp_path) == [1, 2, 3]
-    assert sink.committed_epoch() == 1
-    assert table(tmp_path).properties["commit.retry.num-retries"] == "0"
-
-
-def test_staged_files_are_invisible_before_commit(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    manifests = stage(sink, 2, [[batch([2, 3])]])
-    assert all(local(f["path"]).is_file() for f in manifests[0]["files"])
-    assert ids(tmp_path) == [1]
-    sink.commit(2, manifests)
-    assert ids(tmp_path) == [1, 2, 3]
-
-
 @pytest.mark.parametrize("existing_table", [False, True])  # table creation, plain append
 def test_two_stale_handles_commit_the_same_epoch_once(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, existing_table: bool) -> None:
@@ -126,41 +107,8 @@ def test_two_stale_handles_commit_the_same_epoch_once(
     assert ids(tmp_path).count(10) == 1 and len(ids(tmp_path)) == 4 + int(existing_table)
     second.commit(epoch, manifests)
     assert our_snapshots(tmp_path, epoch) == 1
-
-
-def test_crash_before_the_snapshot_leaves_nothing_visible(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    sink = sink_at(tmp_path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    manifests = stage(sink, 2, [[batch([2])]])
-
-    def crash() -> None:
-        raise InjectedFault("crash")
-
-    on_mid_commit(monkeypatch, crash)
-    with pytest.raises(InjectedFault):
-        sink.commit(2, manifests)
-    assert sink.committed_epoch() == 1 and ids(tmp_path) == [1]
-    sink.commit(2, manifests)
-    assert sink.committed_epoch() == 2 and ids(tmp_path) == [1, 2]
-
-
-def test_committed_but_caller_not_told_is_seen_and_not_redone(tmp_path: Path) -> None:
-    manifests = stage(sink_at(tmp_path), 1, [[batch([1, 2])]])
-    sink_at(tmp_path).commit(1, manifests)
-    restarted = sink_at(tmp_path)
-    assert restarted.committed_epoch() == 1
-    restarted.commit(1, manifests)
-    assert our_snapshots(tmp_path, 1) == 1 and ids(tmp_path) == [1, 2]
-
-
-def test_empty_epoch_commits_the_marker_without_data_files(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    sink.commit(2, stage(sink, 2, [[], []]))
-    assert sink.committed_epoch() == 2 and our_snapshots(tmp_path, 2) == 1
-    assert ids(tmp_path) == [1]
-    assert table(tmp_path).inspect.files().num_rows == 1
+    # pyiceberg's own retry re-applies an append on refreshed metadata without our check
+    assert table(tmp_path).properties["commit.retry.num-retries"] == "0"
 
 
 def test_marker_survives_snapshot_expiry_through_the_table_property(tmp_path: Path) -> None:
@@ -173,22 +121,6 @@ def test_marker_survives_snapshot_expiry_through_the_table_property(tmp_path: Pa
     assert sink.committed_epoch() == 1
     sink.commit(1, stage(sink, 1, [[batch([1])]], attempt=2))  # still a no-op
     assert ids(tmp_path) == [1, 2]
-
-
-def test_abort_twice_removes_unreferenced_staged_files(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path)
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    listed = stage(sink, 2, [[batch([2])]], attempt=1)
-    swept = stage(sink, 2, [[batch([3])]], attempt=2)
-    sink.abort(2, listed)
-    sink.abort(2, listed)
-    assert not local(listed[0]["files"][0]["path"]).exists()
-    assert local(swept[0]["files"][0]["path"]).exists()
-    sink.abort(2, None)
-    sink.abort(2, None)
-    assert not local(swept[0]["files"][0]["path"]).exists()
-    sink.abort(1, None)  # committed: referenced files stay
-    assert ids(tmp_path) == [1]
 
 
 def test_abort_before_any_table_creates_nothing(tmp_path: Path) -> None:
@@ -261,16 +193,6 @@ def test_validate_errors(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="warehouse"):
         IcebergSink(IDENT, catalog={"type": "sql",
                                     "uri": f"sqlite:///{tmp_path / 'x.db'}"}).validate()
-
-
-def test_a_deleted_table_is_told_apart(tmp_path: Path) -> None:
-    sink = sink_at(tmp_path)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    sink.commit(1, stage(sink, 1, [[batch([1])]]))
-    load_catalog("raysink", **catalog_props(tmp_path)).drop_table(IDENT)
-    assert not sink.target_exists() and sink.committed_epoch() is None
-    with pytest.raises(DataLossError):
-        sink.recreate_marker(1)
 
 
 def test_recreate_marker_is_idempotent(tmp_path: Path) -> None:

@@ -1,4 +1,9 @@
-"""ParquetSink driven without Ray: writers, pre-commit, commit, abort, crashes in between."""
+"""ParquetSink driven without Ray: the commit log, crashes between its steps, manifests,
+the writer, validation and markers.
+
+The cases every sink shares (commit twice, abort twice, markers, empty epochs,
+rollback, a crash inside commit) are in ``tests/integration/test_sink_contract.py``.
+"""
 
 from __future__ import annotations
 
@@ -6,7 +11,6 @@ import hashlib
 import json
 import os
 import pickle
-import shutil
 import subprocess
 import sys
 import uuid
@@ -110,15 +114,6 @@ def test_manifest_format(sink: ParquetSink) -> None:
     assert schema.names == ["id", "v"]
 
 
-def test_commit_twice_changes_nothing(sink: ParquetSink) -> None:
-    manifests = _stage(sink, 1, 1, [[1, 2], [3]])
-    sink.commit(1, manifests)
-    before = _tree(Path(sink.path))
-    sink.commit(1, manifests)
-    assert _tree(Path(sink.path)) == before
-    assert _visible(sink) == [1, 2, 3]
-
-
 def test_commit_log_is_pruned_to_the_newest_entries(sink: ParquetSink,
                                                     monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(parquet_module, "COMMIT_LOG_KEEP", 3)
@@ -134,13 +129,6 @@ def test_commit_log_is_pruned_to_the_newest_entries(sink: ParquetSink,
     sink.commit(2, manifests[2])  # its entry is pruned, a newer one says it is in
     assert _tree(Path(sink.path)) == before
     assert _visible(sink) == [10, 20, 30, 40, 50, 60, 70]
-
-
-def test_epochs_accumulate(sink: ParquetSink) -> None:
-    sink.commit(1, _stage(sink, 1, 1, [[1], [2]]))
-    sink.commit(2, _stage(sink, 2, 1, [[3], [4]]))
-    assert _visible(sink) == [1, 2, 3, 4]
-    assert sink.committed_epoch() == 2
 
 
 def _crash_mid_move(sink: ParquetSink, manifests: list[Manifest],
@@ -207,32 +195,7 @@ def test_staged_file_lost_before_move_is_data_loss(sink: ParquetSink) -> None:
     assert sink.committed_epoch() is None
 
 
-def test_empty_epoch_writes_log_entry(sink: ParquetSink) -> None:
-    manifests = _stage(sink, 5, 1, [[], []])
-    assert [m["files"] for m in manifests] == [[], []]
-    assert [m["rows"] for m in manifests] == [0, 0]
-    sink.commit(5, manifests)
-    assert sink.committed_epoch() == 5
-    assert _visible(sink) == []
-    sink.commit(5, [])  # no manifests at all is an empty epoch too
-    assert sink.committed_epoch() == 5
-
-
 # --------------------------------------------------------------------------- visibility
-
-
-def test_staged_and_flushed_data_is_invisible_before_commit(sink: ParquetSink) -> None:
-    writer = sink.create_writer(0)
-    writer.open()
-    writer.write(_batch([1, 2]))
-    writer.flush()
-    assert _visible(sink) == []
-    manifests = [writer.pre_commit(1, 1)]
-    files = ds.dataset(sink.path, format="parquet").files
-    assert files == [] and _visible(sink) == []
-    sink.commit(1, manifests)
-    assert all("_raysink" not in f for f in ds.dataset(sink.path, format="parquet").files)
-    assert pq.read_table(sink.path).num_rows == 2
 
 
 def test_stale_attempt_is_never_visible(sink: ParquetSink) -> None:
@@ -244,42 +207,6 @@ def test_stale_attempt_is_never_visible(sink: ParquetSink) -> None:
 
 
 # --------------------------------------------------------------------------- abort
-
-
-def test_abort_twice(sink: ParquetSink) -> None:
-    manifests = _stage(sink, 2, 1, [[1], [2]])
-    staged = [Path(sink.path) / m["files"][0]["path"] for m in manifests]
-    sink.abort(2, manifests)
-    sink.abort(2, manifests)
-    assert not any(p.exists() for p in staged)
-    assert _visible(sink) == [] and sink.committed_epoch() is None
-
-
-def test_abort_keeps_other_attempts(sink: ParquetSink) -> None:
-    old = _stage(sink, 2, 1, [[1]])
-    new = _stage(sink, 2, 2, [[2]])
-    sink.abort(2, old)
-    assert (Path(sink.path) / new[0]["files"][0]["path"]).exists()
-
-
-def test_abort_none_sweeps_the_epoch(sink: ParquetSink) -> None:
-    _stage(sink, 3, 1, [[1], [2]])
-    _stage(sink, 3, 2, [[3]])
-    later = _stage(sink, 4, 1, [[4]])
-    sink.abort(3, None)
-    sink.abort(3, None)
-    assert not (Path(sink.path) / "_raysink/staging/000000000003").exists()
-    assert (Path(sink.path) / later[0]["files"][0]["path"]).exists()
-    sink.commit(4, later)
-    assert _visible(sink) == [4]
-
-
-def test_abort_never_touches_committed_files(sink: ParquetSink) -> None:
-    manifests = _stage(sink, 1, 1, [[1]])
-    sink.commit(1, manifests)
-    sink.abort(1, manifests)
-    sink.abort(1, None)
-    assert _visible(sink) == [1] and sink.committed_epoch() == 1
 
 
 # --------------------------------------------------------------------------- manifests
@@ -414,19 +341,6 @@ def test_pre_commit_rerun_returns_the_same_manifest(sink: ParquetSink) -> None:
     assert writer.pre_commit(2, 1)["files"] == []
 
 
-def test_rollback_drops_staged_and_unstaged_rows(sink: ParquetSink) -> None:
-    writer = sink.create_writer(0)
-    writer.write(_batch([1]))
-    manifest = writer.pre_commit(1, 1)
-    writer.rollback(1, 1)
-    writer.rollback(1, 1)
-    assert not (Path(sink.path) / manifest["files"][0]["path"]).exists()
-    writer.write(_batch([2]))
-    writer.flush()
-    writer.rollback(1, 2)  # never pre-committed: the flushed rows go too
-    assert writer.pre_commit(1, 2)["rows"] == 0
-
-
 def test_open_sweeps_a_dead_incarnation(sink: ParquetSink) -> None:
     dead = sink.create_writer(3)
     dead.write(_batch([1]))
@@ -522,15 +436,6 @@ def test_committed_epoch_cases(sink: ParquetSink) -> None:
     assert sink.committed_epoch() is None  # marker deleted: the coordinator re-creates it
     sink.recreate_marker(7)
     assert sink.committed_epoch() == 7 and _visible(sink) == [1]
-
-
-def test_recreate_marker_refuses_a_deleted_table(sink: ParquetSink) -> None:
-    sink.commit(1, _stage(sink, 1, 1, [[1]]))
-    assert sink.target_exists()
-    shutil.rmtree(sink.path)
-    assert sink.committed_epoch() is None and not sink.target_exists()
-    with pytest.raises(DataLossError, match="deleted"):
-        sink.recreate_marker(1)
 
 
 # --------------------------------------------------------------------------- options

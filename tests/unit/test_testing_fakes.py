@@ -1,4 +1,7 @@
-"""The shipped fakes: ListSink, FailingSink, InMemoryMetaStore and fault arming."""
+"""The shipped fakes: ListSink, FailingSink, InMemoryMetaStore and fault arming.
+
+ListSink's share of the sink contract is in ``tests/integration/test_sink_contract.py``.
+"""
 
 from __future__ import annotations
 
@@ -72,38 +75,14 @@ def list_sink(tmp_path: Path, runtime: str) -> ListSink:
     return ListSink(tmp_path / "list").bind(runtime, "main")
 
 
-def test_list_sink_commits_once(list_sink: ListSink) -> None:
-    assert list_sink.committed_epoch() is None and _ids(list_sink) == []
-    manifests = _stage(list_sink, 1, 1, [[1, 2], [3]])
-    assert _ids(list_sink) == []  # staged is invisible
-    list_sink.commit(1, manifests)
-    list_sink.commit(1, manifests)
-    assert _ids(list_sink) == [1, 2, 3]
+def test_list_sink_reads_back_by_epoch(list_sink: ListSink) -> None:
+    list_sink.commit(1, _stage(list_sink, 1, 1, [[1, 2], [3]]))
     list_sink.commit(2, _stage(list_sink, 2, 1, [[4], []]))
     assert _ids(list_sink) == [1, 2, 3, 4]
     assert list_sink.committed_epochs() == [1, 2]
     epoch_two = list_sink.read_epoch(2)
     assert epoch_two is not None and epoch_two.num_rows == 1
     assert not (list_sink.directory / "staging" / f"{1:012d}").exists()
-
-
-def test_list_sink_empty_epoch_and_stale_attempt(list_sink: ListSink) -> None:
-    list_sink.commit(1, _stage(list_sink, 1, 1, [[], []]))
-    assert list_sink.committed_epoch() == 1 and _ids(list_sink) == []
-    _stage(list_sink, 2, 1, [[10]])  # an attempt that was retried
-    list_sink.commit(2, _stage(list_sink, 2, 2, [[20]]))
-    assert _ids(list_sink) == [20]
-
-
-def test_list_sink_abort_twice_and_sweep(list_sink: ListSink) -> None:
-    manifests = _stage(list_sink, 1, 1, [[1]])
-    list_sink.abort(1, manifests)
-    list_sink.abort(1, manifests)
-    _stage(list_sink, 1, 2, [[2]])
-    list_sink.abort(1, None)
-    list_sink.abort(1, None)
-    assert not (list_sink.directory / "staging" / f"{1:012d}").exists()
-    assert list_sink.committed_epoch() is None
 
 
 def test_list_sink_lost_staging_and_escapes(list_sink: ListSink) -> None:
@@ -133,16 +112,6 @@ def test_list_sink_validate_and_pickle(tmp_path: Path, list_sink: ListSink) -> N
     copy = pickle.loads(pickle.dumps(list_sink))
     assert (copy.directory, copy.runtime, copy.name, copy.kind) == (
         list_sink.directory, list_sink.runtime, "main", "list")
-
-
-def test_list_sink_mid_commit_point(list_sink: ListSink) -> None:
-    manifests = _stage(list_sink, 1, 1, [[1]])
-    arm_fault(list_sink.runtime, "sink.mid_commit", action="raise")
-    with pytest.raises(InjectedFault):
-        list_sink.commit(1, manifests)
-    assert list_sink.committed_epoch() is None
-    list_sink.commit(1, manifests)
-    assert _ids(list_sink) == [1]
 
 
 # --------------------------------------------------------------------------- FailingSink

@@ -1,0 +1,245 @@
+"""``PostgresSink``: the picklable description, its connection, and the coordinator's
+calls (``commit``/``abort``/``committed_epoch``), each dispatched to its commit method
+(``_prepared``, ``_staging``)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from typing import TYPE_CHECKING, Any, TypeVar
+
+from raysink.errors import ConfigError, RaySinkError, SinkUnavailableError
+from raysink.sinks.base import Manifest, Sink
+from raysink.sinks.postgres import _prepared, _staging
+from raysink.sinks.postgres._common import (
+    CONNECT_TIMEOUT,
+    EPOCH_ROW,
+    PROGRESS_TABLE,
+    Method,
+    _dsn_field,
+    _has_progress_row,
+    _insert_progress,
+    _psycopg,
+    _sql,
+    _Target,
+    arrow_to_postgres_type,
+    redact_dsn,
+)
+from raysink.sinks.postgres._validate import Validator
+from raysink.sinks.postgres._writer import PostgresWriter
+
+if TYPE_CHECKING:
+    import psycopg
+    import pyarrow as pa
+
+__all__ = ["PostgresSink"]
+
+logger = logging.getLogger("raysink.sinks.postgres")
+
+T = TypeVar("T")
+
+
+class PostgresSink(Sink):
+    """Exactly-once sink into the PostgreSQL table ``schema.table``.
+
+    ``dsn`` is a libpq connection string or URI; its password never appears in ``repr``,
+    ``describe()``, logs, errors or manifests. ``key`` turns inserts into upserts (the table
+    needs a primary key or unique index on exactly those columns; a created table gets one).
+    ``arrow_schema``, when given, lets ``validate()`` compare an existing table's columns and
+    lets ``open()`` create the table before the first batch.
+    """
+
+    kind = "postgres"
+
+    def __init__(
+        self,
+        dsn: str,
+        table: str,
+        *,
+        key: Sequence[str] | None = None,
+        create_table: bool = True,
+        schema: str = "public",
+        method: Method = "prepared",
+        arrow_schema: pa.Schema | None = None,
+        connect_timeout: int = CONNECT_TIMEOUT,
+    ) -> None:
+        _psycopg()
+        if not table or not schema:
+            raise ConfigError(f"table and schema must be non-empty, got {schema!r}.{table!r}")
+        if method not in ("staging", "prepared"):
+            raise ConfigError(f"method must be 'staging' or 'prepared', got {method!r}")
+        if key is not None and (isinstance(key, str) or not list(key)):
+            raise ConfigError(f"key must be a non-empty sequence of column names, got {key!r}")
+        self._dsn = dsn
+        self.table = table
+        self.schema = schema
+        self.method: Method = method
+        self.create_table = create_table
+        self._key = tuple(key) if key is not None else None
+        self.arrow_schema = arrow_schema
+        self.connect_timeout = connect_timeout
+        self._conn: psycopg.Connection[Any] | None = None
+        if arrow_schema is not None:
+            self.pg_types()
+
+    # -- description ----------------------------------------------------------------
+
+    @property
+    def key(self) -> Sequence[str] | None:
+        return self._key
+
+    def describe(self) -> dict[str, Any]:
+        return {"kind": self.kind, "dsn": redact_dsn(self._dsn), "schema": self.schema,
+                "table": self.table, "key": list(self._key) if self._key else None,
+                "method": self.method}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_conn"] = None
+        return state
+
+    def pg_types(self, arrow_schema: pa.Schema | None = None) -> dict[str, str]:
+        """PostgreSQL types for the columns of ``arrow_schema`` (default: the sink's)."""
+        schema = arrow_schema if arrow_schema is not None else self.arrow_schema
+        if schema is None:
+            return {}
+        return {f.name: arrow_to_postgres_type(f.name, f.type) for f in schema}
+
+    def _tables(self) -> _Target:
+        return _Target(schema=self.schema, table=self.table, runtime=self.runtime, sink=self.name)
+
+    def _redact(self, text: str) -> str:
+        password = _dsn_field(self._dsn, "password")
+        return text.replace(password, "***") if password else text
+
+    def _err(
+        self, cls: type[RaySinkError], message: str, epoch: int | None = None
+    ) -> RaySinkError:
+        return cls(self._redact(message), runtime=self.runtime or None,
+                   sink=self.name or None, epoch=epoch)
+
+    # -- connections ----------------------------------------------------------------
+
+    def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
+        """A new connection; refusals become ``SinkUnavailableError`` (password redacted)."""
+        psycopg = _psycopg()
+        try:
+            conn = psycopg.connect(self._dsn, autocommit=autocommit,
+                                   connect_timeout=self.connect_timeout)
+        except psycopg.OperationalError as exc:
+            raise self._unavailable(exc) from None
+        return conn  # type: ignore[no-any-return]
+
+    def _unavailable(self, exc: Exception) -> Exception:
+        text = str(exc).strip()
+        user = _dsn_field(self._dsn, "user") or "(default user)"
+        if "authentication failed" in text or "no password supplied" in text:
+            return self._err(SinkUnavailableError,
+                             f"authentication failed for user {user!r}: check the DSN's user "
+                             f"and password ({redact_dsn(self._dsn)})")
+        return self._err(SinkUnavailableError,
+                         f"PostgreSQL unreachable at {redact_dsn(self._dsn)}: {text}")
+
+    def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
+        """Run ``fn`` on the cached coordinator connection, reconnecting once if it broke
+        (e.g. after a server restart); ``fn`` must be idempotent."""
+        psycopg = _psycopg()
+        for attempt in (0, 1):
+            if self._conn is None or self._conn.closed or self._conn.broken:
+                self._conn = self.connect(autocommit=True)
+            try:
+                return fn(self._conn)
+            except psycopg.OperationalError as exc:
+                self._conn.close()
+                self._conn = None
+                if attempt:
+                    raise self._unavailable(exc) from exc
+        raise AssertionError("unreachable")
+
+    def close(self) -> None:
+        """Close the coordinator-side connection, if any."""
+        if self._conn is not None:
+            self._conn.close()
+            self._conn = None
+
+    # -- validate -------------------------------------------------------------------
+
+    def validate(self) -> None:
+        """Reachable, authenticated, permitted and schema-compatible; creates nothing (runs in
+        a READ ONLY transaction)."""
+        conn = self.connect()
+        try:
+            conn.read_only = True
+            with conn.transaction():
+                Validator(self, conn).run()
+        finally:
+            conn.close()
+
+    # -- writers --------------------------------------------------------------------
+
+    def create_writer(self, writer_id: int) -> PostgresWriter:
+        return PostgresWriter(self, writer_id)
+
+    # -- commit ---------------------------------------------------------------------
+
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+        """Make ``epoch`` visible with its progress row; idempotent, safe after a crash.
+        A missing table is created from the epoch's schema (an empty epoch's too);
+        ``False`` when there is none and no writer saw a schema: nothing is written."""
+        started = time.perf_counter()
+        commit = (_prepared.commit_prepared if self.method == "prepared"
+                  else _staging.commit_staging)
+        outcome = self._run(lambda conn: commit(self, conn, epoch, manifests))
+        if outcome == "committed":
+            logger.info("postgres sink %s/%s committed epoch %d (%d rows) in %.3fs",
+                        self.runtime, self.name, epoch,
+                        sum(int(m.get("rows", 0)) for m in manifests),
+                        time.perf_counter() - started)
+        return outcome != "unmarked"
+
+    def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
+        """Drop what was staged or prepared for ``epoch``; ``None`` sweeps by epoch."""
+        self._run(lambda conn: _abort(self, conn, epoch, manifests))
+
+    def committed_epoch(self) -> int | None:
+        """Highest committed epoch; ``None`` if the progress table is missing or empty."""
+        return self._run(self._committed_epoch)
+
+    def _committed_epoch(self, conn: psycopg.Connection[Any]) -> int | None:
+        t = self._tables()
+        if not t.regclass(conn, PROGRESS_TABLE):
+            return None
+        row = conn.execute(_sql().SQL(
+            "SELECT max(epoch) FROM {} WHERE runtime = %s AND sink = %s AND writer = %s"
+        ).format(t.ident(PROGRESS_TABLE)), (self.runtime, self.name, EPOCH_ROW)).fetchone()
+        return None if row is None or row[0] is None else int(row[0])
+
+    def target_exists(self) -> bool:
+        """Whether the data table exists (the coordinator tells a deleted one apart)."""
+        return self._run(lambda conn: self._tables().regclass(conn, self.table))
+
+    def recreate_marker(self, epoch: int) -> None:
+        """Re-create the progress table and this sink's marker at ``epoch`` (only when no
+        epoch is pending: the coordinator decides)."""
+        def run(conn: psycopg.Connection[Any]) -> None:
+            t = self._tables()
+            with conn.transaction():
+                t.lock(conn)
+                t.ensure_progress(conn)
+                _insert_progress(conn, t, epoch, EPOCH_ROW)
+        self._run(run)
+        logger.info("postgres sink %s/%s: progress marker re-created at epoch %d",
+                    self.runtime, self.name, epoch)
+
+
+def _abort(
+    sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int,
+    manifests: Sequence[Manifest] | None,
+) -> None:
+    """Remove what was prepared or staged for ``epoch``; a committed epoch is left alone."""
+    t = sink._tables()
+    if _has_progress_row(conn, t, epoch, EPOCH_ROW):
+        return
+    _prepared.abort_prepared(conn, sink, epoch, manifests)
+    _staging.abort_staged(conn, t, epoch, manifests)

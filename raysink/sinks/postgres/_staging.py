@@ -1,0 +1,169 @@
+"""``method="staging"``: rows staged in a LOGGED table, moved at commit in one transaction.
+
+Writers COPY into ``_raysink_stage_<hash>`` (never UNLOGGED: a crash restart empties
+those, and a staged epoch may already be PENDING) under a random token; ``pre_commit``
+records the token in ``_raysink_staged`` and commits. The coordinator's ``commit`` is ONE
+transaction: the epoch's progress row first (a second committer blocks on it, then sees
+the conflict and stops), then the staged rows moved with ``DELETE … RETURNING`` into
+``INSERT`` (for upserts deduplicated per key, last ``(token order, _raysink_ord)`` wins,
+and ``ON CONFLICT DO UPDATE``), then the token records dropped. Works on any server;
+readers see each epoch at once; rows are written twice.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
+
+from raysink._faults import hit
+from raysink.errors import DataLossError, SchemaMismatchError
+from raysink.sinks.base import Manifest
+from raysink.sinks.postgres._common import (
+    _ORD_COL,
+    _TOKEN_COL,
+    EPOCH_ROW,
+    PROGRESS_TABLE,
+    STAGED_TABLE,
+    Outcome,
+    _ensure_target,
+    _insert_progress,
+    _sql,
+    _Target,
+)
+
+if TYPE_CHECKING:
+    import psycopg
+    from psycopg import sql
+
+    from raysink.sinks.postgres._sink import PostgresSink
+
+
+# --------------------------------------------------------------------------- coordinator
+
+
+def _move_sql(t: _Target, columns: Sequence[str], key: Sequence[str] | None) -> sql.Composed:
+    """``DELETE`` the tokens' staged rows and ``INSERT`` them (deduplicated per key, last
+    ``_raysink_ord`` wins, ``ON CONFLICT DO UPDATE`` for upserts); returns the moved count."""
+    s = _sql()
+    cols = s.SQL(", ").join(s.Identifier(c) for c in columns)
+    ord_col = s.Identifier(_ORD_COL)
+    source = s.SQL("SELECT {} FROM moved").format(cols)
+    conflict = s.SQL("")
+    if key:
+        keys = s.SQL(", ").join(s.Identifier(k) for k in key)
+        source = s.SQL("SELECT DISTINCT ON ({keys}) {cols} FROM moved "
+                       "ORDER BY {keys}, {token}, {ord} DESC").format(
+            keys=keys, cols=cols, token=s.Identifier(_TOKEN_COL), ord=ord_col)
+        rest = [c for c in columns if c not in key]
+        action = s.SQL("DO NOTHING") if not rest else s.SQL("DO UPDATE SET {}").format(
+            s.SQL(", ").join(s.SQL("{0} = EXCLUDED.{0}").format(s.Identifier(c)) for c in rest))
+        conflict = s.SQL(" ON CONFLICT ({}) {}").format(keys, action)
+    query: sql.Composed = s.SQL(
+        "WITH moved AS (DELETE FROM {stage} WHERE {token} = ANY(%s) RETURNING *), "
+        "ins AS (INSERT INTO {target} ({cols}) {source}{conflict}) "
+        "SELECT count(*) FROM moved"
+    ).format(stage=t.ident(t.stage_name), token=s.Identifier(_TOKEN_COL), target=t.target,
+             cols=cols, source=source, conflict=conflict)
+    return query
+
+
+def _manifest_columns(sink: PostgresSink, epoch: int, manifests: Sequence[Manifest]) -> list[str]:
+    column_sets = {tuple(m["columns"]) for m in manifests if m.get("rows")}
+    if len(column_sets) > 1:
+        raise sink._err(SchemaMismatchError,
+                        f"writers staged different column sets: {sorted(column_sets)}", epoch)
+    return list(column_sets.pop()) if column_sets else []
+
+
+def commit_staging(
+    sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
+) -> Outcome:
+    """One transaction: progress row first (fences a concurrent committer), move, unstage."""
+    t = sink._tables()
+    staged = [m for m in manifests if m.get("rows")]
+    with conn.transaction():
+        if not t.regclass(conn, PROGRESS_TABLE):
+            t.lock(conn)
+            t.ensure_progress(conn)
+        if not staged and not _ensure_target(sink, conn, t, manifests):
+            return "unmarked"
+        if not _insert_progress(conn, t, epoch, EPOCH_ROW):
+            return "already"
+        if staged:
+            _check_target(sink, conn, t, epoch)
+            expected = sum(int(m["rows"]) for m in staged)
+            tokens = [int(m["token"]) for m in staged]
+            row = conn.execute(_move_sql(t, _manifest_columns(sink, epoch, staged), sink.key),
+                               (tokens,)).fetchone()
+            moved = int(row[0]) if row else 0
+            if moved != expected:
+                raise sink._err(DataLossError, f"staging holds {moved} of the epoch's "
+                                f"{expected} staged rows; staged data was deleted", epoch)
+            _forget_staged(conn, t, epoch)
+        hit("sink.mid_commit", runtime=sink.runtime, sink=sink.name, epoch=epoch)
+    return "committed"
+
+
+def _check_target(
+    sink: PostgresSink, conn: psycopg.Connection[Any], t: _Target, epoch: int
+) -> None:
+    if t.regclass(conn, sink.table):
+        return
+    raise sink._err(DataLossError, f"target table {sink.schema}.{sink.table} is gone "
+                    "while an epoch staged for it is being committed; restore it", epoch)
+
+
+def _forget_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int) -> None:
+    if t.regclass(conn, STAGED_TABLE):
+        conn.execute(_sql().SQL(
+            "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s"
+        ).format(t.ident(STAGED_TABLE)), (t.runtime, t.sink, epoch))
+
+
+# --------------------------------------------------------------------------- writer side
+
+
+def record_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int, attempt: int,
+                  writer: int, token: int, rows: int) -> None:
+    """Record this writer's token for ``(epoch, attempt)`` (in its staging transaction)."""
+    conn.execute(_sql().SQL(
+        "INSERT INTO {} (runtime, sink, epoch, attempt, writer, stage, token, nrows) "
+        "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (runtime, sink, epoch, "
+        "attempt, writer) DO UPDATE SET token = EXCLUDED.token, nrows = EXCLUDED.nrows"
+    ).format(t.ident(STAGED_TABLE)), (
+        t.runtime, t.sink, epoch, attempt, writer, t.stage_name, token, rows))
+
+
+def drop_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int, attempt: int,
+                writer: int) -> None:
+    """Delete what ``writer`` staged for ``(epoch, attempt)`` and its token record."""
+    if not t.regclass(conn, STAGED_TABLE):
+        return
+    s = _sql()
+    with conn.transaction():
+        rows = conn.execute(s.SQL(
+            "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s AND attempt = "
+            "%s AND writer = %s RETURNING token").format(t.ident(STAGED_TABLE)),
+            (t.runtime, t.sink, epoch, attempt, writer)).fetchall()
+        if rows:
+            conn.execute(s.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+                t.ident(t.stage_name), s.Identifier(_TOKEN_COL)),
+                ([int(r[0]) for r in rows],))
+
+
+def abort_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int,
+                 manifests: Sequence[Manifest] | None) -> None:
+    """Delete every staged row and token record of ``epoch`` (the coordinator's abort)."""
+    if not t.regclass(conn, STAGED_TABLE):
+        return
+    with conn.transaction():
+        rows = conn.execute(_sql().SQL(
+            "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s "
+            "RETURNING stage, token").format(t.ident(STAGED_TABLE)),
+            (t.runtime, t.sink, epoch)).fetchall()
+        tokens = {int(tok) for _, tok in rows} | {
+            int(m["token"]) for m in manifests or () if m.get("token") is not None}
+        if tokens and t.regclass(conn, t.stage_name):
+            s = _sql()
+            conn.execute(s.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+                t.ident(t.stage_name), s.Identifier(_TOKEN_COL)), (sorted(tokens),))
