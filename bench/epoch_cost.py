@@ -11,9 +11,9 @@ the first and last count. Targets (issue 11): 2 writers p50/p99 <= 6/12 ms, 16 w
 <= 15/30 ms, 64 writers <= 60/120 ms.
 
 Part 2, simulation: the coordinator's epoch logic (``EpochCoordinator``) with
-``--sim-writers`` (1,000) fake writers in this process, no Ray: open, one commit request
-per writer (a manifest of a few keys each), the PENDING record, the sink's commit and its
-COMMITTED record, on a SQLite meta store in a temporary directory. It reports the
+``--sim-writers`` (1,000) fake writers in this process, no Ray: open, the gathered commit
+requests (one per writer, a manifest of a few keys each), the PENDING record, the sink's
+commit and its COMMITTED record, on a SQLite meta store in a temporary directory. It reports the
 coordinator's own CPU time per epoch (``time.process_time``; target <= 50 ms) and its
 split between the in-memory requests and the meta store.
 
@@ -31,11 +31,11 @@ import tempfile
 import time
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raysink.coordinator.epochs import EpochCoordinator
+from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.vnodes import assign
 from raysink.sinks.base import Manifest, Sink, SinkWriter
@@ -125,11 +125,13 @@ def simulate(writers: int, epochs: int, root: Path) -> None:
         started = time.process_time()
         decision = core.open_epoch(None)
         opened = time.process_time()
-        for writer in range(writers):
-            manifest: dict[str, Any] = {"writer": writer, "epoch": decision.epoch,
-                                        "attempt": decision.attempt, "rows": 0, "files": []}
-            core.commit_request(sink="main", writer_id=writer, epoch=decision.epoch,
-                                attempt=decision.attempt, manifest=manifest)
+        requests = [CommitRequest(sink="main", writer=writer, epoch=decision.epoch,
+                                  attempt=decision.attempt,
+                                  manifest={"writer": writer, "epoch": decision.epoch,
+                                            "attempt": decision.attempt, "rows": 0,
+                                            "files": []})
+                    for writer in range(writers)]
+        core.gather(decision.epoch, decision.attempt, requests)
         requested = time.process_time()
         core.persist_pending(decision.epoch, decision.attempt)
         step = core.next_commit("main")

@@ -20,8 +20,9 @@ The protocol points, in the order one epoch passes them::
 
     writer.during_write          a write call applied some batches of the epoch
     writer.after_pre_commit      the writer staged its data, before its commit request
-    coordinator.after_open       OPEN recorded, before the data is sent (an epoch opened
-                                 first; the next epoch's open travels with its decision)
+    coordinator.after_open       the epoch is open: its OPEN recorded before the data is
+                                 sent, or (the next epoch: its open travels with its
+                                 decision) the writers' requests taken, nothing recorded
     coordinator.after_pending    PENDING recorded, before any sink commit
     coordinator.mid_commit       one sink's commit recorded, another sink's not yet (sinks
                                  commit on their own: it fires for the first to record)

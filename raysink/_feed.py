@@ -14,6 +14,7 @@ import random
 import time
 from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass
 from typing import Any
 
 import pyarrow as pa
@@ -235,11 +236,12 @@ def send(
     checkpoint_id: int,
     shuffle: random.Random | None = None,
     on_rows: Callable[[int], None] | None = None,
-) -> list[Any]:
+) -> Barriers:
     """Send the plan's writes with a credit window, then every writer's barrier.
 
     Writer ``k`` of every sink receives the items routed to ``k``, numbered ``seq`` 0, 1, ...
-    Returns the barrier refs (each resolves once its writer got the coordinator's ack).
+    Returns the barriers: a ref per writer that received data (each resolves to its
+    ``BarrierAck`` once it pre-committed), and the writers that received nothing.
     Raises what a write raised (a dead actor, poisoned data) as soon as it is seen; a
     write refused because the writer's reorder buffer was full is sent again.
     ``on_rows`` hears the rows each acknowledged write carried (counted once, not per sink).
@@ -280,8 +282,22 @@ def send(
         raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
                                 retry_after=0.5, epoch=epoch) from exc
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
-    return [handle.barrier.remote(barrier, attempt, seqs[k])
-            for handles in writers.values() for k, handle in enumerate(handles)]
+    return Barriers(
+        refs=[handle.barrier.remote(barrier, attempt, seqs[k])
+              for handles in writers.values() for k, handle in enumerate(handles)
+              if seqs[k]],
+        idle=[(sink, k) for sink, handles in writers.items() for k in range(len(handles))
+              if not seqs[k]])
+
+
+@dataclass(frozen=True, slots=True)
+class Barriers:
+    """The barriers sent (``refs``, one per writer that received data), and the writers
+    that received nothing in the attempt (``idle``, as ``(sink, index)``): they staged
+    nothing and get no barrier; the driver answers for them."""
+
+    refs: list[Any]
+    idle: list[tuple[str, int]]
 
 
 def _finish_sends(windows: dict[tuple[str, int], deque[tuple[Any, int, Any]]],

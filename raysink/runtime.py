@@ -31,7 +31,7 @@ from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.actors.writer import WriterConfig
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.coordinator import CoordinatorConfig
-from raysink.coordinator.messages import BarrierAck, CommitWait, OpenedEpoch
+from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     ConfigError,
@@ -168,10 +168,10 @@ class SinkRuntime:
         self._progress = _progress(name, progress)
         self._inflight: list[Any] = []
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
-        # the epoch the coordinator would open next, at attempt 0, when known (the one after
-        # the epoch just committed), and the coordinator generation that knows it: its open
-        # then travels with its commit requests
-        self._predicted: tuple[int, int] | None = None
+        # the epoch the coordinator would open next with its attempt, when known (the one
+        # after the epoch just committed), and the coordinator generation that said so: its
+        # open then travels with its commit requests
+        self._predicted: tuple[int, int, int] | None = None
 
     # ------------------------------------------------------------------ set-up
 
@@ -362,9 +362,9 @@ class SinkRuntime:
         requested = epoch
         last_error: BaseException | None = None
         for attempt_no in range(1, self._options.max_attempts + 1):
-            predicted, generation = self._predicted or (None, None)
+            predicted, next_attempt, generation = self._predicted or (None, 0, None)
             if predicted is not None and requested in (None, predicted):
-                epoch, attempt = predicted, 0
+                epoch, attempt = predicted, next_attempt
             else:
                 decision = self._open_epoch(actors, requested)
                 if decision.skip:
@@ -388,7 +388,7 @@ class SinkRuntime:
                 requested = epoch
                 continue
             if outcome.committed:
-                self._predicted = (epoch + 1, outcome.generation)
+                self._predicted = (epoch + 1, outcome.next_attempt, outcome.generation)
             return self._visible(epoch, rows, attempt_no, started, outcome)
         raise EpochFailedError(
             f"epoch {epoch} failed {self._options.max_attempts} times; last error: "
@@ -420,18 +420,20 @@ class SinkRuntime:
         barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self._checkpoint_id,
                               shuffle=self._shuffle, on_rows=on_rows)
-        self._inflight = barriers
+        self._inflight = barriers.refs
         try:
-            acks: list[BarrierAck] = get(barriers)
+            acks: list[BarrierAck] = get(barriers.refs)
         except Exception as exc:
-            bad = self._bad_data_among(barriers, timeout=5.0)
+            bad = self._bad_data_among(barriers.refs, timeout=5.0)
             if bad is not None and bad is not exc:
                 raise bad from exc
             raise
         self._inflight = []
+        requests = [ack.request for ack in acks] + [
+            CommitRequest(sink=sink, writer=k, epoch=epoch, attempt=attempt, manifest=None)
+            for sink, k in barriers.idle]
         outcome: CommitWait = get(actors.coordinator.commit_epoch.remote(
-            epoch, attempt, [ack.request for ack in acks], self._options.commit_timeout,
-            generation))
+            epoch, attempt, requests, self._options.commit_timeout, generation))
         rows = sum(ack.rows for ack in acks) // max(len(self._sinks), 1)
         return rows, outcome
 

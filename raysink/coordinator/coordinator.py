@@ -379,7 +379,8 @@ class CoordinatorActor:
             last = self._core.last_committed
             if last is not None and last >= epoch:
                 return CommitWait(committed=True, skipped_sinks=self._recent.get(epoch, ()),
-                                  generation=self._core.generation)
+                                  generation=self._core.generation,
+                                  next_attempt=self._core.next_attempt(epoch + 1))
             outcome = (self._core.attempt_outcome(epoch, attempt) if attempt is not None
                        else "open" if self._core.epoch_state(epoch) is not None else "aborted")
             if outcome in ("aborted", "unknown"):

@@ -117,7 +117,7 @@ class _Epoch:
     manifests: dict[str, list[Manifest]] = field(default_factory=dict)
     committed: set[str] = field(default_factory=set)
     skipped: set[str] = field(default_factory=set)
-    coverage: dict[str, CoverageTracker[Manifest]] = field(default_factory=dict)
+    coverage: dict[str, CoverageTracker[Manifest | None]] = field(default_factory=dict)
     schemas: dict[str, str] = field(default_factory=dict)
     complete: bool = False  # every writer's request is in; PENDING is being written
     recorded: bool = True  # False: opened in memory only (its open came with the data)
@@ -254,12 +254,17 @@ class EpochCoordinator:
         ``max_pending_epochs`` of them: an epoch whose open travelled with its data may
         have been staged by writers and never recorded (the coordinator or the driver died
         first), and the runtime only sends such an epoch right after the last one it
-        knows, at most that many ahead. A driver still feeding such an attempt (the
-        coordinator restarted under it) began it under the previous generation: ``gather``
-        refuses it, and the driver feeds the epoch again."""
+        knows, at most that many ahead. Their attempt 0 counts as used (an attempt number
+        is never staged twice); a driver still feeding one (the coordinator restarted
+        under it) began it under the previous generation, so ``gather`` refuses it."""
         for epoch in range(known + 1, known + 1 + self.max_pending_epochs):
             self._sweep(epoch, 0, manifests=None, recorded=False)
-            self._aborted.pop(epoch, None)
+
+    def next_attempt(self, epoch: int) -> int:
+        """The attempt number ``epoch`` would be opened with now."""
+        entry = self._epochs.get(epoch)
+        used = max(self._aborted.get(epoch, -1), -1 if entry is None else entry.attempt)
+        return used + 1
     def _recover_epoch(self, epoch: int, records: list[EpochRecord],
                        high: Mapping[str, int]) -> bool:
         states = {r.state for r in records}
@@ -370,7 +375,7 @@ class EpochCoordinator:
                             self.layout())
         self._epochs[epoch] = _Epoch(
             epoch=epoch, attempt=attempt, state=EpochState.OPEN,
-            coverage={name: CoverageTracker[Manifest](expected=len(self._bitmaps[name]))
+            coverage={name: CoverageTracker[Manifest | None](expected=len(self._bitmaps[name]))
                       for name in self.sinks})
         _faults.hit("coordinator.after_open", runtime=self.runtime, epoch=epoch)
         return OpenDecision(epoch=epoch, attempt=attempt)
@@ -446,7 +451,7 @@ class EpochCoordinator:
                     self._check_epoch_schema(entry, request.sink, request.schema)
                 entry.coverage[request.sink].add(request.writer,
                                                  self._bitmaps[request.sink][request.writer],
-                                                 dict(request.manifest))
+                                                 request.manifest)
         except Exception:
             if not entry.recorded:
                 del self._epochs[epoch]
@@ -467,9 +472,10 @@ class EpochCoordinator:
         self._refuse_regression(epoch)
         self._check_backpressure(epoch)
         entry = _Epoch(epoch=epoch, attempt=attempt, state=EpochState.OPEN, recorded=False,
-                       coverage={name: CoverageTracker[Manifest](expected=len(maps))
+                       coverage={name: CoverageTracker[Manifest | None](expected=len(maps))
                                  for name, maps in self._bitmaps.items()})
         self._epochs[epoch] = entry
+        _faults.hit("coordinator.after_open", runtime=self.runtime, epoch=epoch)
         return entry
 
     def attempt_outcome(self, epoch: int, attempt: int) -> str:
@@ -493,7 +499,7 @@ class EpochCoordinator:
         if (entry is None or entry.attempt != attempt or not entry.complete
                 or entry.state is not EpochState.OPEN):
             return False
-        manifests = {name: [m for _, m in sorted(tracker.items())]
+        manifests = {name: [m for _, m in sorted(tracker.items()) if m is not None]
                      for name, tracker in entry.coverage.items()}
         if entry.recorded:
             self.store.put_pending(self.runtime, self.generation, epoch, attempt, manifests)

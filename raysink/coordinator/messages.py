@@ -38,25 +38,29 @@ class CommitWait:
     """Whether every sink made the epoch visible before the wait ended. ``aborted``: the
     epoch's attempt was aborted (nothing to wait for); ``errors``: why a sink is stalled;
     ``skipped_sinks``: the sinks whose marker already held the epoch; ``generation``: the
-    coordinator's."""
+    coordinator's; ``next_attempt``: the attempt the epoch after this one would open
+    with (the driver sends that epoch's data before its open)."""
 
     committed: bool
     aborted: bool = False
     skipped_sinks: tuple[str, ...] = ()
     errors: Mapping[str, str] = field(default_factory=dict)
     generation: int = 0
+    next_attempt: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitRequest:
     """A writer's pre-commit of its share of ``(epoch, attempt)`` of ``sink``: its
-    manifest and the schema it wrote (``raysink._schema.encode``), if it saw one."""
+    manifest and the schema it wrote (``raysink._schema.encode``), if it saw one. A
+    ``None`` manifest stands for a writer that received nothing in the attempt, so staged
+    nothing: the driver answers for it without asking it."""
 
     sink: str
     writer: int
     epoch: int
     attempt: int
-    manifest: dict[str, Any]
+    manifest: dict[str, Any] | None
     schema: str | None = None
 
 

@@ -327,9 +327,11 @@ def test_a_flooded_reorder_buffer_refuses_early_messages(tmp_path: Path, name: s
         ray.get(writer.write.remote(epoch, attempt, 0, [ray.put(pieces[0])]))
         for seq in refused:
             ray.get(writer.write.remote(epoch, attempt, seq, [ray.put(pieces[seq])]))
-        barrier = ray.get(writer.barrier.remote(CheckpointBarrier(1, epoch), attempt, 20))
-        assert barrier.rows == 200_000
-        assert rt._committed(actors, epoch, 30.0).committed
+        ack = ray.get(writer.barrier.remote(CheckpointBarrier(1, epoch), attempt, 20))
+        assert ack.rows == 200_000
+        outcome = ray.get(actors.coordinator.commit_epoch.remote(epoch, attempt, [ack.request],
+                                                                 30.0))
+        assert outcome.committed
     assert len(read_ids(tmp_path / "pq")) == 200_000 == len(set(read_ids(tmp_path / "pq")))
 
 

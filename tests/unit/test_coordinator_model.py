@@ -69,12 +69,13 @@ class CoordinatorModel(RuleBasedStateMachine):
         if not (decision.skip or decision.wait_roll_forward):
             self._start(decision.epoch, decision.attempt)
 
-    @precondition(lambda self: self.current is None)
+    @precondition(lambda self: self.current is None and self.complete is None)
     @rule()
     def next_epoch(self) -> None:
-        """The driver's next epoch: first attempt, its open travels with its decision."""
-        self._start(max([*self.decided, self.h.core.last_committed or 0, 0]) + 1, 0,
-                    self.h.core.generation)
+        """The driver's next epoch, at the attempt the coordinator said it would open it
+        with: its open travels with its decision."""
+        epoch = max([*self.decided, self.h.core.last_committed or 0, 0]) + 1
+        self._start(epoch, self.h.core.next_attempt(epoch), self.h.core.generation)
 
     @precondition(lambda self: self.current is not None)
     @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1),
@@ -90,6 +91,16 @@ class CoordinatorModel(RuleBasedStateMachine):
         manifest = writer.pre_commit(epoch, attempt)
         self.requests[(sink, writer_id)] = CommitRequest(
             sink=sink, writer=writer_id, epoch=epoch, attempt=attempt, manifest=manifest)
+
+    @precondition(lambda self: self.current is not None)
+    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1))
+    def idle(self, sink: str, writer_id: int) -> None:
+        """A writer that received nothing this attempt: no barrier, no staging; the driver
+        answers for it."""
+        assert self.current is not None
+        epoch, attempt = self.current
+        self.requests.setdefault((sink, writer_id), CommitRequest(
+            sink=sink, writer=writer_id, epoch=epoch, attempt=attempt, manifest=None))
 
     @precondition(lambda self: self.current is not None
                   and len(self.requests) == len(SINKS) * WRITERS)

@@ -190,9 +190,10 @@ def test_the_next_epoch_is_decided_with_its_open_in_one_record() -> None:
     layout at once; it commits like any other."""
     h = Harness()
     h.write_epoch()
-    h.core.gather(2, 0, h.requests(2, 0), h.core.generation)
+    attempt = h.core.next_attempt(2)
+    h.core.gather(2, attempt, h.requests(2, attempt), h.core.generation)
     assert [r.state for r in h.store.records(RUNTIME) if r.epoch == 2] == []
-    assert h.core.persist_pending(2, 0)
+    assert h.core.persist_pending(2, attempt)
     records = [r for r in h.store.records(RUNTIME) if r.epoch == 2]
     assert {r.state for r in records} == {EpochState.PENDING}
     assert records[0].layout["sinks"]["a"]["writers"] == WRITERS
