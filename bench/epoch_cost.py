@@ -38,7 +38,7 @@ from raysink.coordinator.epochs import EpochCoordinator
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.vnodes import assign
-from raysink.sinks.base import Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 
 def _ms(seconds: float) -> str:
@@ -101,9 +101,9 @@ class _NullSink(Sink):
     def create_writer(self, writer_id: int) -> SinkWriter:
         raise NotImplementedError("the simulation has no writers")
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         self.marker = epoch
-        return True
+        return CommitResult.COMMITTED
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         return None

@@ -297,14 +297,14 @@ def phases(df: Any, rows: int, root: Path, compression: str) -> None:
 
 def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
     """One more ``rt.write(df)``, with phase timings, the Ray timeline and py-spy."""
-    from raysink.runtime import SinkRuntime as Runtime
+    from raysink._epoch import EpochDriver
     from raysink.spark.handoff import SparkPartitions
 
     clock = _PhaseClock()
     clock.wrap(SparkPartitions, "open", "spark prepare (JVM toArrowBatchRdd, cache, count)")
-    clock.wrap(Runtime, "_open_epoch", "open epoch at the coordinator")
-    clock.wrap(Runtime, "_feed_and_commit", "feed writers + barriers (until all pre-committed)")
-    clock.wrap(Runtime, "_finish", "wait for the sink commit")
+    clock.wrap(EpochDriver, "_open_epoch", "open epoch at the coordinator (first epoch only)")
+    clock.wrap(EpochDriver, "_feed_and_commit",
+               "feed writers + barriers + decision and sink commits")
     spies = _start_pyspy(_actor_pids(rt), out)
     wall_start = time.time()
     start = time.perf_counter()

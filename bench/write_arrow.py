@@ -49,6 +49,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raysink import SinkRuntime
+from raysink._epoch import EpochDriver
 from raysink.sinks import ParquetSink
 from raysink.sinks._staging import dictionary_columns
 
@@ -138,23 +139,23 @@ def throughput(args: argparse.Namespace, root: Path) -> None:
 
 
 class Spans:
-    """Driver-side phase timings of each epoch (patched around ``SinkRuntime``)."""
+    """Driver-side phase timings of each epoch (patched around ``EpochDriver``)."""
 
-    PHASES = ("_open_epoch", "_feed_and_commit", "_finish")
+    PHASES = ("_open_epoch", "_feed_and_commit")
 
     def __init__(self) -> None:
         self.samples: dict[str, list[float]] = {p: [] for p in self.PHASES}
 
     @contextmanager
     def installed(self) -> Iterator[None]:
-        originals = {p: getattr(SinkRuntime, p) for p in self.PHASES}
+        originals = {p: getattr(EpochDriver, p) for p in self.PHASES}
         for phase, original in originals.items():
-            setattr(SinkRuntime, phase, self._timed(phase, original))
+            setattr(EpochDriver, phase, self._timed(phase, original))
         try:
             yield
         finally:
             for phase, original in originals.items():
-                setattr(SinkRuntime, phase, original)
+                setattr(EpochDriver, phase, original)
 
     def _timed(self, phase: str, original: Callable[..., Any]) -> Callable[..., Any]:
         samples = self.samples[phase]
@@ -173,8 +174,8 @@ class Spans:
             values.clear()
 
     def line(self) -> str:
-        names = {"_open_epoch": "open", "_feed_and_commit": "barriers+ack",
-                 "_finish": "wait_committed"}
+        names = {"_open_epoch": "open (only when not known ahead)",
+                 "_feed_and_commit": "barriers + decision + sink commits"}
         parts = [f"{names[p]} {_ms(statistics.median(v))}" for p, v in self.samples.items()
                  if v]
         return "    phases (p50): " + ", ".join(parts)

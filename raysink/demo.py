@@ -358,15 +358,13 @@ def _runtime(options: DemoOptions, workdir: Path) -> Any:
 def _stream(spark: Any, rt: Any, feed: OrderFeed, workdir: Path, options: DemoOptions,
             result: DemoResult, out: TextIO) -> None:
     """Feed the files and run the query until every event is committed."""
-    from raysink.spark.write import write_micro_batch
-
     lock = threading.Lock()
     progress = Progress(total_rows=options.events, total_epochs=options.batches,
                         label="streaming", stream=out)
 
     def on_batch(df: Any, batch_id: int) -> None:
         begun = time.monotonic()
-        report = write_micro_batch(rt, df, batch_id)
+        report = rt.foreach_batch(df, batch_id)
         with lock:
             result.rows += report.rows
             result.epochs.append(report.epoch)

@@ -17,27 +17,24 @@ up to ``max_attempts`` attempts.
 from __future__ import annotations
 
 import logging
-import random
 import sys
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
+from raysink._epoch import EpochDriver, EpochSettings
 from raysink._options import rejects_unknown_options
 from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.actors.writer import WriterConfig
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.coordinator import CoordinatorConfig
-from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     ConfigError,
     EpochFailedError,
     RuntimeUnavailableError,
-    SchemaMismatchError,
 )
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
@@ -162,16 +159,13 @@ class SinkRuntime:
         self._key = self._routing_key()
         self._bitmaps: list[Bitmap] = assign(writers)
         self._actors: ActorSet | None = None
-        self._checkpoint_id = 0
-        self._shuffle: random.Random | None = None
         self._bound: tuple[str, int] | None = None
         self._progress = _progress(name, progress)
-        self._inflight: list[Any] = []
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
-        # the epoch the coordinator would open next with its attempt, when known (the one
-        # after the epoch just committed), and the coordinator generation that said so: its
-        # open then travels with its commit requests
-        self._predicted: tuple[int, int, int] | None = None
+        self._epochs = EpochDriver(
+            name, EpochSettings(max_attempts=max_attempts, commit_timeout=commit_timeout,
+                                credits=credits),
+            sinks=len(self._sinks), progress=self._progress)
 
     # ------------------------------------------------------------------ set-up
 
@@ -300,8 +294,7 @@ class SinkRuntime:
 
     def _drain_writers(self, actors: ActorSet) -> None:
         """The DRAIN barrier to every writer, at once; each answers once closed."""
-        self._checkpoint_id += 1
-        barrier = CheckpointBarrier(self._checkpoint_id, 0, BarrierFlags.DRAIN)
+        barrier = CheckpointBarrier(self._epochs.next_checkpoint(), 0, BarrierFlags.DRAIN)
         reports = get([h.drain.remote(barrier) for h in actors.all_writers()],
                       timeout=self._options.commit_timeout)
         swept = [(r.sink, r.writer, r.swept) for r in reports if r.swept is not None]
@@ -321,212 +314,45 @@ class SinkRuntime:
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
                                 first_writer=self._next_first_writer())
-        return self._run_epoch(actors, epoch, plan)
+        return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "write(df)")
     def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:
-        """Write a Spark DataFrame as one epoch (see ``raysink.spark``)."""
-        from raysink.spark.write import write_dataframe
+        """Write a Spark DataFrame as one epoch (see ``raysink.spark``): checked first,
+        then cached in Spark until the epoch is visible; writers pull its partitions from
+        the RayDP executors as they are ready. An explicit epoch the targets hold already
+        is reported skipped before Spark computes anything."""
+        from raysink.spark.write import check_dataframe, open_partitions
 
-        return write_dataframe(self, df, epoch=epoch)
+        actors = self._require_started()
+        check_dataframe(self.name, df)
+        if epoch is not None and self._committed_through() >= epoch:
+            return self.write_arrow([], epoch=epoch)
+        with open_partitions(df) as parts:
+            if parts.num_partitions == 0:
+                return self.write_arrow(parts.schema.empty_table(), epoch=epoch)
+            plan = _feed.plan_refs(parts.pulls(runtime=self.name),
+                                   writers=self._options.writers, key=self._key,
+                                   bitmaps=self._bitmaps, first_writer=self._next_first_writer())
+            return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "foreach_batch")
-    def foreach_batch(self, df: Any, batch_id: int) -> None:
-        """For ``writeStream.foreachBatch``: micro-batch ``batch_id`` is epoch ``batch_id+1``."""
-        from raysink.spark.write import write_micro_batch
+    def foreach_batch(self, df: Any, batch_id: int) -> EpochReport:
+        """For ``writeStream.foreachBatch``: micro-batch ``batch_id`` of the query is epoch
+        ``batch_id + 1 + offset`` (the runtime is bound to the query, see ``epoch_offset``).
+        Returns the epoch's report (Spark ignores it)."""
+        from raysink.spark.write import streaming_query_id
 
-        write_micro_batch(self, df, batch_id)
-
-    def _run_refs(self, refs: Iterable[Any], epoch: int | None,
-                  rows: int | None = None) -> EpochReport:
-        """One epoch from remote tables, sent as each becomes ready (the Spark handoff)."""
-        actors = self._require_started()
-        plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
-                               bitmaps=self._bitmaps, rows=rows,
-                               first_writer=self._next_first_writer())
-        return self._run_epoch(actors, epoch, plan)
+        offset = self._bind_source(streaming_query_id(self.name, df))
+        report = self.write(df, epoch=int(batch_id) + 1 + offset)
+        log.info("%s: micro-batch %s -> epoch %s (%s rows, %s)", self.name, batch_id,
+                 report.epoch, report.rows,
+                 "skipped, already committed" if report.skipped else "committed")
+        return report
 
     def _next_first_writer(self) -> int:
         self._feeds += 1
         return (self._feeds - 1) % self._options.writers
-
-    def _run_epoch(self, actors: ActorSet, epoch: int | None,
-                   plan: _feed.FeedPlan) -> EpochReport:
-        """Feed one epoch and have it committed; after a failure resolve it, and re-feed
-        an aborted attempt (up to ``max_attempts``).
-
-        The epoch after the one just committed is not opened first: its first attempt is
-        known, so the data goes at once and the open travels with the commit requests
-        (one meta store transaction records both). Any other epoch is opened first."""
-        started = time.monotonic()
-        requested = epoch
-        last_error: BaseException | None = None
-        for attempt_no in range(1, self._options.max_attempts + 1):
-            predicted, next_attempt, generation = self._predicted or (None, 0, None)
-            if predicted is not None and requested in (None, predicted):
-                epoch, attempt = predicted, next_attempt
-            else:
-                decision = self._open_epoch(actors, requested)
-                if decision.skip:
-                    self._predicted = None
-                    return self._report(decision.epoch, 0, True, True,
-                                        decision.skipped_sinks, attempt_no - 1, started)
-                epoch, attempt, generation = decision.epoch, decision.attempt, None
-            self._predicted = None
-            try:
-                rows, outcome = self._feed_and_commit(actors, epoch, attempt, plan, generation)
-            except SchemaMismatchError:
-                self._abandon(actors, epoch, attempt)
-                raise
-            except Exception as exc:
-                last_error = exc
-                log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
-                            short(exc))
-                if self._recover_epoch(actors, epoch, attempt):
-                    outcome = self._committed(actors, epoch)
-                    return self._visible(epoch, plan.rows or 0, attempt_no, started, outcome)
-                requested = epoch
-                continue
-            if outcome.committed:
-                self._predicted = (epoch + 1, outcome.next_attempt, outcome.generation)
-            return self._visible(epoch, rows, attempt_no, started, outcome)
-        raise EpochFailedError(
-            f"epoch {epoch} failed {self._options.max_attempts} times; last error: "
-            f"{short(last_error)}. The data is not committed; fix the cause and write the "
-            "epoch again", attempts=self._options.max_attempts, runtime=self.name,
-            epoch=epoch) from last_error
-
-    def _open_epoch(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
-        """Open at the coordinator; a coordinator lost meanwhile is waited for (restarting)
-        or re-created, and asked again (its successor aborted the half-opened attempt
-        while recovering). The open itself may wait up to ``commit_timeout`` under
-        backpressure, so the deadline is twice that."""
-        decision: OpenedEpoch = self._ask(
-            actors, "opening an epoch",
-            actors.coordinator_call("open_epoch", epoch, self._options.commit_timeout),
-            timeout=2 * self._options.commit_timeout)
-        return decision
-
-    def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: _feed.FeedPlan, generation: int | None = None
-                         ) -> tuple[int, CommitWait]:
-        """Send the data and the barriers; gather every writer's commit request from its
-        barrier answer and send them to the coordinator in one call, which decides the
-        attempt and answers once every sink made it visible (or ``commit_timeout``).
-        Returns the rows and that answer."""
-        self._checkpoint_id += 1
-        progress = self._progress
-        on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
-        barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
-                              credits=self._options.credits, checkpoint_id=self._checkpoint_id,
-                              shuffle=self._shuffle, on_rows=on_rows)
-        self._inflight = barriers.refs
-        try:
-            acks: list[BarrierAck] = get(barriers.refs)
-        except Exception as exc:
-            bad = self._bad_data_among(barriers.refs, timeout=5.0)
-            if bad is not None and bad is not exc:
-                raise bad from exc
-            raise
-        self._inflight = []
-        requests = [ack.request for ack in acks] + [
-            CommitRequest(sink=sink, writer=k, epoch=epoch, attempt=attempt, manifest=None)
-            for sink, k in barriers.idle]
-        outcome: CommitWait = get(actors.coordinator.commit_epoch.remote(
-            epoch, attempt, requests, self._options.commit_timeout, generation))
-        rows = sum(ack.rows for ack in acks) // max(len(self._sinks), 1)
-        return rows, outcome
-
-    def _bad_data_among(self, barriers: list[Any], timeout: float
-                        ) -> SchemaMismatchError | None:
-        """The ``SchemaMismatchError`` one of the failed attempt's barriers raised, if any:
-        ``ray.get`` of the list raises whichever failure it meets first, and bad data must
-        win (retrying it cannot help)."""
-        import ray
-
-        ready, _ = ray.wait(barriers, num_returns=len(barriers), timeout=timeout)
-        for ref in ready:
-            try:
-                get(ref)
-            except SchemaMismatchError as exc:
-                return exc
-            except Exception as exc:  # the other failures are the coordinator's to resolve
-                log.debug("%s: barrier of the failed attempt: %s", self.name, short(exc))
-        return None
-
-    def _visible(self, epoch: int, rows: int, attempts: int, started: float,
-                 outcome: CommitWait) -> EpochReport:
-        if not outcome.committed:
-            log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
-                        "will roll forward", self.name, epoch, self._options.commit_timeout,
-                        dict(outcome.errors))
-        return self._report(epoch, rows, outcome.committed, False, outcome.skipped_sinks,
-                            attempts, started)
-
-    def _committed(self, actors: ActorSet, epoch: int) -> CommitWait:
-        """Wait (up to ``commit_timeout``) for a decided epoch to be visible."""
-        timeout = self._options.commit_timeout
-        answer: CommitWait = self._ask(
-            actors, f"waiting for epoch {epoch}",
-            actors.coordinator_call("wait_committed", epoch, timeout), timeout=2 * timeout)
-        return answer
-
-    def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool:
-        """After a failure: heal the actors and resolve the attempt. True: it was decided
-        (it rolls forward); False: it was aborted, swept and cancelled at the writers, so
-        it may be fed again."""
-        actors.heal()
-        resolution = self._ask(actors, f"resolving epoch {epoch}",
-                               actors.coordinator_call("resolve", epoch, attempt))
-        if resolution in ("COMMITTED", "ROLLING_FORWARD"):
-            self._settle_inflight()
-            return True
-        self._rollback_writers(actors, epoch, attempt)
-        self._settle_inflight()
-        return False
-
-    def _settle_inflight(self, timeout: float = 30.0) -> None:
-        """Collect the failed attempt's barrier calls (cancelled, they end at once), so no
-        error is left unobserved."""
-        import ray
-
-        refs, self._inflight = self._inflight, []
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
-        for ref in ready:
-            try:
-                ray.get(ref)
-            except Exception as exc:
-                log.debug("%s: barrier of the failed attempt: %s", self.name, short(exc))
-
-    def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
-        """Bad data: abort the attempt everywhere; nothing of it is written."""
-        self._predicted = None
-        self._ask(actors, f"resolving epoch {epoch}",
-                  actors.coordinator_call("resolve", epoch, attempt))
-        self._rollback_writers(actors, epoch, attempt)
-        self._settle_inflight()
-
-    def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:
-        """The abandoned attempt's CANCEL barrier to every writer: each stops waiting for
-        it and drops what it staged."""
-        import ray
-
-        self._checkpoint_id += 1
-        cancel = CheckpointBarrier(self._checkpoint_id, epoch, BarrierFlags.CANCEL)
-        refs = [h.cancel.remote(cancel, attempt) for h in actors.all_writers()]
-        for ref in refs:
-            try:
-                ray.get(ref, timeout=60)
-            except Exception as exc:  # a dead writer holds nothing to roll back
-                log.debug("cancel: %s", exc)
-
-    def _report(self, epoch: int, rows: int, committed: bool, skipped: bool,
-                skipped_sinks: tuple[str, ...], attempts: int, started: float) -> EpochReport:
-        if self._progress is not None:
-            self._progress.advance(epochs=1, skipped=int(skipped))
-        return EpochReport(epoch=epoch, rows=rows, committed=committed, skipped=skipped,
-                           skipped_sinks=skipped_sinks, attempts=attempts,
-                           seconds=time.monotonic() - started)
 
     def _bind_source(self, query_id: str) -> int:
         """Bind the runtime to a streaming query; returns the epoch offset of its batches."""

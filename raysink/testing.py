@@ -57,7 +57,7 @@ from raysink.errors import (
     SinkUnavailableError,
 )
 from raysink.sinks._staging import write_durably
-from raysink.sinks.base import Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 __all__ = [
     "FailingSink",
@@ -144,15 +144,18 @@ class ListSink(Sink):
     def create_writer(self, writer_id: int) -> ListSinkWriter:
         return ListSinkWriter(self, writer_id)
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Write ``committed/<epoch>.arrow`` from the staged files, then sweep staging.
         Idempotent: an epoch already committed only has its staging swept."""
         paths = self._staged_paths(epoch, manifests)
+        result = CommitResult.ALREADY
         if not self._committed(epoch).exists():
             table = self._read_staged(epoch, paths, manifests)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
             write_durably(self._committed(epoch), _ipc_bytes(table))
+            result = CommitResult.COMMITTED
         _rmtree(self._staging(epoch))
+        return result
 
     def _read_staged(self, epoch: int, paths: list[Path],
                      manifests: Sequence[Manifest]) -> pa.Table:
@@ -208,7 +211,8 @@ class ListSink(Sink):
         staging = self._staging(epoch)
         paths = []
         for manifest in manifests:
-            for relative in manifest.get("files", []):
+            for staged in manifest.get("files", []):
+                relative = staged.get("path")
                 pure = PurePosixPath(str(relative))
                 path = self.directory.joinpath(*pure.parts)
                 if pure.is_absolute() or ".." in pure.parts or staging not in path.parents:
@@ -241,12 +245,13 @@ class ListSinkWriter(SinkWriter):
         """Stage the buffered rows; the same manifest again when re-run with no writes."""
         if self._last is not None and self._last[0] == (epoch, attempt):
             return self._last[1]
-        files, rows = [], sum(b.num_rows for b in self._batches)
+        files: list[dict[str, Any]] = []
+        rows = sum(b.num_rows for b in self._batches)
         if self._batches:
             name = f"{attempt:04d}/w{self._writer_id:04d}-{uuid.uuid4().hex}.arrow"
             path = self._sink._staging(epoch) / name
             write_durably(path, _ipc_bytes(pa.Table.from_batches(self._batches)))
-            files.append(path.relative_to(self._sink.directory).as_posix())
+            files.append({"path": path.relative_to(self._sink.directory).as_posix()})
         manifest: Manifest = {"writer": self._writer_id, "files": files, "rows": rows}
         self._batches, self._last = [], ((epoch, attempt), manifest)
         return manifest
@@ -416,7 +421,7 @@ class FailingSink(Sink):
     def create_writer(self, writer_id: int) -> SinkWriter:
         return _FailingWriter(self, self._inner.create_writer(writer_id))
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         self._check_outage("commit")
         call = self._count("commit")
         stall = self._stall_commit_times is None or call <= self._stall_commit_times
@@ -443,8 +448,10 @@ class FailingSink(Sink):
         self._inner.recreate_marker(epoch)
 
     def target_exists(self) -> bool:
-        probe = getattr(self._inner, "target_exists", None)
-        return True if probe is None else bool(probe())
+        return self._inner.target_exists()
+
+    def close(self) -> None:
+        self._inner.close()
 
 
 class _FailingWriter(SinkWriter):

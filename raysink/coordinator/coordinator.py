@@ -461,12 +461,9 @@ class CoordinatorActor:
 
     def _release_resources(self) -> None:
         for name, sink in self._core.sinks.items():
-            close = getattr(sink, "close", None)
-            if close is None:
-                continue
             with self._core.sink_io(name):
                 try:
-                    close()
+                    sink.close()
                 except Exception as exc:  # closing must not keep the others open
                     log.warning("%s: closing sink %s: %s", self._config.runtime, name, exc)
         self._store.close()

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, cast
 
 from raysink import _faults, _schema
 from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
@@ -55,7 +55,7 @@ from raysink.errors import (
     SinkUnavailableError,
     StaleAttemptError,
 )
-from raysink.sinks.base import Manifest, Sink
+from raysink.sinks.base import CommitResult, Manifest, Sink
 
 __all__ = [
     "CommitOutcome",
@@ -280,7 +280,9 @@ class EpochCoordinator:
                 if record.state is EpochState.COMMITTED:
                     entry.committed.add(record.sink)
                 else:
-                    entry.manifests[record.sink] = list(record.manifests or [])
+                    # the store keeps the JSON the sinks' writers made: their manifests
+                    entry.manifests[record.sink] = cast(list[Manifest],
+                                                        list(record.manifests or []))
             recorded = {r.sink for r in records}
             entry.committed |= {s for s in self.sinks
                                 if s not in recorded and high.get(s, -1) >= epoch}
@@ -590,7 +592,9 @@ class EpochCoordinator:
             marked = True
             if not skipped:
                 started = time.monotonic()
-                marked = target.commit(step.epoch, list(step.manifests)) is not False
+                result = target.commit(step.epoch, list(step.manifests))
+                marked = result is not CommitResult.NO_TARGET
+                skipped = result is CommitResult.ALREADY
                 log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
                           time.monotonic() - started, "" if marked else " (no target, no marker)")
             _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
@@ -643,12 +647,10 @@ def _digest(bitmaps: Sequence[Bitmap]) -> str:
 
 
 def _target_exists(sink: Sink) -> bool:
-    probe = getattr(sink, "target_exists", None)
-    if probe is None:
-        return True
+    """``sink.target_exists()``; a probe that cannot answer is not evidence of loss."""
     try:
-        return bool(probe())
+        return sink.target_exists()
     except MetaStoreError:
         raise
-    except Exception:  # a probe that cannot answer is not evidence of loss
+    except Exception:
         return True

@@ -16,7 +16,10 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from raysink.sinks.base import Manifest
 
 __all__ = ["BarrierAck", "CommitRequest", "CommitWait", "DrainReport", "OpenedEpoch"]
 
@@ -60,7 +63,7 @@ class CommitRequest:
     writer: int
     epoch: int
     attempt: int
-    manifest: dict[str, Any] | None
+    manifest: Manifest | None
     schema: str | None = None
 
 

@@ -21,33 +21,80 @@ Lifecycle, and where each call runs::
                  w.flush()                       push buffers to durable staging (timer, barrier)
                  w.pre_commit(epoch, attempt)    -> Manifest: durable, staged, invisible
                  w.rollback(epoch, attempt)      drop what this attempt staged
-                 w.close()                       never called twice; nothing after it
-    coordinator  sink.committed_epoch()          highest epoch whose marker is in the target
+                 w.close()                       at the draining close (``rt.close()``), once
+    coordinator  sink.target_exists()            is the target there (markers vs deletions)
+                 sink.committed_epoch()          highest epoch whose marker is in the target
                  sink.commit(epoch, manifests)   make the epoch visible with its marker;
                                                  idempotent, safe to re-run after a crash;
-                                                 False: no target and nothing to create it
+                                                 -> CommitResult
                  sink.abort(epoch, manifests)    remove staged data; ``None`` sweeps by epoch;
-                                                 idempotent
+                                                 idempotent; never removes committed data
+                 sink.recreate_marker(epoch)     a deleted marker, nothing pending
+                 sink.close()                    when the coordinator closes
+
+Errors: ``SchemaMismatchError`` from ``write`` or ``pre_commit`` is bad data: it poisons the
+epoch, nothing of it is written, and it is not retried (the caller must change the data).
+Any other error fails the attempt, which the runtime rolls back and feeds again (up to
+``max_attempts``); ``SinkUnavailableError`` also marks the sink ``stalled`` until the
+writer reaches its target again. An error from ``commit`` is retried, forever, with
+backoff: the epoch is decided and only rolls forward.
+
+``close`` is a courtesy, not a guarantee: a writer actor that crashes or is killed never
+calls it, so nothing may depend on it but the release of resources.
 
 Staged data is named by ``(epoch, attempt, writer)`` so that an old attempt never mixes
 with a new one. A manifest is small and JSON-serialisable (paths, row counts, schema); the
-meta store keeps it as JSON, never pickle.
+meta store keeps it as JSON, never pickle. A writer that received nothing in an attempt
+is not asked to pre-commit: ``commit`` gets only the manifests of writers that did.
 """
 
 from __future__ import annotations
 
 import copy
+import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
-from typing import TYPE_CHECKING, Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["Manifest", "Sink", "SinkWriter", "staged_name"]
+__all__ = ["CommitResult", "Manifest", "Sink", "SinkWriter", "staged_name"]
 
-Manifest = dict[str, Any]
-"""What one writer staged for one epoch attempt; JSON-serialisable."""
+
+class _ManifestRequired(TypedDict):
+    writer: int
+    rows: int
+
+
+class Manifest(_ManifestRequired, total=False):
+    """What one writer staged for one epoch attempt: small and JSON-serialisable (the meta
+    store keeps it as JSON). ``writer`` and ``rows`` always; the rest as the sink needs."""
+
+    epoch: int
+    attempt: int
+    bytes: int
+    files: list[dict[str, Any]]  # file-based sinks: the staged files (path, rows, size...)
+    schema: str | None  # the schema the writer wrote (raysink._schema.encode), if any
+    # PostgresSink: its commit method, the epoch's columns and their types, and what it
+    # staged: a token (staging) or a prepared transaction (prepared)
+    method: str
+    columns: list[str]
+    types: dict[str, str] | None
+    token: int | None
+    gid: str | None
+
+
+class CommitResult(enum.Enum):
+    """What ``Sink.commit`` did."""
+
+    COMMITTED = "committed"
+    """The epoch is visible now, with its marker."""
+    ALREADY = "already"
+    """The epoch was in the target already (its marker said so): nothing changed."""
+    NO_TARGET = "no_target"
+    """There is no target, and the epoch carried nothing to create one with (an empty
+    epoch whose schema no writer saw): nothing was written, not even the marker."""
 
 SinkT = TypeVar("SinkT", bound="Sink")
 
@@ -70,7 +117,8 @@ class SinkWriter(ABC):
 
     @abstractmethod
     def write(self, batch: pa.RecordBatch) -> None:
-        """Buffer or stage ``batch`` for the current epoch."""
+        """Buffer or stage ``batch`` for the current epoch. ``SchemaMismatchError``: bad
+        data, the epoch is poisoned and not retried."""
 
     def flush(self) -> None:  # noqa: B027 - optional hook
         """Push buffered rows to durable staging."""
@@ -85,7 +133,8 @@ class SinkWriter(ABC):
         """Drop what this writer staged or buffered for ``(epoch, attempt)``."""
 
     def close(self) -> None:  # noqa: B027 - optional hook
-        """Release connections. Nothing is called after it."""
+        """Release files and connections. Called once by the draining close
+        (``rt.close()``), never after; not called when the actor crashes or is killed."""
 
 
 class Sink(ABC):
@@ -142,25 +191,33 @@ class Sink(ABC):
         """A new writer for one writer actor."""
 
     @abstractmethod
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
-        """Make ``epoch`` visible together with its marker. Idempotent.
-
-        Returns ``False`` only when the target does not exist and the epoch carried
-        nothing to create it with (an empty epoch whose schema no writer saw): nothing was
-        written, not even the marker, and the coordinator records the epoch committed
-        without one. Any other return means the marker is in the target."""
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
+        """Make ``epoch`` visible together with its marker. Idempotent: safe to run again
+        after a crash at any point (``ALREADY`` when the marker says it is in).
+        ``NO_TARGET``: the target does not exist and the epoch carried nothing to create
+        it with; the coordinator records the epoch committed without a marker."""
 
     @abstractmethod
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Remove staged data of ``epoch``; with ``None``, sweep everything staged for it.
-        Idempotent."""
+        Idempotent; never removes what a commit made visible."""
 
     @abstractmethod
     def committed_epoch(self) -> int | None:
         """The highest epoch whose marker is in the target, or ``None``."""
 
+    def target_exists(self) -> bool:
+        """Whether the target is there. Checked before a missing marker is re-created: a
+        target that is gone after commits is a loss (``DataLossError``), not a lost
+        marker. An exception means "cannot tell" and is not taken as evidence of loss."""
+        return True
+
     def recreate_marker(self, epoch: int) -> None:  # noqa: B027 - optional hook
         """Re-create a deleted progress marker at ``epoch`` (no epoch is pending)."""
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release what the coordinator-side commits opened (connections, caches). Called
+        when the coordinator closes; the sink may be used again after it."""
 
     def __repr__(self) -> str:
         desc = ", ".join(f"{k}={v!r}" for k, v in self.describe().items() if k != "kind")

@@ -76,7 +76,7 @@ from raysink.sinks._staging import (
     new_unique,
     staged_file_path,
 )
-from raysink.sinks.base import Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 __all__ = ["DeltaSink", "DeltaSinkWriter"]
 
@@ -420,18 +420,18 @@ class DeltaSink(Sink):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Add the epoch's staged files (or MERGE its rows) in one Delta commit carrying
-        ``Transaction(marker_id, epoch)``. Idempotent: returns at once when the marker
-        says ``epoch`` is in; a lost race with another committer of the same epoch is
-        recognised by re-checking the marker. ``False``: no table and no schema to
+        ``Transaction(marker_id, epoch)``. Idempotent: ``ALREADY`` when the marker says
+        ``epoch`` is in; a lost race with another committer of the same epoch is
+        recognised by re-checking the marker. ``NO_TARGET``: no table and no schema to
         create one with (an empty epoch nobody saw a schema for), nothing written."""
         self._check_key()
         files = self._checked_files(epoch, manifests)
         dt = self._cache.current()
         if dt is not None and self._has_marker(dt, epoch):
             self._cleanup_committed(epoch, files)
-            return True
+            return CommitResult.ALREADY
         schema = self._epoch_schema(epoch, manifests)
         commit_failed = _deltalake().exceptions.CommitFailedError
         try:
@@ -442,12 +442,14 @@ class DeltaSink(Sink):
                 raise
             logger.info("Delta sink %s: epoch %d was committed concurrently", self.marker_id,
                         epoch)
-            committed = True
+            self._cleanup_committed(epoch, files)
+            return CommitResult.ALREADY
         if committed:
             self._cleanup_committed(epoch, files)
             logger.info("Delta sink %s committed epoch %d (%d files)", self.marker_id, epoch,
                         len(files))
-        return committed
+            return CommitResult.COMMITTED
+        return CommitResult.NO_TARGET
 
     def _commit_once(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
                      files: list[dict[str, Any]], schema: pa.Schema | None) -> bool:
@@ -548,7 +550,7 @@ class DeltaSink(Sink):
         return version is not None and version >= epoch  # version 0 is falsy
 
     def _epoch_schema(self, epoch: int, manifests: Sequence[Manifest]) -> pa.Schema | None:
-        schemas = [_schema.decode(m["schema"]) for m in manifests if m.get("schema")]
+        schemas = [_schema.decode(text) for m in manifests if (text := m.get("schema"))]
         if not schemas:
             return None
         first = schemas[0]

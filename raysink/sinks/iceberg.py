@@ -58,7 +58,7 @@ from raysink.sinks._staging import (
     new_unique,
     staged_file_path,
 )
-from raysink.sinks.base import Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 __all__ = ["IcebergSink", "IcebergSinkWriter"]
 
@@ -274,10 +274,11 @@ class IcebergSink(Sink):
 
     # ------------------------------------------------------------------ commit
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """One fast-append snapshot of every staged file, marked with this sink and epoch.
-        Idempotent; a lost compare-and-swap re-checks the marker before retrying.
-        ``False``: no table and no schema to create one with, nothing written."""
+        Idempotent (``ALREADY``); a lost compare-and-swap re-checks the marker before
+        retrying. ``NO_TARGET``: no table and no schema to create one with, nothing
+        written."""
         schema = _epoch_schema(manifests, self._where(epoch))
         errors = _pyiceberg().exceptions
         last: Exception | None = None
@@ -287,10 +288,10 @@ class IcebergSink(Sink):
                 if schema is None:
                     logger.info("Iceberg sink %s: epoch %d is empty and there is no table yet; "
                                 "nothing to commit", self.marker_id, epoch)
-                    return False
+                    return CommitResult.NO_TARGET
                 table = self._create_table(schema)
             if self._is_committed(table, epoch):
-                return True
+                return CommitResult.ALREADY
             uris = self._checked_files(epoch, manifests, table)
             try:
                 self._append(self._without_retry(table), epoch, uris, schema)
@@ -299,7 +300,7 @@ class IcebergSink(Sink):
                 continue
             logger.info("Iceberg sink %s committed epoch %d (%d files)", self.marker_id, epoch,
                         len(uris))
-            return True
+            return CommitResult.COMMITTED
         raise SinkUnavailableError(
             f"commits to {self._opts.identifier!r} kept losing to concurrent ones after "
             f"{self._opts.commit_attempts} attempts; it will be retried", **self._where(epoch)
@@ -445,7 +446,7 @@ def _referenced(table: Any | None) -> set[str]:
 
 
 def _epoch_schema(manifests: Sequence[Manifest], where: dict[str, Any]) -> pa.Schema | None:
-    schemas = [_schema.decode(m["schema"]) for m in manifests if m.get("schema")]
+    schemas = [_schema.decode(text) for m in manifests if (text := m.get("schema"))]
     for other in schemas[1:]:
         if not _schema.same(schemas[0], other):
             raise SchemaMismatchError(f"writers staged different schemas: {schemas[0]} and "

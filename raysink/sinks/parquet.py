@@ -82,7 +82,7 @@ from raysink.errors import (
     SinkUnavailableError,
 )
 from raysink.sinks._staging import dictionary_columns
-from raysink.sinks.base import Manifest, Sink, SinkWriter, staged_name
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter, staged_name
 
 __all__ = ["ParquetSink", "ParquetSinkWriter"]
 
@@ -351,13 +351,14 @@ class ParquetSink(Sink):
         return ParquetSinkWriter(self, writer_id)
 
     # commit --------------------------------------------------------------------------
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> None:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Move the epoch's staged files into place and write its commit log entry.
 
         Idempotent and safe to re-run after a crash at any point: with the entry present
-        only the staging is swept; moved files are skipped.
+        only the staging is swept (``ALREADY``); moved files are skipped.
         """
         entries = self._staged_entries(epoch, manifests)
+        result = CommitResult.ALREADY
         if not self._is_committed(epoch):
             moved = self._move_into_place(epoch, entries)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
@@ -367,7 +368,9 @@ class ParquetSink(Sink):
                 self._prune_commit_log()
             logger.debug("parquet sink %r committed epoch %d (%d files)",
                          self.name, epoch, len(moved))
+            result = CommitResult.COMMITTED
         _rmtree(self.layout.epoch_dir(epoch))
+        return result
 
     def _is_committed(self, epoch: int) -> bool:
         if self.layout.commit_entry(epoch).exists():

@@ -1,4 +1,6 @@
-"""``SinkRuntime.write(df)`` and ``SinkRuntime.foreach_batch(df, batch_id)``.
+"""What ``SinkRuntime.write(df)`` and ``SinkRuntime.foreach_batch(df, batch_id)`` ask of
+Spark: the checks on the DataFrame, its partitions, the streaming query's id. (The epoch
+itself is the runtime's; this module knows nothing of it.)
 
 A DataFrame is one epoch. Its partitions travel through RayDP's recoverable path
 (``SparkPartitions``): Spark caches and computes the DataFrame, then each writer is sent
@@ -45,9 +47,9 @@ from typing import TYPE_CHECKING, Any
 from raysink.errors import ConfigError, SchemaMismatchError
 
 if TYPE_CHECKING:
-    from raysink.runtime import EpochReport, SinkRuntime
+    from raysink.spark.handoff import SparkPartitions
 
-__all__ = ["write_dataframe", "write_micro_batch"]
+__all__ = ["check_dataframe", "open_partitions", "streaming_query_id"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +67,7 @@ _UNSTORABLE = {
 }
 
 
-def _check_dataframe(runtime: str, df: Any) -> None:
+def check_dataframe(runtime: str, df: Any) -> None:
     """``df`` is a DataFrame of a running session and every column can be stored."""
     try:
         from pyspark.sql import DataFrame
@@ -127,38 +129,18 @@ def _unstorable(data_type: Any) -> str | None:
     return None
 
 
-def write_dataframe(rt: SinkRuntime, df: Any, *, epoch: int | None = None,
-                    fetch_timeout: float = 300.0) -> EpochReport:
-    """Write ``df`` as one epoch; partitions go to writers as soon as they are fetched."""
+def open_partitions(df: Any, fetch_timeout: float = 300.0) -> SparkPartitions:
+    """Cache and count ``df`` in Spark (its partitions stay pinned until ``release()``, or
+    the end of a ``with`` block): the partitions' schema, count and pulls."""
     from raysink.spark.handoff import SparkPartitions
 
-    _check_dataframe(rt.name, df)
-    if epoch is not None and _committed_through(rt) >= epoch:
-        return rt.write_arrow([], epoch=epoch)  # reported skipped; Spark computes nothing
-    with SparkPartitions.open(df, fetch_timeout=fetch_timeout) as parts:
-        if parts.num_partitions == 0:
-            return rt.write_arrow(parts.schema.empty_table(), epoch=epoch)
-        return rt._run_refs(parts.pulls(runtime=rt.name), epoch)
+    return SparkPartitions.open(df, fetch_timeout=fetch_timeout)
 
 
-def _committed_through(rt: SinkRuntime) -> int:
-    """The highest epoch every sink holds (0 when none)."""
-    return rt._committed_through()
-
-
-def write_micro_batch(rt: SinkRuntime, df: Any, batch_id: int) -> EpochReport:
-    """``foreachBatch`` entry: bind to the query, then write the batch as its epoch.
-    Returns the epoch's report (``SinkRuntime.foreach_batch`` drops it)."""
-    offset = rt._bind_source(_query_id(rt.name, df))
-    report = write_dataframe(rt, df, epoch=int(batch_id) + 1 + offset)
-    log.info("%s: micro-batch %s -> epoch %s (%s rows, %s)", rt.name, batch_id, report.epoch,
-             report.rows, "skipped, already committed" if report.skipped else "committed")
-    return report
-
-
-def _query_id(runtime: str, df: Any) -> str:
-    """The streaming query's ``id`` (stable across restarts from one checkpoint)."""
-    _check_dataframe(runtime, df)
+def streaming_query_id(runtime: str, df: Any) -> str:
+    """The streaming query's ``id`` (stable across restarts from one checkpoint), from a
+    ``foreachBatch`` callback's thread; ``ConfigError`` elsewhere."""
+    check_dataframe(runtime, df)
     context = df.sparkSession.sparkContext
     query_id = context.getLocalProperty(_QUERY_ID_PROPERTY)
     if not query_id:

@@ -341,7 +341,7 @@ def test_shuffled_deliveries_into_a_small_buffer_are_sent_again(tmp_path: Path, 
     pieces; refused writes are sent again and the table is exact."""
     with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, writers=2,
                   max_buffer_bytes=700_000, credits=8) as rt:
-        rt._shuffle = random.Random(7)
+        rt._epochs.shuffle = random.Random(7)
         for epoch in (1, 2):
             assert rt.write_arrow(_pieces(epoch, 16, 10_000)).committed
         actors = rt._actors

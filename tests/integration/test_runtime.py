@@ -30,7 +30,7 @@ def _runtime(tmp_path: Path, name: str, **options: object) -> SinkRuntime:
 
 def test_many_epochs_through_several_writers_reordered(tmp_path: Path) -> None:
     with _runtime(tmp_path, "many", writers=3, credits=2) as rt:
-        rt._shuffle = random.Random(7)  # send writes out of order on purpose
+        rt._epochs.shuffle = random.Random(7)  # send writes out of order on purpose
         for epoch in range(1, 9):
             parts = [epoch_table(epoch, 1200).slice(i * 300, 300) for i in range(4)]
             report = rt.write_arrow(parts)

@@ -21,7 +21,7 @@ import pyarrow as pa
 import pytest
 
 from raysink.errors import DataLossError
-from raysink.sinks.base import Manifest, Sink
+from raysink.sinks.base import CommitResult, Manifest, Sink
 from raysink.testing import InjectedFault, arm_fault, fired
 from tests.integration.real_targets import (
     DeltaTarget,
@@ -90,9 +90,7 @@ def _batch(ids: Sequence[int]) -> pa.RecordBatch:
 
 
 def _close(sink: Sink) -> None:
-    close = getattr(sink, "close", None)  # PostgresSink keeps a coordinator connection
-    if close is not None:
-        close()
+    sink.close()  # PostgresSink keeps a coordinator connection
 
 
 @pytest.fixture(params=KINDS)
@@ -121,17 +119,17 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path, name: str,
 
 def commit_twice(r: Rig) -> None:
     manifests = r.stage(1, 0, [[1, 2], [3]])
-    r.sink.commit(1, manifests)
+    assert r.sink.commit(1, manifests) is CommitResult.COMMITTED
     assert r.target.staged(manifests) == []
     before = r.state()
-    r.sink.commit(1, manifests)
+    assert r.sink.commit(1, manifests) is CommitResult.ALREADY
     fresh = r.fresh()
-    fresh.commit(1, manifests)
+    assert fresh.commit(1, manifests) is CommitResult.ALREADY
     _close(fresh)
     assert r.state() == before
     r.sink.commit(2, r.stage(2, 0, [[4]]))
     after_two = r.state()
-    r.sink.commit(1, manifests)  # an older epoch replayed after a newer one
+    assert r.sink.commit(1, manifests) is CommitResult.ALREADY  # older, after a newer one
     assert r.state() == after_two and r.ids() == [1, 2, 3, 4]
 
 
@@ -148,7 +146,7 @@ def marker(r: Rig) -> None:
 
 
 def empty_epoch(r: Rig) -> None:
-    if r.sink.commit(1, r.stage(1, 0, [[], []])) is False:
+    if r.sink.commit(1, r.stage(1, 0, [[], []])) is CommitResult.NO_TARGET:
         # no target, and no schema to create it from: nothing written, not even the marker
         assert r.sink.committed_epoch() is None and not r.sink.target_exists()
     else:

@@ -16,7 +16,7 @@ import pytest
 
 from raysink import SinkRuntime
 from raysink.coordinator.metastore import open_metastore
-from raysink.sinks.base import Sink
+from raysink.sinks.base import CommitResult, Sink
 from raysink.testing import FailingSink, arm_fault, fired
 from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
 from tests.integration.real_targets import (
@@ -59,10 +59,8 @@ def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any
 
 def _commit_again(sink: Sink, epoch: int) -> None:
     """The coordinator's commit of an epoch the target already holds: a no-op."""
-    sink.commit(epoch, [])
-    close = getattr(sink, "close", None)
-    if close is not None:
-        close()
+    assert sink.commit(epoch, []) is CommitResult.ALREADY
+    sink.close()
 
 
 # ----------------------------------------------------------------------------- exactly once

@@ -35,7 +35,6 @@ def main(config: dict[str, Any]) -> None:
     from raysink import SinkRuntime
     from raysink.sinks import ParquetSink
     from raysink.spark import init_spark, stop_spark
-    from raysink.spark.write import write_micro_batch
 
     ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False,
              namespace="raysink")
@@ -50,7 +49,7 @@ def main(config: dict[str, Any]) -> None:
     hold_after = config.get("hold_after")
 
     def on_batch(df: Any, batch_id: int) -> None:
-        report = write_micro_batch(rt, df, batch_id)
+        report = rt.foreach_batch(df, batch_id)
         _say(f"BATCH {batch_id} {report.epoch} {report.rows} {report.skipped}")
         if hold_after is not None and batch_id == hold_after:
             time.sleep(600)  # killed here: written, not yet recorded by Spark

@@ -11,7 +11,7 @@ from dataclasses import dataclass, field
 
 import pyarrow as pa
 
-from raysink.sinks.base import Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 
 @dataclass
@@ -59,15 +59,15 @@ class MemorySink(Sink):
     def create_writer(self, writer_id: int) -> MemoryWriter:
         return MemoryWriter(self.target, writer_id)
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         if self.target.fail_commits > 0:
             self.target.fail_commits -= 1
             raise ConnectionError("target refused the commit (injected)")
         if self.target.marker is not None and self.target.marker >= epoch:
-            return True
+            return CommitResult.ALREADY
         if not self.target.exists:
             if not any(m["rows"] for m in manifests):
-                return False  # nothing to create the target with: no marker either
+                return CommitResult.NO_TARGET  # nothing to create it with: no marker either
             self.target.exists = True
         for manifest in manifests:
             key = (epoch, int(manifest["attempt"]), int(manifest["writer"]))
@@ -75,7 +75,7 @@ class MemorySink(Sink):
             self.target.visible.extend((epoch, key[1], row) for row in rows)
         self.target.marker = epoch
         self.target.commits += 1
-        return True
+        return CommitResult.COMMITTED
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         for key in [k for k in self.target.staged if k[0] == epoch]:

@@ -88,8 +88,8 @@ def test_list_sink_reads_back_by_epoch(list_sink: ListSink) -> None:
 def test_list_sink_lost_staging_and_escapes(list_sink: ListSink) -> None:
     manifests = _stage(list_sink, 1, 1, [[1]])
     with pytest.raises(MetaStoreError):
-        list_sink.commit(1, [{"files": ["../../etc/passwd"]}])
-    (list_sink.directory / manifests[0]["files"][0]).unlink()
+        list_sink.commit(1, [{"writer": 0, "rows": 1, "files": [{"path": "../../etc/passwd"}]}])
+    (list_sink.directory / manifests[0]["files"][0]["path"]).unlink()
     with pytest.raises(DataLossError):
         list_sink.commit(1, manifests)
 

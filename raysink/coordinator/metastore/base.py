@@ -43,7 +43,7 @@ __all__ = [
 HISTORY_LIMIT = 20
 """Status history entries kept per sink."""
 
-ManifestJSON = dict[str, Any]
+ManifestJSON = Mapping[str, Any]
 """A writer's manifest as the store keeps it: JSON text in, the same mapping out. The
 store needs no more of it (what the keys mean is the sink's business)."""
 

@@ -319,7 +319,7 @@ def _ensure_target(sink: PostgresSink, conn: psycopg.Connection[Any], t: _Target
     empty epoch's); ``False`` when it is missing and no writer saw a schema."""
     if t.regclass(conn, sink.table):
         return True
-    types = next((dict(m["types"]) for m in manifests if m.get("types")), None)
+    types = next((dict(found) for m in manifests if (found := m.get("types"))), None)
     if types is None:
         return False
     if not sink.create_table:

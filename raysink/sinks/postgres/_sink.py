@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysink.errors import ConfigError, RaySinkError, SinkUnavailableError
-from raysink.sinks.base import Manifest, Sink
+from raysink.sinks.base import CommitResult, Manifest, Sink
 from raysink.sinks.postgres import _prepared, _staging
 from raysink.sinks.postgres._common import (
     CONNECT_TIMEOUT,
@@ -38,6 +38,10 @@ __all__ = ["PostgresSink"]
 logger = logging.getLogger("raysink.sinks.postgres")
 
 T = TypeVar("T")
+
+
+_RESULTS = {"committed": CommitResult.COMMITTED, "already": CommitResult.ALREADY,
+            "unmarked": CommitResult.NO_TARGET}
 
 
 class PostgresSink(Sink):
@@ -183,10 +187,10 @@ class PostgresSink(Sink):
 
     # -- commit ---------------------------------------------------------------------
 
-    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> bool:
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Make ``epoch`` visible with its progress row; idempotent, safe after a crash.
         A missing table is created from the epoch's schema (an empty epoch's too);
-        ``False`` when there is none and no writer saw a schema: nothing is written."""
+        ``NO_TARGET`` when there is none and no writer saw a schema: nothing is written."""
         started = time.perf_counter()
         commit = (_prepared.commit_prepared if self.method == "prepared"
                   else _staging.commit_staging)
@@ -196,7 +200,7 @@ class PostgresSink(Sink):
                         self.runtime, self.name, epoch,
                         sum(int(m.get("rows", 0)) for m in manifests),
                         time.perf_counter() - started)
-        return outcome != "unmarked"
+        return _RESULTS[outcome]
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Drop what was staged or prepared for ``epoch``; ``None`` sweeps by epoch."""

@@ -92,7 +92,7 @@ def commit_staging(
         if staged:
             _check_target(sink, conn, t, epoch)
             expected = sum(int(m["rows"]) for m in staged)
-            tokens = [int(m["token"]) for m in staged]
+            tokens = [int(m.get("token") or 0) for m in staged]
             row = conn.execute(_move_sql(t, _manifest_columns(sink, epoch, staged), sink.key),
                                (tokens,)).fetchone()
             moved = int(row[0]) if row else 0
@@ -162,7 +162,7 @@ def abort_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int,
             "RETURNING stage, token").format(t.ident(STAGED_TABLE)),
             (t.runtime, t.sink, epoch)).fetchall()
         tokens = {int(tok) for _, tok in rows} | {
-            int(m["token"]) for m in manifests or () if m.get("token") is not None}
+            int(token) for m in manifests or () if (token := m.get("token")) is not None}
         if tokens and t.regclass(conn, t.stage_name):
             s = _sql()
             conn.execute(s.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
