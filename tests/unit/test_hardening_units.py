@@ -181,9 +181,10 @@ def test_sink_health_is_stalled_while_a_writer_or_the_commit_fails() -> None:
     assert book["lake"].state == "running"
     book.commit_failed("db", ConnectionError("refused"))
     assert book["db"].last_error == "ConnectionError: refused"
-    book.committed("db")
-    assert book["db"].state == "stalled"  # the writer still cannot reach it
-    book.writer("db", 1, None)
+    book.writer("db", 1, None)  # the writer reached it again: the commit still fails
+    assert (book["db"].state, book["db"].last_error) == ("stalled", "ConnectionError: refused")
+    book.writer("db", 0, "SinkUnavailableError: down")
+    book.committed("db")  # a commit reached the target: reachable, for the writers too
     assert (book["db"].state, book["db"].last_error) == ("running", None)
     book.paused()
     assert book["db"].state == "paused"
