@@ -157,16 +157,16 @@ def test_watchdog_keeps_warning_while_a_call_hangs(caplog: pytest.LogCaptureFixt
 
 def test_reorder_buffer_refuses_early_messages_over_its_bound() -> None:
     box: Mailbox[str] = Mailbox(max_bytes=100)
-    box.begin(1, 0)
-    verdicts = [box.offer(1, 0, seq, f"m{seq}", 40) for seq in (1, 2, 3)]
+    verdicts = [box.offer(1, 0, 0, seq, f"m{seq}", 40)[0] for seq in (1, 2, 3)]
     assert verdicts == [Verdict.ACCEPTED, Verdict.ACCEPTED, Verdict.FULL]
-    assert box.slot is not None and box.slot.waiting_bytes == 80
+    assert box.waiting_bytes == 80
     # the message needed next is always taken, whatever its size
-    assert box.offer(1, 0, 0, "m0", 1_000) is Verdict.ACCEPTED
-    assert [seq for seq, _ in box.take_ready()] == [0, 1, 2]
-    box.applied(1, 0, 3, 0)
-    assert box.slot.waiting_bytes == 0
-    assert box.offer(1, 0, 3, "m3", 40) is Verdict.ACCEPTED
+    assert box.offer(1, 0, 0, 0, "m0", 1_000)[0] is Verdict.ACCEPTED
+    claimed = box.take_ready()
+    assert claimed is not None and [m for _, m in claimed[1]] == ["m0", "m1", "m2"]
+    box.applied(claimed[0], [feed for feed, _ in claimed[1]], 0)
+    assert box.waiting_bytes == 0
+    assert box.offer(1, 0, 0, 3, "m3", 40)[0] is Verdict.ACCEPTED
 
 
 # ----------------------------------------------------------------------------- health
