@@ -48,7 +48,7 @@ class EpochHandle:
         self.epoch, self.attempt = opened.epoch, opened.attempt
         self.skipped = opened.skip
         self._skipped_sinks = opened.skipped_sinks
-        self._checkpoint_id = driver.next_checkpoint()
+        self.checkpoint_id = driver.next_checkpoint()
         self._feed_timeout, self._commit_timeout = feed_timeout, commit_timeout
         self._handed: set[int] = set()
         self._next_id = 1
@@ -81,7 +81,7 @@ class EpochHandle:
         self._next_id = max(self._next_id, feed_id + 1)
         self._handed.add(feed_id)
         return Feed(self._route, epoch=self.epoch, attempt=self.attempt, feed_id=feed_id,
-                    checkpoint_id=self._checkpoint_id, skip=self.skipped)
+                    checkpoint_id=self.checkpoint_id, skip=self.skipped)
 
     def commit(self, *, feeds: Iterable[int] | None = None,
                timeout: float | None = None) -> EpochReport:
@@ -156,7 +156,7 @@ class EpochHandle:
         for feed, counts in state.closed.items():
             for k in counts:
                 by_writer.setdefault(int(k), []).append(feed)
-        barrier = CheckpointBarrier(self._checkpoint_id, self.epoch, BarrierFlags.NONE)
+        barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
         writers = self._actors.writers
         return Barriers(
             refs=[handles[k].seal.remote(barrier, self.attempt, sorted(feeds))

@@ -20,7 +20,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
@@ -41,6 +41,9 @@ from raysink.handle import EpochHandle
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from raysink.datasink import EpochDatasink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
 
@@ -341,6 +344,17 @@ class SinkRuntime:
                              on_end=self._handle_ended)
         self._handle = handle
         return handle
+
+    @typed_errors(EpochFailedError, "datasink")
+    def datasink(self, epoch: int | None = None) -> EpochDatasink:
+        """A Ray Data datasink writing a whole Dataset as one epoch, exactly once:
+        ``ds.write_datasink(rt.datasink(epoch=N))``; its ``report`` says what happened.
+        Each write task is a producer with its own feed (see ``raysink.datasink``); the
+        same job run again with the same epoch writes nothing and reports it skipped."""
+        from raysink.datasink import EpochDatasink
+
+        handle = self.open_epoch(epoch)
+        return EpochDatasink(handle, self._route(self._require_started()))
 
     def _route(self, actors: ActorSet) -> FeedRoute:
         return FeedRoute(runtime=self.name, writers=actors.writers,
