@@ -126,10 +126,11 @@ class Feed:
             self._rows += plan.rows or 0
             return plan.rows or 0
 
-    def close(self) -> int:
+    def close(self, checkpoint_id: int | None = None) -> int:
         """End this producer's part of the epoch: every write acknowledged, the barrier to
         each writer it sent data to, the coordinator told. Returns the rows sent.
-        Closing twice is harmless."""
+        Closing twice is harmless. ``checkpoint_id``: the barrier's, when the stream's
+        tick chose it after the feed was made."""
         with self._lock:
             if self._done:
                 return self._rows
@@ -137,7 +138,9 @@ class Feed:
                 sender = self._start()
                 sender.finish()
                 counts = {k: n for k, n in enumerate(sender.seqs) if n}
-                barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
+                barrier = CheckpointBarrier(
+                    self.checkpoint_id if checkpoint_id is None else checkpoint_id,
+                    self.epoch, BarrierFlags.NONE)
                 get([handles[k].feed_barrier.remote(barrier, self.attempt, self.id, n)
                      for handles in self.route.writers.values() for k, n in counts.items()])
                 get(self.route.coordinator.feed_closed.remote(self.epoch, self.attempt,

@@ -9,7 +9,6 @@ next. ``BarrierFlags`` modify what a barrier asks for:
   dropping what an undecided attempt staged);
 - ``CANCEL``: the attempt was abandoned: a writer stops waiting for it and drops what it
   staged (what the runtime sends every writer after an attempt failed);
-- ``UNALIGNED``: the barrier belongs to an unaligned checkpoint (never used by sinks).
 
 ``StreamMessage[T]`` is one of ``Event[T]``, ``Watermark`` or ``Barrier``.
 
@@ -57,10 +56,10 @@ class BarrierFlags(enum.IntFlag):
     NONE = 0
     DRAIN = 2
     CANCEL = 4
-    UNALIGNED = 8
+    # 8 was the seed's UNALIGNED: sinks never checkpoint unaligned (see alignment.py)
 
 
-_ALL_FLAGS = BarrierFlags.DRAIN | BarrierFlags.CANCEL | BarrierFlags.UNALIGNED
+_ALL_FLAGS = BarrierFlags.DRAIN | BarrierFlags.CANCEL
 
 
 def _check_id(name: str, value: object) -> int:
@@ -107,11 +106,6 @@ class CheckpointBarrier:
     def is_cancel(self) -> bool:
         """Whether this barrier cancels the in-progress checkpoint with its id."""
         return bool(self.flags & BarrierFlags.CANCEL)
-
-    @property
-    def is_unaligned(self) -> bool:
-        """Whether this barrier belongs to an unaligned checkpoint."""
-        return bool(self.flags & BarrierFlags.UNALIGNED)
 
     def with_flags(self, flags: BarrierFlags) -> CheckpointBarrier:
         """A copy with ``flags`` added to this barrier's flags."""

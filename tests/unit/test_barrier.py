@@ -30,19 +30,17 @@ F = BarrierFlags
 
 
 @pytest.mark.parametrize(
-    ("flags", "drain", "cancel", "unaligned"),
+    ("flags", "drain", "cancel"),
     [
-        (F.NONE, False, False, False),  # plain barrier asks for nothing
-        (F.DRAIN, True, False, False),  # last barrier before shutdown
-        (F.CANCEL, False, True, False),  # cancels its checkpoint
-        (F.UNALIGNED, False, False, True),  # seed: UNALIGNED alone, nothing else set
-        (F.DRAIN | F.CANCEL, True, True, False),  # flags combine
-        (F.DRAIN | F.CANCEL | F.UNALIGNED, True, True, True),  # all
+        (F.NONE, False, False),  # plain barrier asks for nothing
+        (F.DRAIN, True, False),  # last barrier before shutdown
+        (F.CANCEL, False, True),  # cancels its checkpoint
+        (F.DRAIN | F.CANCEL, True, True),  # flags combine
     ],
 )
-def test_flag_properties(flags: BarrierFlags, drain: bool, cancel: bool, unaligned: bool) -> None:
+def test_flag_properties(flags: BarrierFlags, drain: bool, cancel: bool) -> None:
     barrier = CheckpointBarrier(1, 1, flags)
-    assert (barrier.is_drain, barrier.is_cancel, barrier.is_unaligned) == (drain, cancel, unaligned)
+    assert (barrier.is_drain, barrier.is_cancel) == (drain, cancel)
 
 
 def test_defaults() -> None:
@@ -51,11 +49,11 @@ def test_defaults() -> None:
 
 
 def test_int_flags_are_coerced_and_with_flags_adds() -> None:
-    barrier = CheckpointBarrier(1, 2, 6)  # type: ignore[arg-type]
-    assert barrier.flags == F.DRAIN | F.CANCEL
+    barrier = CheckpointBarrier(1, 2, 4)  # type: ignore[arg-type]
+    assert barrier.flags == F.CANCEL
     assert isinstance(barrier.flags, BarrierFlags)
-    assert barrier.with_flags(F.UNALIGNED).flags == F.DRAIN | F.CANCEL | F.UNALIGNED
-    assert barrier.flags == F.DRAIN | F.CANCEL  # the original is unchanged
+    assert barrier.with_flags(F.DRAIN).flags == F.DRAIN | F.CANCEL
+    assert barrier.flags == F.CANCEL  # the original is unchanged
 
 
 @pytest.mark.parametrize(
