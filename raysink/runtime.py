@@ -383,12 +383,14 @@ class SinkRuntime:
             self._handle = None
 
     @typed_errors(EpochFailedError, "stream")
-    def stream(self) -> StreamFeed:
+    def stream(self, *, poll_interval: float = 0.5) -> StreamFeed:
         """A feed of the runtime's continuous stream, for one long-lived producer (a Ray
         actor reading a queue, say): ``feed.write(...)`` forever. The first call begins
         the stream: an epoch every ``checkpoint_interval`` seconds, each committed on its
         own; ``close()`` drains it. See ``raysink.stream`` for the producer's contract
-        (``StreamRewind``: replay from the last committed epoch)."""
+        (``StreamRewind``: replay from the last committed epoch). ``poll_interval``: how
+        often the producer asks for its barrier (also its heartbeat); an epoch is at
+        least that long."""
         actors = self._require_started()
         if self._stream is None:
             self._check_no_open_handle()
@@ -398,7 +400,10 @@ class SinkRuntime:
                                       commit_timeout=self._options.commit_timeout)
             stream.start()
             self._stream = stream
-        return StreamFeed(self._route(actors), self._stream.next_feed_id())
+        if poll_interval <= 0:
+            raise ConfigError(f"poll_interval must be > 0; got {poll_interval!r}",
+                              runtime=self.name)
+        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval)
 
     def _check_no_open_handle(self) -> None:
         if self._stream is not None:

@@ -14,8 +14,8 @@ lost, a sink down past the retries), the stream *rewinds*: everything after the 
 committed epoch is dropped and each producer's next ``write`` raises ``StreamRewind``.
 
 The contract for producers: the producer owns its source offsets. It notes, per epoch,
-where in its source its writes into that epoch began (``feed.epoch`` before a write says
-which epoch it goes to); on ``StreamRewind(committed=C)`` it seeks back to the first
+where in its source its writes into that epoch began (``feed.last_epoch`` after a write
+says which epoch it went into); on ``StreamRewind(committed=C)`` it seeks back to the first
 offset it wrote into an epoch after ``C`` and writes on. A producer that restarts reads
 ``feed.committed()`` (the last epoch every target holds, ``rt.status()``'s
 ``last_committed_epoch``) and resumes after it. A source that cannot replay loses the
@@ -120,9 +120,9 @@ class StreamFeed:
                     break
                 self._catch_up(raising=False)
             time.sleep(self.poll_interval)
-        get(self.route.coordinator.stream_leave.remote(self.id))
         if self._stop is not None:
             self._stop.set()
+        get(self.route.coordinator.stream_leave.remote(self.id))
 
     # ------------------------------------------------------------------ the position
 

@@ -490,9 +490,13 @@ class CoordinatorActor:
         return self._stream.position(self._core.committed_through())
 
     async def stream_leave(self, feed: int) -> None:
+        """A producer leaves the stream; an epoch ticked for it that it did not claim is
+        closed empty for it (it wrote nothing there)."""
         self._ensure_started()
-        if self._stream is not None:
-            self._stream.leave(feed)
+        owed = None if self._stream is None else self._stream.leave(feed)
+        if owed is not None:
+            self._feeds.closed(*owed, feed, {}, time.monotonic())
+            await self._notify()
 
     # ------------------------------------------------------------------ writer calls
 

@@ -68,11 +68,12 @@ class StreamBook:
         self.ended = False
         self._closing_attempt = attempt  # of the epoch ticked last, still being closed
         self._members: dict[int, _Member] = {}
+        self._left: set[int] = set()  # feeds that left on purpose
 
     def poll(self, feed: int, committed: int | None) -> StreamPosition:
         """A member's poll (joining when it is not one): its pending barrier, claimed."""
         member = self._members.get(feed)
-        if member is None and not self.ended:
+        if member is None and not self.ended and feed not in self._left:
             member = self._members[feed] = _Member(epoch=self.epoch)
         barrier, barrier_attempt = None, 0
         if member is not None:
@@ -128,6 +129,12 @@ class StreamBook:
         self.rewinds += 1
         self._members.clear()
 
-    def leave(self, feed: int) -> None:
-        """A producer left the stream on purpose (``feed.close()``)."""
-        self._members.pop(feed, None)
+    def leave(self, feed: int) -> tuple[int, int] | None:
+        """A producer left the stream on purpose (``feed.close()``, after closing what it
+        wrote): it never joins again. Returns the ``(epoch, attempt)`` a tick gave it
+        a barrier of that it did not claim: it wrote nothing there, and closes it empty."""
+        self._left.add(feed)
+        member = self._members.pop(feed, None)
+        if member is None or not member.injector.has_pending:
+            return None
+        return member.epoch, self._attempt_of(member.epoch)

@@ -265,6 +265,11 @@ def test_a_restarting_coordinator_is_waited_for(tmp_path: Path, name: str, meta:
 # ----------------------------------------------------------------------------- fault hooks
 
 
+@ray.remote
+def _cwd() -> str:
+    return os.getcwd()
+
+
 def test_actors_without_the_opt_in_ignore_arm_files(tmp_path: Path, name: str,
                                                     meta: str) -> None:
     """Kills armed for this runtime fire in actors started with ``RAYSINK_FAULT_DIR``; the
@@ -274,7 +279,7 @@ def test_actors_without_the_opt_in_ignore_arm_files(tmp_path: Path, name: str,
     off = {"runtime_env": {"env_vars": {"RAYSINK_FAULT_DIR": ""}}}
     # the same arms also where an empty setting would point (the actors' working
     # directory): only a real opt-in check keeps the actors alive
-    cwd = Path(ray.get(ray.remote(os.getcwd).options(**off).remote()))
+    cwd = Path(ray.get(_cwd.options(**off).remote()))
     planted = [Path(shutil.copy(arm, cwd / arm.name))
                for arm in Path(fault_dir()).glob(f"{name}--*.json")]
     assert planted

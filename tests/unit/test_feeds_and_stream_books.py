@@ -97,3 +97,15 @@ def test_a_sealed_slot_says_which_feeds_it_waits_for() -> None:
     box.close_feed(CheckpointBarrier(1, 1), 0, 8, 0)
     box.close_feed(CheckpointBarrier(1, 1), 0, 9, 0)
     assert slot.waiting_for() == []
+
+
+def test_a_leaving_member_owes_an_empty_close_for_a_tick_it_did_not_claim() -> None:
+    stream = StreamBook(epoch=1, attempt=0)
+    stream.poll(1, committed=None)
+    stream.poll(2, committed=None)
+    assert stream.leave(2) is None  # nothing ticked for it yet
+    tick = stream.tick(1, 0, 1)
+    assert tick is not None and tick.members == (1,)
+    assert stream.leave(1) == (1, 0)  # ticked, unclaimed: closed empty for it
+    assert stream.poll(1, committed=None).barrier is None  # a late poll does not rejoin
+    assert stream.tick(2, 0, 1) is None
