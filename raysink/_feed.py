@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from raysink import _schema
 from raysink._pull import resolve
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.vnodes import Bitmap, split_by_writer
@@ -82,9 +83,14 @@ def _tables(data: Any) -> list[Any]:
     return out
 
 
-def check_schemas(tables: Sequence[pa.Table]) -> None:
-    """All local tables of one epoch share one schema, else ``SchemaMismatchError``."""
+def check_schemas(tables: Sequence[pa.Table], *, evolve: bool = False) -> None:
+    """All local tables of one epoch share one schema, else ``SchemaMismatchError``; with
+    ``evolve`` (every sink has ``schema_evolution="add_columns"``) their schemas need a
+    union (``raysink._schema.union``) instead."""
     if not tables:
+        return
+    if evolve:
+        _schema.union([t.schema for t in tables])
         return
     first = tables[0].schema
     for index, table in enumerate(tables[1:], start=1):
@@ -109,18 +115,19 @@ def check_keys(table: pa.Table, key: Sequence[str]) -> None:
 
 def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
                bitmaps: Sequence[Bitmap], max_batch_bytes: int | None = None,
-               first_writer: int = 0) -> FeedPlan:
+               first_writer: int = 0, evolve: bool = False) -> FeedPlan:
     """Route local tables (split by key, or chunked round-robin from ``first_writer``) and
     refs to writers.
 
     Local tables are cut so that no piece is over ``max_batch_bytes``; a ref is checked by
     the writer that fetches it. The caller rotates ``first_writer`` between epochs, so
-    epochs of one small table do not all land on writer 0."""
+    epochs of one small table do not all land on writer 0. ``evolve``: the tables may
+    differ in schema where every sink evolves (``check_schemas``)."""
     import ray
 
     items = _tables(data)
     local = [t for t in items if isinstance(t, pa.Table)]
-    check_schemas(local)
+    check_schemas(local, evolve=evolve)
     for table in local:
         if key:
             check_keys(table, key)

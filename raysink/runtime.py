@@ -313,7 +313,9 @@ class SinkRuntime:
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
-                                first_writer=self._next_first_writer())
+                                first_writer=self._next_first_writer(),
+                                evolve=all(s.schema_evolution == "add_columns"
+                                           for s in self._sinks.values()))
         return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "write(df)")
