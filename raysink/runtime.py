@@ -18,7 +18,7 @@ from __future__ import annotations
 
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -326,17 +326,21 @@ class SinkRuntime:
         is reported skipped before Spark computes anything."""
         from raysink.spark.write import check_dataframe, open_partitions
 
-        actors = self._require_started()
+        self._require_started()
         check_dataframe(self.name, df)
         if epoch is not None and self._committed_through() >= epoch:
             return self.write_arrow([], epoch=epoch)
         with open_partitions(df) as parts:
             if parts.num_partitions == 0:
                 return self.write_arrow(parts.schema.empty_table(), epoch=epoch)
-            plan = _feed.plan_refs(parts.pulls(runtime=self.name),
-                                   writers=self._options.writers, key=self._key,
-                                   bitmaps=self._bitmaps, first_writer=self._next_first_writer())
-            return self._epochs.run(actors, epoch, plan)
+            return self._write_refs(parts.pulls(runtime=self.name), epoch)
+
+    def _write_refs(self, refs: Iterable[Any], epoch: int | None = None) -> EpochReport:
+        """One epoch from object refs or pulls, each handed to a writer as it comes."""
+        actors = self._require_started()
+        plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
+                               bitmaps=self._bitmaps, first_writer=self._next_first_writer())
+        return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "foreach_batch")
     def foreach_batch(self, df: Any, batch_id: int) -> EpochReport:
