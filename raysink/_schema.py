@@ -20,6 +20,11 @@ Schema evolution (``schema_evolution="add_columns"`` on every sink)::
                                  (the data is cast up, ``conform``); anything else is a
                                  ``SchemaMismatchError`` naming the column
     conform(batch, target)       a batch cast up to the target's wider types
+    refusal(current, incoming,   ``schema_evolution="fail"``: why ``incoming`` cannot be
+            rules)               stored as ``current`` is (a ``SchemaMismatchError`` naming
+                                 the first column at fault and what to change), or ``None``
+    align(tables, target)        tables of an epoch as ONE table of the target's schema:
+                                 its columns in order, missing ones null, cast up
 
 A lossless widening (``lossless``) is a cast Arrow makes without losing any value: a
 wider integer of the same signedness (or a signed one wider than an unsigned one), a
@@ -47,6 +52,7 @@ __all__ = [
     "Evolution",
     "Rules",
     "SchemaEvolution",
+    "align",
     "canonical",
     "check_evolution_option",
     "common_type",
@@ -59,6 +65,7 @@ __all__ = [
     "evolve",
     "loosen",
     "lossless",
+    "refusal",
     "same",
     "union",
 ]
@@ -260,6 +267,27 @@ def evolve(current: pa.Schema, incoming: pa.Schema, rules: Rules, *,
     return Evolution(pa.schema(list(fields.values())), tuple(added), tuple(widened))
 
 
+def refusal(current: pa.Schema, incoming: pa.Schema, rules: Rules, *,
+            where: Mapping[str, Any] | None = None) -> SchemaMismatchError | None:
+    """``schema_evolution="fail"``: ``None`` when ``incoming`` has ``current``'s columns
+    (in any order), each stored alike (``rules.key``); else the error to raise, naming
+    every column at fault (``column``: the first) and what to change."""
+    have = {f.name: f for f in current}
+    got = {f.name: f for f in incoming}
+    problems = [(n, f"column {n!r} is missing from the data") for n in have if n not in got]
+    problems += [(n, f"column {n!r} is not in {rules.target}") for n in got if n not in have]
+    problems += [(n, f"column {n!r} is {_show(got[n], rules)} in the data and "
+                     f"{_show(have[n], rules)} in {rules.target}")
+                 for n in have if n in got and rules.key(have[n]) != rules.key(got[n])]
+    if not problems:
+        return None
+    return SchemaMismatchError(
+        f"the data does not fit {rules.target}: {'; '.join(text for _, text in problems)}; "
+        "send the columns and types it holds (cast or drop the others), or give the sink "
+        "schema_evolution='add_columns' to add new columns and widen types it can widen",
+        column=problems[0][0], **dict(where or {}))
+
+
 def _widens(cur: pa.Field, inc: pa.Field, rules: Rules, where: dict[str, Any]) -> bool:
     """False when ``inc`` is stored as ``cur`` is (alike, or narrower: cast up); True when
     the target's column widens to ``inc``'s type; otherwise a ``SchemaMismatchError``."""
@@ -306,3 +334,15 @@ def conform(data: _Data, target: pa.Schema) -> _Data:
     """``data`` (a batch or table) cast up to the target's wider types (``conformed``)."""
     schema = conformed(data.schema, target)
     return data if schema.equals(data.schema) else data.cast(schema)
+
+
+def align(tables: Sequence[pa.Table], target: pa.Schema) -> pa.Table:
+    """``tables`` (each a subset of ``target``'s columns, in types ``target`` holds
+    without loss) as one table of ``target``'s schema: its columns in its order, a column a
+    table lacks null there, narrower types cast up."""
+    parts = []
+    for table in tables:
+        columns = [table.column(f.name).cast(f.type) if f.name in table.column_names
+                   else pa.nulls(table.num_rows, f.type) for f in target]
+        parts.append(pa.Table.from_arrays(columns, schema=target))
+    return pa.concat_tables(parts) if parts else target.empty_table()

@@ -124,11 +124,6 @@ def _delta_fields(schema: pa.Schema) -> dict[str, Any]:
     return {f["name"]: f["type"] for f in doc["fields"]}
 
 
-def _table_fields(dt: Any) -> dict[str, Any]:
-    doc = json.loads(dt.schema().to_json())
-    return {f["name"]: f["type"] for f in doc["fields"]}
-
-
 @functools.lru_cache(maxsize=512)
 def _delta_type(dtype: pa.DataType) -> str:
     """The Delta type (its JSON form) that stores Arrow ``dtype``."""
@@ -194,16 +189,6 @@ def _with_partition_values(table: pa.Table, values: dict[str, str | None],
                   else pa.array([value] * table.num_rows, pa.string()).cast(dtype))
         table = table.append_column(pa.field(name, dtype), column)
     return _schema.conform(table, schema)
-
-
-def _schema_problems(table: dict[str, Any], batch: dict[str, Any], evolve: bool) -> list[str]:
-    """Why ``batch`` cannot be written to ``table`` (empty: it can)."""
-    problems = [f"column {n!r} is missing" for n in table if n not in batch]
-    problems += [f"column {n!r} is {batch[n]!r}, the table has {t!r}"
-                 for n, t in table.items() if n in batch and batch[n] != t]
-    if not evolve:
-        problems += [f"column {n!r} is not in the table" for n in batch if n not in table]
-    return problems
 
 
 # --------------------------------------------------------------------------- stats
@@ -668,11 +653,10 @@ class DeltaSink(Sink):
 
     def _check_fits(self, dt: Any, schema: pa.Schema, epoch: int) -> None:
         """``fail``: the epoch's schema must be the table's (Delta types, by name)."""
-        problems = _schema_problems(_table_fields(dt), _delta_fields(schema), evolve=False)
-        if problems:
-            raise SchemaMismatchError(
-                f"the epoch's schema does not fit the Delta table {self._opts.uri!r}: "
-                f"{'; '.join(problems)}", **self._where(epoch))
+        refused = _schema.refusal(_table_schema(dt), schema, self.evolution_rules(),
+                                  where=self._where(epoch))
+        if refused is not None:
+            raise refused
 
     def _has_marker(self, dt: Any, epoch: int) -> bool:
         version = dt.transaction_version(self.marker_id)
@@ -889,12 +873,10 @@ class DeltaSinkWriter(SinkWriter):
         dt = self._table.current()
         if dt is None:
             return
-        problems = _schema_problems(_table_fields(dt), _delta_fields(schema),
-                                    self._opts.schema_evolution == "add_columns")
-        if problems:
-            raise SchemaMismatchError(f"batch schema does not fit the Delta table "
-                                      f"{self._opts.uri!r}: {'; '.join(problems)}",
-                                      **self._where)
+        refused = _schema.refusal(_table_schema(dt), schema, _rules(self._opts.uri),
+                                  where=self._where)
+        if refused is not None:
+            raise refused
 
     def _split(self, batch: pa.RecordBatch
                ) -> Iterator[tuple[tuple[str | None, ...], pa.RecordBatch]]:

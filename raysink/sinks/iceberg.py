@@ -360,7 +360,7 @@ class IcebergSink(Sink):
                                        self.evolution_rules(), where=self._where(epoch))
             evolved = evolution.schema if evolution.changed else None
         elif schema is not None:
-            _check_schema(table, schema, self._where(epoch))
+            _check_schema(table, self._opts.identifier, schema, self._where(epoch))
         props = {SINK_PROPERTY: self.marker_id, EPOCH_PROPERTY: str(epoch)}
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
         with table.transaction() as tx:
@@ -533,19 +533,22 @@ def _epoch_schema(manifests: Sequence[Manifest], where: dict[str, Any],
     return schemas[0] if schemas else None
 
 
-def _check_schema(table: Any, schema: pa.Schema, where: dict[str, Any]) -> None:
+def _check_schema(table: Any, identifier: str, schema: pa.Schema,
+                  where: dict[str, Any]) -> None:
+    """``fail``: the batch has the table's columns, each of the type the table holds
+    (Iceberg's types, then pyiceberg's own check of what it can write)."""
     from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
+    refused = _schema.refusal(table.schema().as_arrow(), schema, _rules(identifier),
+                              where=where)
+    if refused is not None:
+        raise refused
     try:
         _check_pyarrow_schema_compatible(table.schema(), schema,
                                          format_version=table.metadata.format_version)
     except ValueError as exc:
         raise SchemaMismatchError(f"the batch schema does not fit the Iceberg table "
-                                  f"{table.name()}: {exc}", **where) from exc
-    missing = [n for n in table.schema().column_names if n not in schema.names]
-    if missing:
-        raise SchemaMismatchError(f"columns {missing!r} of the Iceberg table are missing from "
-                                  "the batch", **where)
+                                  f"{identifier!r}: {exc}", **where) from exc
 
 
 # --------------------------------------------------------------------------- writer
@@ -596,7 +599,7 @@ class IcebergSinkWriter(SinkWriter):
         if table is not None and self._opts.evolving:
             self._epoch.target = table.schema().as_arrow()
         elif table is not None:
-            _check_schema(table, schema, self._where)
+            _check_schema(table, self._opts.identifier, schema, self._where)
         self._epoch.root = self._opts.staging_roots(table)[0]
         if not self._opts.evolving:
             self._epoch.schema = schema.remove_metadata()

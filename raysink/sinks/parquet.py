@@ -732,15 +732,12 @@ class ParquetSinkWriter(SinkWriter):
 
     def _check_directory(self, schema: pa.Schema) -> None:
         """The epoch's first batch has the directory's columns and types (``fail``)."""
-        target = self._target
-        if target is None or (target.names == schema.names and all(
-                _schema.canonical(a.type).equals(_schema.canonical(b.type))
-                for a, b in zip(target, schema, strict=True))):
+        if self._target is None:
             return
-        raise SchemaMismatchError(
-            f"writer {self._writer_id}: the batch's schema differs from the directory's: "
-            f"{_schema.describe(target, schema)}; send the directory's schema, or give the "
-            "sink schema_evolution='add_columns'", **self._sink._error_fields())
+        refused = _schema.refusal(self._target, schema, self._sink.evolution_rules(),
+                                  where=self._sink._error_fields())
+        if refused is not None:
+            raise refused
 
     def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``add_columns``: the batch must evolve the directory's schema; it is cast up to
