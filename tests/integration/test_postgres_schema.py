@@ -229,3 +229,25 @@ def test_an_open_writer_of_the_next_epoch_does_not_block_the_schema_change(
     nxt.close()
     sink.commit(3, [third])
     assert table.rows() == [(1, "v1", None), (2, "v2", 20), (3, "v3", None)]
+
+
+@pytest.mark.parametrize(("batch", "message"), [
+    # a NOT NULL column (no default) left out
+    (pa.record_batch({"id": pa.array([2], pa.int64()), "extra": pa.array([1])}),
+     r"'value' is missing.*not nullable"),
+    # a NOT NULL column holding a null
+    (pa.record_batch({"id": pa.array([2], pa.int64()), "value": pa.array([None], pa.string())}),
+     r"'value' holds 1 null.*NOT NULL"),
+])
+def test_not_null_columns_are_checked_at_the_write(table: Table, batch: pa.RecordBatch,
+                                                   message: str) -> None:
+    table.query(sql.SQL("CREATE TABLE {} (id bigint, value text NOT NULL)").format(
+        sql.Identifier(table.schema, "events")))
+    sink = table.sink(schema_evolution="add_columns")
+    writer = sink.create_writer(0)
+    writer.open()
+    with pytest.raises(SchemaMismatchError, match=message) as info:
+        writer.write(batch)
+    assert info.value.column == "value"
+    writer.close()
+    assert table.stages() == [] and table.rows() == []

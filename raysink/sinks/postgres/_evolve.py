@@ -23,7 +23,11 @@ of its writers', evolving the table's), moves every stage's rows in (upserts: th
 per key by ``_raysink_ord``, ``ON CONFLICT DO UPDATE`` of the stage's columns) and drops
 the stages. A reader sees the old schema without the epoch's rows or the new schema with
 all of them; a crash before the ``COMMIT`` leaves the stages for the re-run. The price:
-rows are written twice (as in ``method="staging"``).
+rows are written twice (as in ``method="staging"``), and, as there, only the checks made
+at the write (types, a NOT NULL column left out or holding nulls) refuse bad rows before
+the epoch is decided: a unique, check or foreign-key constraint of the target meets the
+rows at the commit, which then fails and is retried (the sink stalls, saying why) until
+the target is fixed.
 
 Types: a column is stored as ``arrow_to_postgres_type`` says; PostgreSQL widens
 ``smallint`` to ``integer`` to ``bigint``, ``real`` to ``double precision`` and a
@@ -36,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Hashable, Mapping, Sequence
+from collections.abc import Collection, Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -58,8 +62,8 @@ if TYPE_CHECKING:
 
     from raysink.sinks.postgres._sink import PostgresSink
 
-__all__ = ["EVOLVE_PREFIX", "Stage", "commit_epoch", "drop_stages", "is_stage", "rules",
-           "stage_name", "table_schema"]
+__all__ = ["EVOLVE_PREFIX", "Stage", "check_nulls", "commit_epoch", "drop_stages", "is_stage",
+           "required_columns", "rules", "stage_name", "table_schema"]
 
 EVOLVE_PREFIX = "_raysink_ev_"
 
@@ -118,19 +122,20 @@ def _as_arrow(pg: str) -> pa.DataType | None:
 
 
 def table_schema(columns: Mapping[str, str], incoming: pa.Schema, table_rules: _schema.Rules,
-                 where: Mapping[str, Any]) -> pa.Schema:
+                 where: Mapping[str, Any], required: Collection[str] = ()) -> pa.Schema:
     """The table's columns (``format_type`` names) as Arrow types, for ``_schema.evolve``
     against ``incoming``: a column stored as the data's type is the data's type; one of a
     type mapped to Arrow that the data's widens or narrows is that type (``evolve``
     decides); any other is the data's type where the data writes into it as without
-    evolution (``compatible``), else a ``SchemaMismatchError`` naming it. Every column is
-    nullable here (PostgreSQL itself refuses a null in a NOT NULL one)."""
+    evolution (``compatible``), else a ``SchemaMismatchError`` naming it. The ``required``
+    columns (NOT NULL without a default) are not nullable, so leaving one out is refused."""
     fields = []
     for name, existing in columns.items():
         index = incoming.get_field_index(name)
         mapped = _as_arrow(existing)
         if index < 0:
-            fields.append(pa.field(name, mapped if mapped is not None else pa.null()))
+            fields.append(pa.field(name, mapped if mapped is not None else pa.null(),
+                                   nullable=name not in required))
             continue
         data = incoming.field(index)
         if pg_type(data) == existing:
@@ -159,6 +164,27 @@ def epoch_schema(manifests: Sequence[Manifest], where: Mapping[str, Any]) -> pa.
         return _schema.union(schemas)
     except SchemaMismatchError as exc:
         raise SchemaMismatchError(exc.message, column=exc.column, **where) from None
+
+
+def required_columns(conn: psycopg.Connection[Any], t: _Target) -> set[str]:
+    """The target's columns that must be set: NOT NULL without a default."""
+    rows = conn.execute(
+        "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
+        "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND "
+        "c.relname = %s AND a.attnum > 0 AND NOT a.attisdropped AND a.attnotnull "
+        "AND NOT a.atthasdef AND a.attidentity = '' AND a.attgenerated = ''",
+        (t.schema, t.table)).fetchall()
+    return {str(r[0]) for r in rows}
+
+
+def check_nulls(batch: pa.RecordBatch, required: Collection[str],
+                where: Mapping[str, Any]) -> None:
+    """A null in a NOT NULL column is refused at the write (the commit would fail)."""
+    for name in batch.schema.names:
+        if name in required and batch.column(name).null_count:
+            raise SchemaMismatchError(
+                f"column {name!r} holds {batch.column(name).null_count} null values and the "
+                "table holds it NOT NULL; set every value", column=name, **where)
 
 
 # --------------------------------------------------------------------------- stages

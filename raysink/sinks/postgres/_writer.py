@@ -64,6 +64,7 @@ class _Segment:
     # add_columns: the table's columns when the segment began, the union of its batches'
     # schemas, and its stage table (created at its first row)
     target: dict[str, str] | None = None
+    required: set[str] = field(default_factory=set)
     schema: pa.Schema | None = None
     stage: _evolve.Stage | None = None
 
@@ -218,10 +219,13 @@ class PostgresWriter(SinkWriter):
             with self._guard():
                 if seg.target is None:
                     seg.target = self._t.columns(conn)
+                    seg.required = _evolve.required_columns(conn, self._t)
                 current = _evolve.table_schema(seg.target, batch.schema,
-                                               self.sink.evolution_rules(), where)
+                                               self.sink.evolution_rules(), where,
+                                               seg.required)
                 _schema.evolve(current, batch.schema, self.sink.evolution_rules(),
                                where=where)
+                _evolve.check_nulls(batch, seg.required, where)
                 batch = _schema.conform(batch, current)
                 seg.schema = _schema.union([batch.schema] if seg.schema is None
                                            else [seg.schema, batch.schema])
