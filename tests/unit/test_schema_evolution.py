@@ -309,3 +309,47 @@ def test_a_crash_inside_the_commit_of_a_schema_change(local: Local) -> None:
     got = local.read()
     assert got.column("id").to_pylist() == [1, 2, 3]
     assert got.column("extra").to_pylist() == [None, 20, None]
+
+
+@pytest.mark.parametrize("local", ["parquet", "delta", "iceberg"], indirect=True)
+def test_the_change_is_recorded_with_the_rows_in_one_commit(local: Local) -> None:
+    """Delta: one log entry carries the new schema (metaData), the files and the marker;
+    Iceberg: one snapshot for the epoch, written in the new schema; Parquet: the epoch's
+    commit log entry records the directory's new schema."""
+    sink = local.sink(schema_evolution="add_columns")
+    write(sink, 1, [rows([1])])
+    write(sink, 2, [rows([2], extra=pa.array([20]))], [rows([3])])
+    path = local.root / "table"
+    if local.kind == "delta":
+        import json
+
+        entries = sorted((path / "_delta_log").glob("*.json"))
+        assert len(entries) == 2
+        actions = [json.loads(line) for line in entries[-1].read_text().splitlines()]
+        kinds = {next(iter(a)) for a in actions}
+        assert {"metaData", "add", "txn"} <= kinds
+        assert "extra" in next(a for a in actions if "metaData" in a)["metaData"]["schemaString"]
+    elif local.kind == "iceberg":
+        from pyiceberg.catalog import load_catalog
+
+        table = load_catalog("raysink", **_catalog(local.root)).load_table("ns.events")
+        ours = [s for s in table.snapshots()
+                if s.summary is not None and s.summary.get("raysink.epoch") == "2"]
+        assert len(ours) == 1
+        assert "extra" in table.schemas()[ours[0].schema_id].column_names
+    else:
+        assert isinstance(sink, ParquetSink)
+        schema = sink.table_schema()
+        assert schema is not None and schema.names == ["id", "v", "extra"]
+
+
+def test_delta_upserts_with_a_new_column(tmp_path: Path) -> None:
+    sink = DeltaSink(str(tmp_path / "t"), mode="upsert", key=["id"],
+                     schema_evolution="add_columns").bind("rt", "main")
+    write(sink, 1, [rows([1, 2, 3])])
+    write(sink, 2, [rows([2, 3, 2], extra=pa.array([20, 30, 21]))], [rows([4])])
+    from deltalake import DeltaTable
+
+    got = DeltaTable(str(tmp_path / "t")).to_pyarrow_table().sort_by("id")
+    assert got.column("id").to_pylist() == [1, 2, 3, 4]
+    assert got.column("extra").to_pylist() == [None, 21, 30, None]  # the last row per key
