@@ -44,6 +44,7 @@ __all__ = [
     "SchemaMismatchError",
     "SinkUnavailableError",
     "StaleAttemptError",
+    "StreamRewind",
     "VnodeOverlapError",
 ]
 
@@ -157,6 +158,20 @@ class EpochFailedError(RaySinkError):
 
     def _fields(self) -> dict[str, Any]:
         return {**super()._fields(), "attempts": self.attempts}
+
+
+class StreamRewind(RaySinkError):
+    """A stream epoch failed and nothing after ``committed`` is kept: replay your source
+    from the offsets after epoch ``committed`` (``None``: from the start), then write on;
+    the next write goes into ``epoch``. Raised by a stream feed's ``write``."""
+
+    def __init__(self, message: str, *, committed: int | None, epoch: int,
+                 runtime: str | None = None) -> None:
+        self.committed = committed
+        super().__init__(message, runtime=runtime, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "committed": self.committed}
 
 
 class SinkUnavailableError(RaySinkError):

@@ -20,7 +20,7 @@ import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
@@ -36,9 +36,15 @@ from raysink.errors import (
     EpochFailedError,
     RuntimeUnavailableError,
 )
+from raysink.feeds import FeedRoute
+from raysink.handle import EpochHandle
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
+from raysink.stream import StreamController, StreamFeed
+
+if TYPE_CHECKING:
+    from raysink.datasink import EpochDatasink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
 
@@ -64,6 +70,8 @@ class _Options:
     max_batch_bytes: int | None
     max_buffer_bytes: int | None
     warn_interval: float
+    feed_timeout: float
+    checkpoint_interval: float
     add_sinks: tuple[str, ...]
     drop_sinks: tuple[str, ...]
 
@@ -84,6 +92,9 @@ class _Options:
              f"max_buffer_bytes must be at least 1 (or None: no limit); got "
              f"{self.max_buffer_bytes!r}"),
             (self.warn_interval > 0, f"warn_interval must be > 0; got {self.warn_interval!r}"),
+            (self.feed_timeout > 0, f"feed_timeout must be > 0; got {self.feed_timeout!r}"),
+            (self.checkpoint_interval > 0,
+             f"checkpoint_interval must be > 0; got {self.checkpoint_interval!r}"),
             (self.epoch_offset is None or self.epoch_offset >= 0,
              f"epoch_offset must be >= 0; got {self.epoch_offset!r}"),
         ]
@@ -104,6 +115,9 @@ class SinkRuntime:
     ``max_buffer_bytes`` bounds each writer's reorder buffer (messages that arrived
     before their turn; one that does not fit is sent again later); ``warn_interval``:
     a sink commit or flush still running logs a warning every this many seconds;
+    ``feed_timeout``: a producer's feed (``open_epoch``) silent this long without closing
+    is lost, and its epoch's attempt given up; ``checkpoint_interval``: seconds between
+    the epochs of a continuous stream (``stream``);
     ``add_sinks``/``drop_sinks`` change the sink set on
     purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
     on stderr while writing (``None``: only on a terminal; ``False``: never; or a
@@ -140,6 +154,8 @@ class SinkRuntime:
         max_batch_bytes: int | None = _feed.DEFAULT_MAX_BATCH_BYTES,
         max_buffer_bytes: int | None = _feed.DEFAULT_MAX_BUFFER_BYTES,
         warn_interval: float = 5.0,
+        feed_timeout: float = 30.0,
+        checkpoint_interval: float = 10.0,
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
         progress: Progress | bool | None = None,
@@ -154,6 +170,7 @@ class SinkRuntime:
             credits=credits, epoch_offset=epoch_offset,
             actor_options=dict(actor_options or {}), max_batch_bytes=max_batch_bytes,
             max_buffer_bytes=max_buffer_bytes, warn_interval=warn_interval,
+            feed_timeout=feed_timeout, checkpoint_interval=checkpoint_interval,
             add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks))
         self._options.validate(name)
         self._key = self._routing_key()
@@ -162,6 +179,8 @@ class SinkRuntime:
         self._bound: tuple[str, int] | None = None
         self._progress = _progress(name, progress)
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
+        self._handle: EpochHandle | None = None  # the epoch open for producers, if any
+        self._stream: StreamController | None = None  # the continuous stream, once begun
         self._epochs = EpochDriver(
             name, EpochSettings(max_attempts=max_attempts, commit_timeout=commit_timeout,
                                 credits=credits),
@@ -271,7 +290,8 @@ class SinkRuntime:
         actors = self._actors
         if actors is None:
             return
-        steps = (("finishing outstanding epochs", self._drain_outstanding),
+        steps = (("draining the stream", self._drain_stream),
+                 ("finishing outstanding epochs", self._drain_outstanding),
                  ("draining the writers", self._drain_writers),
                  ("closing the coordinator", self._close_coordinator))
         try:
@@ -285,6 +305,12 @@ class SinkRuntime:
             self._actors = None
             if self._progress is not None:
                 self._progress.close()
+
+    def _drain_stream(self, actors: ActorSet) -> None:
+        """DRAIN to the stream's producers: they close their last epoch; it commits."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.drain()
 
     def _drain_outstanding(self, actors: ActorSet) -> None:
         pending = self._ask(actors, "status", actors.coordinator_call("status")).pending_epochs
@@ -310,6 +336,7 @@ class SinkRuntime:
     def write_arrow(self, data: Any, *, epoch: int | None = None) -> EpochReport:
         """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
         actors = self._require_started()
+        self._check_no_open_handle()
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
@@ -317,6 +344,71 @@ class SinkRuntime:
                                 evolve=all(s.schema_evolution == "add_columns"
                                            for s in self._sinks.values()))
         return self._epochs.run(actors, epoch, plan)
+
+    @typed_errors(EpochFailedError, "open_epoch")
+    def open_epoch(self, epoch: int | None = None) -> EpochHandle:
+        """Open an epoch for producers anywhere in the cluster: ``ep.feed()`` hands out
+        picklable feeds for Ray tasks and actors, ``ep.commit()`` waits for them to close
+        and commits, ``ep.abort()`` gives the epoch up (see ``raysink.handle``). An epoch
+        the targets hold already opens *skipped*: feeds write nothing and the commit
+        reports it skipped. One epoch is open for producers at a time."""
+        actors = self._require_started()
+        self._check_no_open_handle()
+        opened = self._epochs.open(actors, epoch)
+        handle = EpochHandle(self._epochs, actors, self._route(actors), opened,
+                             feed_timeout=self._options.feed_timeout,
+                             commit_timeout=self._options.commit_timeout,
+                             on_end=self._handle_ended)
+        self._handle = handle
+        return handle
+
+    @typed_errors(EpochFailedError, "datasink")
+    def datasink(self, epoch: int | None = None) -> EpochDatasink:
+        """A Ray Data datasink writing a whole Dataset as one epoch, exactly once:
+        ``ds.write_datasink(rt.datasink(epoch=N))``; its ``report`` says what happened.
+        Each write task is a producer with its own feed (see ``raysink.datasink``); the
+        same job run again with the same epoch writes nothing and reports it skipped."""
+        from raysink.datasink import EpochDatasink
+
+        handle = self.open_epoch(epoch)
+        return EpochDatasink(handle, self._route(self._require_started()))
+
+    def _route(self, actors: ActorSet) -> FeedRoute:
+        return FeedRoute(runtime=self.name, writers=actors.writers,
+                         coordinator=actors.coordinator, key=self._key,
+                         bitmaps=tuple(self._bitmaps),
+                         max_batch_bytes=self._options.max_batch_bytes,
+                         credits=self._options.credits)
+
+    def _handle_ended(self, handle: EpochHandle) -> None:
+        if self._handle is handle:
+            self._handle = None
+
+    @typed_errors(EpochFailedError, "stream")
+    def stream(self) -> StreamFeed:
+        """A feed of the runtime's continuous stream, for one long-lived producer (a Ray
+        actor reading a queue, say): ``feed.write(...)`` forever. The first call begins
+        the stream: an epoch every ``checkpoint_interval`` seconds, each committed on its
+        own; ``close()`` drains it. See ``raysink.stream`` for the producer's contract
+        (``StreamRewind``: replay from the last committed epoch)."""
+        actors = self._require_started()
+        if self._stream is None:
+            self._check_no_open_handle()
+            stream = StreamController(self._epochs, actors,
+                                      interval=self._options.checkpoint_interval,
+                                      feed_timeout=self._options.feed_timeout,
+                                      commit_timeout=self._options.commit_timeout)
+            stream.start()
+            self._stream = stream
+        return StreamFeed(self._route(actors), self._stream.next_feed_id())
+
+    def _check_no_open_handle(self) -> None:
+        if self._stream is not None:
+            raise ConfigError("the runtime runs a continuous stream (rt.stream()); its "
+                              "epochs come from the stream until close()", runtime=self.name)
+        if self._handle is not None:
+            raise ConfigError(f"{self._handle!r} is still open; commit or abort it before "
+                              "writing another epoch", runtime=self.name)
 
     @typed_errors(EpochFailedError, "write(df)")
     def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:
@@ -338,6 +430,7 @@ class SinkRuntime:
     def _write_refs(self, refs: Iterable[Any], epoch: int | None = None) -> EpochReport:
         """One epoch from object refs or pulls, each handed to a writer as it comes."""
         actors = self._require_started()
+        self._check_no_open_handle()
         plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
                                bitmaps=self._bitmaps, first_writer=self._next_first_writer())
         return self._epochs.run(actors, epoch, plan)

@@ -60,7 +60,7 @@ def ray_session() -> Iterator[None]:
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 

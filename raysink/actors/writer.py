@@ -379,6 +379,8 @@ class SinkWriterActor:
             "epoch": None if slot is None else slot.epoch,
             "attempt": None if slot is None else slot.attempt,
             "epochs_here": [s.key for s in slots],
+            "waiting_for_feeds": {f"{s.epoch}/{s.attempt}": s.waiting_for()
+                                  for s in slots if s.waiting_for()},
             "mailbox_depth": sum(s.waiting_count() for s in slots),
             "mailbox_bytes": self._mailbox.waiting_bytes,
             "refused": self._refused,

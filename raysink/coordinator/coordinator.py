@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import random
 import time
 from collections import OrderedDict
@@ -37,8 +38,10 @@ from raysink.coordinator.epochs import (
     Resolution,
     StaleAttemptError,
 )
+from raysink.coordinator.feeds import FeedRegistry, FeedsState
 from raysink.coordinator.health import SinkHealthBook
 from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
+from raysink.coordinator.stream import StreamBook, StreamPosition, StreamTick
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
@@ -96,6 +99,8 @@ class CoordinatorActor:
             generation=record.generation, bitmaps=bitmaps,
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
+        self._feeds = FeedRegistry()
+        self._stream: StreamBook | None = None
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
@@ -284,7 +289,6 @@ class CoordinatorActor:
         return self._core.generation
 
     async def pid(self) -> int:
-        import os
 
         return os.getpid()
 
@@ -349,6 +353,7 @@ class CoordinatorActor:
         if not decided:
             raise StaleAttemptError(f"attempt {attempt} of epoch {epoch} was aborted before "
                                     "its decision", runtime=self._config.runtime, epoch=epoch)
+        self._feeds.forget(epoch - 1)
         return await self.wait_committed(epoch, timeout, attempt)
 
     async def _abort_attempt(self, epoch: int, attempt: int) -> None:
@@ -366,6 +371,7 @@ class CoordinatorActor:
         what ``attempt`` staged swept when its open never came here."""
         await self._until_recovered()
         resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch, attempt))
+        self._feeds.forget(epoch)
         await self._notify()
         return resolution.value
 
@@ -406,6 +412,87 @@ class CoordinatorActor:
         await self._until_recovered()
         await self._locked(lambda: self._store.bind_source(
             self._config.runtime, self._core.generation, source))
+
+    # ------------------------------------------------------------------ feed calls
+
+    async def feed_alive(self, epoch: int, attempt: int, feed: int) -> None:
+        """A producer's heartbeat while it uses its feed of ``(epoch, attempt)``."""
+        self._feeds.alive(epoch, attempt, feed, time.monotonic())
+
+    async def feed_closed(self, epoch: int, attempt: int, feed: int,
+                          counts: dict[int, int]) -> None:
+        """The feed's barrier went to the writers in ``counts`` (messages per writer)."""
+        self._ensure_started()
+        self._feeds.closed(epoch, attempt, feed, counts, time.monotonic())
+        await self._notify()
+
+    async def feed_failed(self, epoch: int, attempt: int, feed: int, reason: str) -> None:
+        """The producer gave up its feed (an exception while it wrote)."""
+        self._ensure_started()
+        self._feeds.failed(epoch, attempt, feed, reason)
+        await self._notify()
+
+    async def wait_feeds(self, epoch: int, attempt: int, feeds: list[int], timeout: float,
+                         lease: float) -> FeedsState:
+        """Wait up to ``timeout`` until every one of ``feeds`` closed, or one is lost."""
+        self._ensure_started()
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._feeds.state(epoch, attempt, feeds, lease=lease, now=time.monotonic())
+            left = deadline - time.monotonic()
+            if state.done or left <= 0:
+                return state
+            await self._wait_change(min(left, 0.5))
+
+    # ------------------------------------------------------------------ the stream
+
+    async def stream_start(self, timeout: float) -> StreamPosition:
+        """Begin the continuous stream at the next epoch (opened as ``open_epoch(None)``
+        opens one: the targets' markers are checked first)."""
+        opened = await self.open_epoch(None, timeout)
+        self._stream = StreamBook(opened.epoch, opened.attempt)
+        return self._stream.position(self._core.committed_through())
+
+    async def stream_poll(self, feed: int, joining: bool = False) -> StreamPosition | None:
+        """A producer's poll: where to write, and its barrier once (``None``: no stream).
+        ``joining``: the first poll of the feed in its process; a member joining again was
+        restarted, and what it wrote before is lost with its old process: its epoch fails
+        (the stream rewinds)."""
+        self._ensure_started()
+        if self._stream is None:
+            return None
+        writing = self._stream.writing(feed)
+        if writing is not None and joining:
+            self._feeds.failed(*writing, feed, "its producer restarted")
+            await self._notify()
+        position = self._stream.poll(feed, self._core.committed_through())
+        writing = self._stream.writing(feed)
+        if writing is not None:  # the poll is the member's heartbeat too
+            self._feeds.alive(*writing, feed, time.monotonic())
+        return position
+
+    async def stream_tick(self, checkpoint_id: int, drain: bool) -> StreamTick | None:
+        """Close the stream's current epoch (see ``StreamBook.tick``)."""
+        await self._until_recovered()
+        if self._stream is None:
+            return None
+        book = self._stream
+        return book.tick(checkpoint_id, self._core.next_attempt(book.epoch + 1),
+                         self._core.generation, drain=drain)
+
+    async def stream_rewind(self, epoch: int, timeout: float) -> StreamPosition:
+        """``epoch`` failed (its attempt is resolved): open it again; producers replay."""
+        opened = await self.open_epoch(epoch, timeout)
+        if self._stream is None:
+            self._stream = StreamBook(opened.epoch, opened.attempt)
+        self._stream.rewind(opened.epoch, opened.attempt)
+        await self._notify()
+        return self._stream.position(self._core.committed_through())
+
+    async def stream_leave(self, feed: int) -> None:
+        self._ensure_started()
+        if self._stream is not None:
+            self._stream.leave(feed)
 
     # ------------------------------------------------------------------ writer calls
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 import glob
 import os
 import random
+import shutil
 import time
 import uuid
 from collections.abc import Callable, Iterator
@@ -25,7 +26,7 @@ from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BackpressureError, RaySinkError
 from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
-from raysink.testing import FailingSink, arm_fault, disarm_faults, fired
+from raysink.testing import FailingSink, arm_fault, disarm_faults, fault_dir, fired
 from tests.integration.helpers import (
     assert_exactly,
     epoch_table,
@@ -129,12 +130,17 @@ def test_close_disconnects_from_postgres(pg_server: PostgresServer, schema: str,
     """Connections end with a proper goodbye, not with the process: PostgreSQL logs an
     "unexpected EOF" for every client that died without closing."""
     target = PostgresTarget(pg_server, schema)
+    # an idle client's EOF is logged at DEBUG1 only: log it, or this cannot fail
+    pg_server.execute("ALTER ROLE raysink SET log_min_messages = 'debug1'")
     log_file = Path(pg_server.log_file)
     before = log_file.read_text(errors="replace").count("unexpected EOF")
-    with _runtime(name, target.sink(), meta, writers=2) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS)).committed
-    time.sleep(1.0)  # let the server log what it saw
-    after = log_file.read_text(errors="replace").count("unexpected EOF")
+    try:
+        with _runtime(name, target.sink(), meta, writers=2) as rt:
+            assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        time.sleep(1.0)  # let the server log what it saw
+        after = log_file.read_text(errors="replace").count("unexpected EOF")
+    finally:
+        pg_server.execute("ALTER ROLE raysink RESET log_min_messages")
     assert after == before, log_file.read_text(errors="replace")[-2000:]
     assert_ids_exact(target.ids(), [1], ROWS)
 
@@ -182,7 +188,8 @@ def test_postgres_stopped_after_the_decision_delta_commits_meanwhile(
     PostgreSQL is down (stalled, with the error); once the server is back the prepared
     transactions commit. Both exact."""
     delta, pg = DeltaTarget(tmp_path / "delta"), PostgresTarget(pg_server, schema)
-    with _runtime(name, {"lake": delta.sink(), "db": pg.sink()}, meta,
+    # PostgreSQL first: one shared commit loop in sink order would block Delta behind it
+    with _runtime(name, {"db": pg.sink(), "lake": delta.sink()}, meta,
                   commit_timeout=120) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,
@@ -284,9 +291,19 @@ def test_actors_without_the_opt_in_ignore_arm_files(tmp_path: Path, name: str,
     arm_fault(name, "writer.during_write", action="kill", times=5)
     arm_fault(name, "coordinator.after_open", action="kill", times=5)
     off = {"runtime_env": {"env_vars": {"RAYSINK_FAULT_DIR": ""}}}
-    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, actor_options=off) as rt:
-        report = rt.write_arrow(epoch_table(1, ROWS))
-        assert (report.committed, report.attempts) == (True, 1)
+    # the same arms also where an empty setting would point (the actors' working
+    # directory): only a real opt-in check keeps the actors alive
+    cwd = Path(ray.get(ray.remote(os.getcwd).options(**off).remote()))
+    planted = [Path(shutil.copy(arm, cwd / arm.name))
+               for arm in Path(fault_dir()).glob(f"{name}--*.json")]
+    assert planted
+    try:
+        with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, actor_options=off) as rt:
+            report = rt.write_arrow(epoch_table(1, ROWS))
+            assert (report.committed, report.attempts) == (True, 1)
+    finally:
+        for arm in planted:
+            arm.unlink(missing_ok=True)
     assert not fired(name, "writer.during_write")
     assert not fired(name, "coordinator.after_open")
     assert_exactly(tmp_path / "pq", [1], ROWS)
