@@ -83,21 +83,21 @@ def _tables(data: Any) -> list[Any]:
     return out
 
 
-def check_schemas(tables: Sequence[pa.Table], *, evolve: bool = False) -> None:
+def check_schemas(tables: Sequence[pa.Table], *, evolve: bool = False) -> pa.Schema | None:
     """All local tables of one epoch share one schema, else ``SchemaMismatchError``; with
     ``evolve`` (every sink has ``schema_evolution="add_columns"``) their schemas need a
-    union (``raysink._schema.union``) instead."""
+    union (``raysink._schema.union``) instead. Returns the schema (the union)."""
     if not tables:
-        return
+        return None
     if evolve:
-        _schema.union([t.schema for t in tables])
-        return
+        return _schema.union([t.schema for t in tables])
     first = tables[0].schema
     for index, table in enumerate(tables[1:], start=1):
         if not table.schema.equals(first, check_metadata=False):
             raise SchemaMismatchError(
                 f"table {index} of this epoch has schema {table.schema.to_string()!r}, "
                 f"table 0 has {first.to_string()!r}; an epoch has one schema")
+    return first
 
 
 def check_keys(table: pa.Table, key: Sequence[str]) -> None:
@@ -127,7 +127,7 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
 
     items = _tables(data)
     local = [t for t in items if isinstance(t, pa.Table)]
-    check_schemas(local, evolve=evolve)
+    schema = check_schemas(local, evolve=evolve)
     for table in local:
         if key:
             check_keys(table, key)
@@ -141,7 +141,7 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
         else:
             rows = None
             turn = _place_ref(item, placed, writers, key, bitmaps, turn)
-    return FeedPlan(placed, rows, schema=local[0].schema if local else None)
+    return FeedPlan(placed, rows, schema=schema)
 
 
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,

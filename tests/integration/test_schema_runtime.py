@@ -100,3 +100,25 @@ def test_a_schema_change_in_every_sink_survives_a_coordinator_kill(
     want = _expected({1: (False, False), 2: (False, True), 3: (True, False)})
     for kind, target in targets.items():
         assert _contents(target) == want, kind
+
+
+def test_feeds_of_one_epoch_adding_a_column(tmp_path: Path, name: str, meta: str) -> None:
+    """Producers (``ep.feed()``) of one epoch: one feed's second write adds a column
+    (its first lacks it), another feed has it throughout; with ``add_columns`` the epoch
+    commits their union, nulls where a write lacked the column. A write with no union
+    with the feed's earlier ones is refused at once, naming the column."""
+    target = ParquetTarget(tmp_path / "parquet")
+    with SinkRuntime(name, target.sink(schema_evolution="add_columns"), writers=2,
+                     metastore=meta, progress=False) as rt:
+        ep = rt.open_epoch()
+        with ep.feed() as first:
+            first.write(_rows(1, False, 0))
+            first.write(_rows(1, True, 1).slice(0, 10))  # the column, from here on
+            with pytest.raises(SchemaMismatchError, match="'value'") as info:
+                first.write(_rows(9, False, 0).set_column(
+                    1, "value", pa.array(range(ROWS // 2), pa.int64())))
+            assert info.value.column == "value"
+        with ep.feed() as second:
+            second.write(_rows(1, True, 1).slice(10))
+        assert ep.commit().committed
+    assert _contents(target) == _expected({1: (False, True)})
