@@ -100,8 +100,8 @@ class Manifest(_ManifestRequired, total=False):
     types: dict[str, str] | None
     token: int | None
     gid: str | None
-    # PostgresSink: the writer's own stage table of (epoch, attempt), holding its rows that
-    # need the epoch's schema change (the commit adds the columns, then moves them in)
+    # PostgresSink with schema_evolution="add_columns": the writer's own stage table holding
+    # every row it wrote in the attempt (the commit alters the target, then moves them in)
     evolving: str | None
 
 
