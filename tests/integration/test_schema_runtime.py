@@ -1,7 +1,8 @@
 """Schema evolution through ``SinkRuntime`` with real actors, into every sink at once.
 
-One runtime writes a Parquet directory, a Delta table, an Iceberg table, a PostgreSQL
-table and a ``ListSink``, all with ``schema_evolution="add_columns"``. Epoch 2 adds a
+One runtime writes a Parquet directory, a Delta table, an Iceberg table and a PostgreSQL
+table, all with ``schema_evolution="add_columns"`` (``ListSink``'s evolution is in
+``tests/unit/test_schema_evolution.py``). Epoch 2 adds a
 column on one writer only (the other writer's table lacks it); the coordinator is SIGKILLed
 between its PENDING record and any sink commit (what each target shows at a crash inside
 its commit is in ``tests/unit/test_schema_evolution.py`` and
@@ -26,7 +27,6 @@ from raysink.testing import arm_fault, fired
 from tests.integration.real_targets import (
     DeltaTarget,
     IcebergTarget,
-    ListTarget,
     ParquetTarget,
     PostgresTarget,
     Target,
@@ -74,7 +74,6 @@ def test_a_schema_change_in_every_sink_survives_a_coordinator_kill(
         "delta": DeltaTarget(tmp_path / "delta"),
         "iceberg": IcebergTarget(tmp_path),
         "postgres": PostgresTarget(pg_server, schema),
-        "list": ListTarget(tmp_path / "list"),
     }
     sinks = {kind: t.sink(schema_evolution="add_columns") for kind, t in targets.items()}
     with SinkRuntime(name, sinks, writers=2, metastore=meta, progress=False,
