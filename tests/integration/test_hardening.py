@@ -12,8 +12,7 @@ import os
 import random
 import shutil
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -26,7 +25,7 @@ from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BackpressureError, RaySinkError
 from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
-from raysink.testing import FailingSink, arm_fault, disarm_faults, fault_dir, fired
+from raysink.testing import FailingSink, arm_fault, fault_dir, fired
 from tests.integration.helpers import (
     assert_exactly,
     epoch_table,
@@ -39,30 +38,12 @@ from tests.integration.real_targets import (
     DeltaTarget,
     PostgresTarget,
     assert_ids_exact,
-    pg_schema,
 )
 from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 ROWS = 300
-
-
-@pytest.fixture
-def name() -> Iterator[str]:
-    runtime = f"hard-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
-@pytest.fixture
-def meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
-@pytest.fixture
-def schema(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from pg_schema(request.getfixturevalue("pg_server"))
 
 
 def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any) -> SinkRuntime:
