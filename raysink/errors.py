@@ -99,7 +99,22 @@ class ConfigError(RaySinkError, ValueError):
 class SchemaMismatchError(RaySinkError):
     """A batch whose schema differs from the epoch's or the target's, a column type the sink
     cannot store, null key values, or a batch over the size limit. Nothing of the epoch is
-    written."""
+    written. ``column`` names the column at fault, where one is."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        column: str | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.column = column
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "column": self.column}
 
 
 class EpochRegressionError(RaySinkError):

@@ -340,7 +340,8 @@ class SinkRuntime:
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
-                                first_writer=self._next_first_writer())
+                                first_writer=self._next_first_writer(),
+                                evolve=self._evolving)
         return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "open_epoch")
@@ -376,7 +377,13 @@ class SinkRuntime:
                          coordinator=actors.coordinator, key=self._key,
                          bitmaps=tuple(self._bitmaps),
                          max_batch_bytes=self._options.max_batch_bytes,
-                         credits=self._options.credits)
+                         credits=self._options.credits, evolve=self._evolving)
+
+    @property
+    def _evolving(self) -> bool:
+        """Whether every sink takes ``schema_evolution="add_columns"``: the tables of one
+        epoch (or of one feed) may then differ in schema where they have a union."""
+        return all(s.schema_evolution == "add_columns" for s in self._sinks.values())
 
     def _handle_ended(self, handle: EpochHandle) -> None:
         if self._handle is handle:

@@ -212,9 +212,12 @@ class ParquetTarget(_DirectoryTarget):
         return ParquetSink(str(self.path), **options)
 
     def table(self) -> pa.Table | None:
+        """Read in the directory's schema (its newest commit log entry's): files written
+        before a column was added read as nulls there."""
         if not self.path.is_dir():
             return None
-        return ds.dataset(str(self.path), format="parquet").to_table()
+        schema = ParquetSink(str(self.path)).table_schema()
+        return ds.dataset(str(self.path), schema=schema, format="parquet").to_table()
 
     def commit_epochs(self, runtime: str, sink: str = "main") -> list[int]:
         entries = [json.loads(p.read_text())

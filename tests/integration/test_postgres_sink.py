@@ -281,7 +281,7 @@ def test_table_whose_columns_disagree(pg_server: PostgresServer, schema: str) ->
         wrong_type.validate()
     writer = make_sink(pg_server, schema).create_writer(0)
     writer.open()
-    with pytest.raises(SchemaMismatchError, match="not in table"):
+    with pytest.raises(SchemaMismatchError, match="not in the table"):
         writer.write(batch([1]))
     writer.close()
 
