@@ -54,6 +54,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import functools
+import logging
 import re
 import shutil
 import statistics
@@ -248,7 +249,7 @@ def run_write_arrow(args: argparse.Namespace, writers: int, root: Path) -> Resul
 class ProducerBody:
     """A long-lived producer: ``rows``-row batches into the stream, back to back, with
     the replay contract (on ``StreamRewind`` it writes again from the first id it sent
-    into an epoch after the committed one)."""
+    into an epoch after the committed one; its ids are its source offsets)."""
 
     def __init__(self, feed: StreamFeed, index: int, rows: int) -> None:
         from raysink.feeds import Feed
@@ -257,7 +258,6 @@ class ProducerBody:
         self.base = index * ID_SPAN
         self.next = 0  # the next id to write, relative to base
         self.first_of: dict[int, int] = {}  # epoch -> the first id written into it
-        self.rewinds = 0
         self.writing, self.closing = Spans(), Spans()
         Feed.write = self.writing.wrap(Feed.write)  # type: ignore[method-assign]
         StreamFeed._close_part = self.closing.wrap(  # type: ignore[method-assign]
@@ -267,8 +267,10 @@ class ProducerBody:
         return True
 
     def run(self, until: float) -> dict[str, Any]:
-        """Write until ``until`` (``time.monotonic``), then leave the stream (the part of
-        the last epoch is closed by the next tick)."""
+        """Write until ``until`` (``time.monotonic``); then, as the stream's contract asks
+        of a producer whose source ended, wait until the epoch of the last write is
+        committed (a rewind meanwhile drops what came after the committed epoch: the
+        source then ends there); then leave the stream."""
         while time.monotonic() < until:
             try:
                 self.feed.write(make_batch(self.base + self.next, self.rows))
@@ -279,12 +281,14 @@ class ProducerBody:
             assert epoch is not None
             self.first_of.setdefault(epoch, self.next)
             self.next += self.rows
+        try:
+            self.feed.wait_committed()
+        except StreamRewind as rewind:
+            self._replay_from(rewind.committed)
         self.feed.close()
-        return {"sent": self.next, "rewinds": self.rewinds, "writing": self.writing.spans,
-                "closing": self.closing.spans}
+        return {"sent": self.next, "writing": self.writing.spans, "closing": self.closing.spans}
 
     def _replay_from(self, committed: int | None) -> None:
-        self.rewinds += 1
         lost = [e for e in self.first_of if committed is None or e > committed]
         if lost:
             self.next = min(self.first_of[e] for e in lost)
@@ -295,12 +299,30 @@ class ProducerBody:
 Producer: Any = ray.remote(num_cpus=0)(ProducerBody)
 
 
+class FailedEpochs(logging.Handler):
+    """Counts the stream's failed epochs (each rewinds the stream) from the driver's log,
+    including those after the producers stopped writing."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.count = 0
+
+    def emit(self, record: logging.LogRecord) -> None:
+        if str(record.msg).startswith("stream epoch"):
+            self.count += 1
+
+
 def run_stream(args: argparse.Namespace, writers: int, root: Path) -> Result:
     """``--producers`` actors writing the continuous stream; the driver ticks."""
     name = f"stream-b-{writers}"
-    commit = Spans()
-    with instrumented([(EpochDriver, "commit_barriers", commit)]), make_runtime(
-            name, root, writers, checkpoint_interval=args.interval) as rt:
+    commit, failed = Spans(), FailedEpochs()
+    stream_log = logging.getLogger("raysink.stream")
+    stream_log.addHandler(failed)
+    with contextlib.ExitStack() as stack:
+        stack.callback(stream_log.removeHandler, failed)
+        stack.enter_context(instrumented([(EpochDriver, "commit_barriers", commit)]))
+        rt = stack.enter_context(make_runtime(name, root, writers,
+                                              checkpoint_interval=args.interval))
         feeds = [rt.stream() for _ in range(args.producers)]
         for feed in feeds:
             feed.poll_interval = args.poll
@@ -317,9 +339,9 @@ def run_stream(args: argparse.Namespace, writers: int, root: Path) -> Result:
     wall = ended - started
     writing = [covered(s["writing"], started, ended) / wall for s in stats]
     closing = [covered(s["closing"], started, ended) / wall for s in stats]
-    rewinds = sum(s["rewinds"] for s in stats)
     note = (f"{args.producers} producers, interval {args.interval:g} s; closing parts "
-            f"{sum(closing) / len(closing):.1%}" + (f"; {rewinds} rewinds" if rewinds else ""))
+            f"{sum(closing) / len(closing):.1%}"
+            + (f"; {failed.count} epochs failed, the stream rewound" if failed.count else ""))
     return Result(mode="stream", writers=writers, epochs=last - first,
                   rows=rows_of_epochs(root / name, first + 1, last), wall=wall,
                   outside_writing=1 - sum(writing) / len(writing),
