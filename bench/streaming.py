@@ -323,9 +323,7 @@ def run_stream(args: argparse.Namespace, writers: int, root: Path) -> Result:
         stack.enter_context(instrumented([(EpochDriver, "commit_barriers", commit)]))
         rt = stack.enter_context(make_runtime(name, root, writers,
                                               checkpoint_interval=args.interval))
-        feeds = [rt.stream() for _ in range(args.producers)]
-        for feed in feeds:
-            feed.poll_interval = args.poll
+        feeds = [rt.stream(poll_interval=args.poll) for _ in range(args.producers)]
         producers = [Producer.remote(feed, i, args.rows) for i, feed in enumerate(feeds)]
         ray.get([p.ready.remote() for p in producers])
         begun = time.monotonic()
