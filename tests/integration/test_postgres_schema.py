@@ -25,6 +25,7 @@ from raysink.sinks.base import CommitResult, Manifest
 from raysink.sinks.postgres import PostgresSink
 from raysink.testing import arm_fault, disarm_faults
 from tests.support.postgres import PostgresServer
+from tests.support.staging import stage_writers
 
 METHODS = ["prepared", "staging"]
 pytestmark = pytest.mark.timeout(120)
@@ -83,15 +84,7 @@ def rows(ids: Sequence[int], **extra: pa.Array) -> pa.RecordBatch:
 
 def stage(sink: PostgresSink, epoch: int, *per_writer: Sequence[pa.RecordBatch],
           attempt: int = 0) -> list[Manifest]:
-    manifests = []
-    for writer_id, batches in enumerate(per_writer):
-        writer = sink.create_writer(writer_id)
-        writer.open()
-        for b in batches:
-            writer.write(b)
-        manifests.append(writer.pre_commit(epoch, attempt))
-        writer.close()
-    return manifests
+    return stage_writers(sink, epoch, per_writer, attempt)
 
 
 def write(sink: PostgresSink, epoch: int, *per_writer: Sequence[pa.RecordBatch]

@@ -26,6 +26,7 @@ from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
 from raysink.spark import stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
+from tests.integration.helpers import writer_owners
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,12 +169,7 @@ def test_keyed_rows_land_on_one_writer_each(spark: SparkSession, tmp_path: Path)
         rt.write(df)
         rt.write(df.selectExpr("id + 6000 AS id", "customer", "amount"))
         rt.write_arrow(local)
-    owners: dict[str, set[str]] = {}
-    data = ds.dataset(str(tmp_path / "table"), format="parquet")
-    for fragment in data.get_fragments():
-        writer = Path(fragment.path).name.split("-w")[1][:4]
-        for customer in fragment.to_table(columns=["customer"]).column(0).to_pylist():
-            owners.setdefault(customer, set()).add(writer)
+    owners = writer_owners(tmp_path / "table")
     assert len(owners) == 53
     assert all(len(w) == 1 for w in owners.values()), owners
     assert len(set().union(*owners.values())) == 3  # every writer got some keys

@@ -24,11 +24,12 @@ import pytest
 from raysink import _schema
 from raysink._faults import InjectedFault
 from raysink.errors import ConfigError, SchemaMismatchError
-from raysink.sinks.base import CommitResult, Manifest, Sink
+from raysink.sinks.base import CommitResult, Sink
 from raysink.sinks.delta import DeltaSink
 from raysink.sinks.iceberg import IcebergSink
 from raysink.sinks.parquet import ParquetSink
 from raysink.testing import ListSink, arm_fault, disarm_faults
+from tests.support.staging import stage_writers as stage
 
 # --------------------------------------------------------------------------- the rules
 
@@ -197,18 +198,6 @@ def rows(ids: Sequence[int], **extra: pa.Array) -> pa.RecordBatch:
     return pa.record_batch(columns)
 
 
-def stage(sink: Sink, epoch: int, per_writer: Sequence[Sequence[pa.RecordBatch]],
-          attempt: int = 1) -> list[Manifest]:
-    """Writer k writes per_writer[k] and pre-commits ``(epoch, attempt)``."""
-    manifests = []
-    for k, batches in enumerate(per_writer):
-        writer = sink.create_writer(k)
-        writer.open()
-        for b in batches:
-            writer.write(b)
-        manifests.append(writer.pre_commit(epoch, attempt))
-        writer.close()
-    return manifests
 
 
 def write(sink: Sink, epoch: int, *per_writer: Sequence[pa.RecordBatch]) -> CommitResult:
