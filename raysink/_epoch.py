@@ -17,10 +17,12 @@ again only when it was aborted (after a CANCEL barrier to every writer), up to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from raysink import _feed
@@ -28,7 +30,7 @@ from raysink._calls import ask, get, short
 from raysink.actors.lifecycle import ActorSet
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
-from raysink.errors import EpochFailedError, SchemaMismatchError
+from raysink.errors import EpochFailedError, RescaleRefusedError, SchemaMismatchError
 from raysink.progress import Progress
 from raysink.reports import EpochReport
 
@@ -63,6 +65,40 @@ class EpochDriver:
         # after the epoch just committed), and the coordinator generation that said so:
         # its open then travels with its commit requests
         self._predicted: tuple[int, int, int] | None = None
+        # epochs running now, and whether a rescale holds them off (``exclusive``)
+        self._gate = threading.Condition()
+        self._running = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No epoch runs within the block (``rt.rescale``): ``RescaleRefusedError`` when one
+        is running (being fed, committed or recovered); an epoch started meanwhile waits
+        until the block ends."""
+        with self._gate:
+            if self._running or self._exclusive:
+                raise RescaleRefusedError(
+                    "an epoch is being written (or recovered): rescale between epochs",
+                    retry_after=1.0, runtime=self.name)
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._exclusive = False
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def _epoch_running(self) -> Iterator[None]:
+        with self._gate:
+            while self._exclusive:
+                self._gate.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._running -= 1
 
     def next_checkpoint(self) -> int:
         self._checkpoint_id += 1
@@ -76,6 +112,11 @@ class EpochDriver:
         The epoch after the one just committed is not opened first: its first attempt is
         known, so the data goes at once and the open travels with the commit requests
         (one meta store transaction records both). Any other epoch is opened first."""
+        with self._epoch_running():
+            return self._run(actors, epoch, plan)
+
+    def _run(self, actors: ActorSet, epoch: int | None,
+             plan: _feed.FeedPlan) -> EpochReport:
         started = time.monotonic()
         requested = epoch
         last_error: BaseException | None = None
@@ -132,6 +173,12 @@ class EpochDriver:
         barrier answer and send them to the coordinator in one call, which decides the
         attempt and answers once every sink made it visible (or ``commit_timeout``).
         Returns the rows and that answer."""
+        with actors.watching():  # an actor that stops answering fails the attempt at once
+            return self._feed_and_commit_watched(actors, epoch, attempt, plan, generation)
+
+    def _feed_and_commit_watched(self, actors: ActorSet, epoch: int, attempt: int,
+                                 plan: _feed.FeedPlan, generation: int | None
+                                 ) -> tuple[int, CommitWait]:
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
         barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,

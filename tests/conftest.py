@@ -56,11 +56,13 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """One local Ray for the whole test session (8 logical CPUs so RayDP fits on 2 cores)."""
+    """One local Ray for the whole test session (8 logical CPUs so RayDP fits on 2 cores).
+    ``address="local"``: always a new Ray of this session's own, never a cluster some
+    other process on the machine started (a bare ``ray.init()`` would join one)."""
     import ray
 
     if not ray.is_initialized():
-        ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+        ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
 
