@@ -118,7 +118,7 @@ class Bench:
 
         with SparkPartitions.open(self.df) as parts:
             ready = (ref for _, ref in parts.as_ready(window=2 * self.rt.writers))
-            report = self.rt._run_refs(ready, None)
+            report = self.rt._write_refs(ready, None)
         if not report.committed:
             raise RuntimeError(f"raysink epoch not committed: {report}")
         return report.rows

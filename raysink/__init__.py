@@ -20,6 +20,8 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.feeds import Feed
+from raysink.handle import EpochHandle
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.runtime import SinkRuntime
 
@@ -28,8 +30,10 @@ __all__ = [
     "ConfigError",
     "DataLossError",
     "EpochFailedError",
+    "EpochHandle",
     "EpochRegressionError",
     "EpochReport",
+    "Feed",
     "FencedError",
     "MetaStoreError",
     "Placement",

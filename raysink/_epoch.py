@@ -155,6 +155,44 @@ class EpochDriver:
             "epoch again", attempts=self._options.max_attempts, runtime=self.name,
             epoch=epoch) from last_error
 
+    def commit_fed(self, actors: ActorSet, epoch: int, attempt: int,
+                   seal: Callable[[], _feed.Barriers], started: float) -> EpochReport:
+        """Commit an attempt its producers fed (``EpochHandle``): ``seal`` sends the
+        writers' seals. After a failure the attempt is resolved: a decided one rolls
+        forward; else it was given up at the writers and ``EpochFailedError`` says to feed
+        the epoch again (the producers' data is not here to re-send)."""
+        try:
+            with actors.watching():  # an actor that stops answering fails the attempt
+                rows, outcome = self.commit_barriers(actors, epoch, attempt, seal())
+        except SchemaMismatchError:
+            self._abandon(actors, epoch, attempt)
+            raise
+        except Exception as exc:
+            log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
+                        short(exc))
+            if self._recover_epoch(actors, epoch, attempt):
+                return self._visible(epoch, 0, 1, started, self._committed(actors, epoch))
+            raise EpochFailedError(
+                f"epoch {epoch} attempt {attempt} failed: {short(exc)}. Nothing of it is "
+                f"visible; open epoch {epoch} again and feed it again", attempts=1,
+                runtime=self.name, epoch=epoch) from exc
+        if outcome.committed:
+            self._predicted = (epoch + 1, outcome.next_attempt, outcome.generation)
+        return self._visible(epoch, rows, 1, started, outcome)
+
+    def give_up(self, actors: ActorSet, epoch: int, attempt: int) -> None:
+        """Abort an attempt its producers fed: nothing of it becomes visible."""
+        self._abandon(actors, epoch, attempt)
+
+    def open(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
+        """Open an epoch for producers (``EpochHandle``): always opened first."""
+        self._predicted = None
+        return self._open_epoch(actors, epoch)
+
+    def skipped(self, epoch: int, skipped_sinks: tuple[str, ...],
+                started: float) -> EpochReport:
+        return self._report(epoch, 0, True, True, skipped_sinks, 0, started)
+
     def _open_epoch(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
         """Open at the coordinator; a coordinator lost meanwhile is waited for (restarting)
         or re-created, and asked again (its successor aborted the half-opened attempt
@@ -184,6 +222,14 @@ class EpochDriver:
         barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self.next_checkpoint(),
                               shuffle=self.shuffle, on_rows=on_rows)
+        return self.commit_barriers(actors, epoch, attempt, barriers, generation)
+
+    def commit_barriers(self, actors: ActorSet, epoch: int, attempt: int,
+                        barriers: _feed.Barriers, generation: int | None = None
+                        ) -> tuple[int, CommitWait]:
+        """Gather the writers' barrier answers (bad data wins over other failures) and
+        the driver's answers for idle writers; send them to the coordinator in one call.
+        Returns the rows and its answer."""
         self._inflight = barriers.refs
         try:
             acks: list[BarrierAck] = get(barriers.refs)

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import random
-import time
-from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -20,9 +18,10 @@ from typing import Any
 import pyarrow as pa
 
 from raysink._pull import resolve
+from raysink._sender import Sender
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.vnodes import Bitmap, split_by_writer
-from raysink.errors import BackpressureError, ConfigError, SchemaMismatchError
+from raysink.errors import ConfigError, SchemaMismatchError
 
 __all__ = ["FeedPlan", "plan_arrow", "plan_refs", "send"]
 
@@ -50,8 +49,9 @@ class FeedPlan:
     """
 
     def __init__(self, items: Iterable[tuple[int, Any]], rows: int | None,
-                 keep: Sequence[Any] = ()) -> None:
+                 keep: Sequence[Any] = (), schema: pa.Schema | None = None) -> None:
         self.rows = rows
+        self.schema = schema  # of the local tables, when there were any
         self.keep = list(keep)
         self._seen: list[tuple[int, Any]] = []
         self._source: Iterator[tuple[int, Any]] = iter(items)
@@ -134,7 +134,7 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
         else:
             rows = None
             turn = _place_ref(item, placed, writers, key, bitmaps, turn)
-    return FeedPlan(placed, rows)
+    return FeedPlan(placed, rows, schema=local[0].schema if local else None)
 
 
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
@@ -237,50 +237,25 @@ def send(
     shuffle: random.Random | None = None,
     on_rows: Callable[[int], None] | None = None,
 ) -> Barriers:
-    """Send the plan's writes with a credit window, then every writer's barrier.
+    """Send the plan's writes (feed 0, the driver) with a credit window, then every
+    writer's barrier.
 
-    Writer ``k`` of every sink receives the items routed to ``k``, numbered ``seq`` 0, 1, ...
     Returns the barriers: a ref per writer that received data (each resolves to its
     ``BarrierAck`` once it pre-committed), and the writers that received nothing.
-    Raises what a write raised (a dead actor, poisoned data) as soon as it is seen; a
-    write refused because the writer's reorder buffer was full is sent again.
-    ``on_rows`` hears the rows each acknowledged write carried (counted once, not per sink).
+    With ``shuffle`` the writes go in a random order (tests prove the writer's reordering).
     """
-    from ray.exceptions import PendingCallsLimitExceeded
-
-    count = len(next(iter(writers.values())))
-    first = next(iter(writers))
-    seqs = [0] * count
-    windows: dict[tuple[str, int], deque[tuple[Any, int, Any]]] = {}
-    refused: dict[tuple[str, int], list[tuple[int, Any]]] = {}
-
-    def submit(sink: str, k: int, seq: int, ref: Any) -> None:
-        call = writers[sink][k].write.remote(epoch, attempt, seq, [ref])
-        windows.setdefault((sink, k), deque()).append((call, seq, ref))
-
-    def settle(sink: str, k: int) -> float:
-        """Settle the oldest write in flight to ``(sink, k)``; a write the writer's full
-        reorder buffer refused is kept to send again (other writes go on meanwhile: the
-        one the writer needs next may not be sent yet). Returns the wait it asked for."""
-        call, seq, ref = windows[(sink, k)].popleft()
-        try:
-            rows = _settle(call)
-        except BackpressureError as exc:
-            refused.setdefault((sink, k), []).append((seq, ref))
-            return exc.retry_after
-        if on_rows is not None and sink == first:
-            on_rows(rows)
-        return 0.0
-
-    try:
-        for sink, k, seq, ref in _numbered(plan, writers, seqs, shuffle):
-            while len(windows.get((sink, k), ())) >= credits:
-                settle(sink, k)
-            submit(sink, k, seq, ref)
-        _finish_sends(windows, refused, settle, submit, credits)
-    except PendingCallsLimitExceeded as exc:
-        raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
-                                retry_after=0.5, epoch=epoch) from exc
+    sender = Sender(writers, epoch=epoch, attempt=attempt, credits=credits, on_rows=on_rows)
+    if shuffle is None:
+        for k, ref in plan:
+            sender.send(k, ref)
+    else:
+        numbered = [(sink, k, seq, ref) for k, ref in plan
+                    for seq in [sender.number(k)] for sink in writers]
+        shuffle.shuffle(numbered)
+        for sink, k, seq, ref in numbered:
+            sender.send_numbered(sink, k, seq, ref)
+    sender.finish()
+    seqs = sender.seqs
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
     return Barriers(
         refs=[handle.barrier.remote(barrier, attempt, seqs[k])
@@ -298,51 +273,3 @@ class Barriers:
 
     refs: list[Any]
     idle: list[tuple[str, int]]
-
-
-def _finish_sends(windows: dict[tuple[str, int], deque[tuple[Any, int, Any]]],
-                  refused: dict[tuple[str, int], list[tuple[int, Any]]],
-                  settle: Callable[[str, int], float],
-                  submit: Callable[[str, int, int, Any], None], credits: int) -> None:
-    """Settle every write in flight; send the refused ones again, lowest ``seq`` first,
-    until every writer took everything. Each round makes progress: a writer always takes
-    the message it needs next."""
-    while True:
-        wait = 0.0
-        for (sink, k), window in windows.items():
-            while window:
-                wait = max(wait, settle(sink, k))
-        if not any(refused.values()):
-            return
-        time.sleep(wait)
-        for (sink, k), items in refused.items():
-            again, items[:] = sorted(items, key=lambda item: item[0]), []
-            for seq, ref in again:
-                while len(windows.get((sink, k), ())) >= credits:
-                    wait = max(wait, settle(sink, k))
-                submit(sink, k, seq, ref)
-
-
-def _numbered(plan: FeedPlan, writers: Mapping[str, Sequence[Any]], seqs: list[int],
-              shuffle: random.Random | None) -> Iterator[tuple[str, int, int, Any]]:
-    """Number each writer's items; with ``shuffle``, deliver them in a random order (tests
-    use this to prove the writer's reorder buffer)."""
-    def numbered() -> Iterator[tuple[str, int, int, Any]]:
-        for k, ref in plan:
-            seq = seqs[k]
-            seqs[k] += 1
-            for sink in writers:
-                yield sink, k, seq, ref
-
-    if shuffle is None:
-        yield from numbered()
-        return
-    everything = list(numbered())
-    shuffle.shuffle(everything)
-    yield from everything
-
-
-def _settle(ref: Any) -> int:
-    from raysink._calls import get
-
-    return int(get(ref))

@@ -19,9 +19,9 @@ from __future__ import annotations
 import dataclasses
 import logging
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
@@ -36,11 +36,17 @@ from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     ConfigError,
     EpochFailedError,
+    RescaleRefusedError,
     RuntimeUnavailableError,
 )
+from raysink.feeds import FeedRoute
+from raysink.handle import EpochHandle
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
+
+if TYPE_CHECKING:
+    from raysink.datasink import EpochDatasink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
 
@@ -66,6 +72,7 @@ class _Options:
     max_batch_bytes: int | None
     max_buffer_bytes: int | None
     warn_interval: float
+    feed_timeout: float
     add_sinks: tuple[str, ...]
     drop_sinks: tuple[str, ...]
     placement: Placement
@@ -88,6 +95,7 @@ class _Options:
              f"max_buffer_bytes must be at least 1 (or None: no limit); got "
              f"{self.max_buffer_bytes!r}"),
             (self.warn_interval > 0, f"warn_interval must be > 0; got {self.warn_interval!r}"),
+            (self.feed_timeout > 0, f"feed_timeout must be > 0; got {self.feed_timeout!r}"),
             (self.ping_timeout > 0, f"ping_timeout must be > 0; got {self.ping_timeout!r}"),
             (isinstance(self.placement, Placement),
              f"placement must be a raysink.Placement; got {type(self.placement).__name__}"),
@@ -111,6 +119,8 @@ class SinkRuntime:
     ``max_buffer_bytes`` bounds each writer's reorder buffer (messages that arrived
     before their turn; one that does not fit is sent again later); ``warn_interval``:
     a sink commit or flush still running logs a warning every this many seconds;
+    ``feed_timeout``: a producer's feed (``open_epoch``) silent this long without closing
+    is lost, and its epoch's attempt given up;
     ``add_sinks``/``drop_sinks`` change the sink set on
     purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
     on stderr while writing (``None``: only on a terminal; ``False``: never; or a
@@ -155,6 +165,7 @@ class SinkRuntime:
         max_batch_bytes: int | None = _feed.DEFAULT_MAX_BATCH_BYTES,
         max_buffer_bytes: int | None = _feed.DEFAULT_MAX_BUFFER_BYTES,
         warn_interval: float = 5.0,
+        feed_timeout: float = 30.0,
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
         progress: Progress | bool | None = None,
@@ -171,7 +182,7 @@ class SinkRuntime:
             credits=credits, epoch_offset=epoch_offset,
             actor_options=dict(actor_options or {}), max_batch_bytes=max_batch_bytes,
             max_buffer_bytes=max_buffer_bytes, warn_interval=warn_interval,
-            add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks),
+            feed_timeout=feed_timeout, add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks),
             placement=Placement() if placement is None else placement,
             ping_timeout=ping_timeout)
         self._options.validate(name)
@@ -181,6 +192,7 @@ class SinkRuntime:
         self._bound: tuple[str, int] | None = None
         self._progress = _progress(name, progress)
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
+        self._handle: EpochHandle | None = None  # the epoch open for producers, if any
         self._epochs = EpochDriver(
             name, EpochSettings(max_attempts=max_attempts, commit_timeout=commit_timeout,
                                 credits=credits),
@@ -333,11 +345,56 @@ class SinkRuntime:
     def write_arrow(self, data: Any, *, epoch: int | None = None) -> EpochReport:
         """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
         actors = self._require_started()
+        self._check_no_open_handle()
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
                                 first_writer=self._next_first_writer())
         return self._epochs.run(actors, epoch, plan)
+
+    @typed_errors(EpochFailedError, "open_epoch")
+    def open_epoch(self, epoch: int | None = None) -> EpochHandle:
+        """Open an epoch for producers anywhere in the cluster: ``ep.feed()`` hands out
+        picklable feeds for Ray tasks and actors, ``ep.commit()`` waits for them to close
+        and commits, ``ep.abort()`` gives the epoch up (see ``raysink.handle``). An epoch
+        the targets hold already opens *skipped*: feeds write nothing and the commit
+        reports it skipped. One epoch is open for producers at a time."""
+        actors = self._require_started()
+        self._check_no_open_handle()
+        opened = self._epochs.open(actors, epoch)
+        handle = EpochHandle(self._epochs, actors, self._route(actors), opened,
+                             feed_timeout=self._options.feed_timeout,
+                             commit_timeout=self._options.commit_timeout,
+                             on_end=self._handle_ended)
+        self._handle = handle
+        return handle
+
+    @typed_errors(EpochFailedError, "datasink")
+    def datasink(self, epoch: int | None = None) -> EpochDatasink:
+        """A Ray Data datasink writing a whole Dataset as one epoch, exactly once:
+        ``ds.write_datasink(rt.datasink(epoch=N))``; its ``report`` says what happened.
+        Each write task is a producer with its own feed (see ``raysink.datasink``); the
+        same job run again with the same epoch writes nothing and reports it skipped."""
+        from raysink.datasink import EpochDatasink
+
+        handle = self.open_epoch(epoch)
+        return EpochDatasink(handle, self._route(self._require_started()))
+
+    def _route(self, actors: ActorSet) -> FeedRoute:
+        return FeedRoute(runtime=self.name, writers=actors.writers,
+                         coordinator=actors.coordinator, key=self._key,
+                         bitmaps=tuple(self._bitmaps),
+                         max_batch_bytes=self._options.max_batch_bytes,
+                         credits=self._options.credits)
+
+    def _handle_ended(self, handle: EpochHandle) -> None:
+        if self._handle is handle:
+            self._handle = None
+
+    def _check_no_open_handle(self) -> None:
+        if self._handle is not None:
+            raise ConfigError(f"{self._handle!r} is still open; commit or abort it before "
+                              "writing another epoch", runtime=self.name)
 
     @typed_errors(EpochFailedError, "write(df)")
     def write(self, df: Any, *, epoch: int | None = None) -> EpochReport:
@@ -347,17 +404,22 @@ class SinkRuntime:
         is reported skipped before Spark computes anything."""
         from raysink.spark.write import check_dataframe, open_partitions
 
-        actors = self._require_started()
+        self._require_started()
         check_dataframe(self.name, df)
         if epoch is not None and self._committed_through() >= epoch:
             return self.write_arrow([], epoch=epoch)
         with open_partitions(df) as parts:
             if parts.num_partitions == 0:
                 return self.write_arrow(parts.schema.empty_table(), epoch=epoch)
-            plan = _feed.plan_refs(parts.pulls(runtime=self.name),
-                                   writers=self._options.writers, key=self._key,
-                                   bitmaps=self._bitmaps, first_writer=self._next_first_writer())
-            return self._epochs.run(actors, epoch, plan)
+            return self._write_refs(parts.pulls(runtime=self.name), epoch)
+
+    def _write_refs(self, refs: Iterable[Any], epoch: int | None = None) -> EpochReport:
+        """One epoch from object refs or pulls, each handed to a writer as it comes."""
+        actors = self._require_started()
+        self._check_no_open_handle()
+        plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
+                               bitmaps=self._bitmaps, first_writer=self._next_first_writer())
+        return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "foreach_batch")
     def foreach_batch(self, df: Any, batch_id: int) -> EpochReport:
@@ -415,6 +477,10 @@ class SinkRuntime:
         actors = self._require_started()
         if writers == self._options.writers:
             return
+        if self._handle is not None:
+            raise RescaleRefusedError(
+                f"{self._handle!r} is open for producers: commit or abort it, then rescale",
+                runtime=self.name, epoch=self._handle.epoch)
         with self._epochs.exclusive():
             actors.heal()
             removed = actors.resize(self._writer_configs(writers), commit=lambda: self._ask(

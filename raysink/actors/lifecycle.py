@@ -53,8 +53,10 @@ __all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "writer_name"]
 log = logging.getLogger(__name__)
 
 _WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
-_WRITER_METHOD_GROUPS = {"write": "data", "barrier": "barrier"}
-_WRITER_METHODS = ("write", "barrier", "cancel", "drain", "ping", "status")
+_WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "barrier",
+                         "seal": "barrier"}
+_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "ping",
+                   "status")
 _NAME_RELEASE_SECONDS = 10.0
 _REPLACE_NAME_WAIT = 1.0
 PING_TIMEOUT = 1.0

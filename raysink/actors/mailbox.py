@@ -1,27 +1,41 @@
-"""The writer's mailbox state, without Ray: epoch, attempt, sequence order, poisoning.
+"""The writer's mailbox, without Ray: epochs in flight, feeds, sequence order, poisoning.
 
-Ray keeps call order only within one concurrency group, and threaded actors reorder calls
-even from one caller, so every data message carries ``(epoch, attempt, seq)``. ``Mailbox``
-puts them back in ``seq`` order: a message arriving early waits in a small reorder buffer;
-duplicates and messages of a stale attempt are dropped. A barrier carries the epoch's
-``last_seq`` (the number of data messages) and may pre-commit only once every message
-before it is applied.
+A writer takes data from one or more *feeds* (the driver, or the producers of an epoch
+handle or a stream), for one or more epochs at once: the data of epoch E+1 may arrive
+while epoch E is still being written. Every data message carries ``(epoch, attempt,
+feed, seq)``: Ray keeps call order only within one concurrency group, threaded actors
+reorder calls even from one caller, and different callers have no order at all.
 
-The reorder buffer is bounded in bytes (``max_bytes``): an early message that would take
-it over the bound is refused (``Verdict.FULL``) and its sender sends it again later. The
-message the writer needs next is always taken, so a full buffer always drains.
+``Mailbox`` keeps a slot per ``(epoch, attempt)`` and, in it, a lane per feed that puts
+the feed's messages back in ``seq`` order. Only the *current* slot (the oldest) is applied
+to the sink writer; the slots after it wait (the sink writer writes one epoch at a time).
+A feed's barrier gives its ``last_seq`` (how many messages it sent this writer). The seal
+of an epoch names its feeds; a ``BarrierAligner`` over them (the seed's aligned
+checkpoint: inputs are feeds) says when the last one's barrier arrived, and the epoch may
+be pre-committed once aligned and every message before the barriers is applied.
+
+The waiting messages are bounded in bytes (``max_bytes``), over every slot: an early
+message that would go over is refused (``Verdict.FULL``) and its sender sends it again
+later. A message the current slot needs next is always taken, so the mailbox always
+drains.
 """
 
 from __future__ import annotations
 
 import enum
 import threading
+from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-__all__ = ["EpochSlot", "Mailbox", "Verdict"]
+from raysink.coordinator.alignment import Aligned, BarrierAligner, Pass
+from raysink.coordinator.barrier import CheckpointBarrier
+
+__all__ = ["EpochSlot", "Feed", "FeedLane", "Mailbox", "Verdict"]
 
 T = TypeVar("T")
+Key = tuple[int, int]
+Feed = Hashable
 
 
 class Verdict(str, enum.Enum):
@@ -34,149 +48,245 @@ class Verdict(str, enum.Enum):
 
 
 @dataclass(kw_only=True, slots=True)
+class FeedLane(Generic[T]):
+    """One feed's messages within one epoch attempt."""
+
+    next_seq: int = 0
+    waiting: dict[int, tuple[T, int]] = field(default_factory=dict)
+    last_seq: int | None = None  # the feed's barrier: its message count
+    barrier: CheckpointBarrier | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.last_seq is not None and self.next_seq >= self.last_seq
+
+
+@dataclass(kw_only=True, slots=True)
 class EpochSlot(Generic[T]):
-    """The current ``(epoch, attempt)`` of one writer and its reorder buffer."""
+    """One ``(epoch, attempt)`` at one writer."""
 
     epoch: int
     attempt: int
-    next_seq: int = 0
-    waiting: dict[int, T] = field(default_factory=dict)
-    sizes: dict[int, int] = field(default_factory=dict)
-    waiting_bytes: int = 0
+    lanes: dict[Feed, FeedLane[T]] = field(default_factory=dict)
     rows: int = 0
     schema: Any = None
     poison: BaseException | None = None
     cancelled: bool = False
+    sealed: tuple[Feed, ...] | None = None  # the feeds the epoch has, once sealed
+    aligner: BarrierAligner | None = None
+    aligned: bool = False
 
-    def clear_waiting(self) -> None:
-        self.waiting.clear()
-        self.sizes.clear()
-        self.waiting_bytes = 0
+    def align(self, feed: Feed, barrier: CheckpointBarrier) -> None:
+        """Count ``feed``'s barrier in the alignment (once the epoch is sealed)."""
+        if self.aligner is None or self.sealed is None or feed not in self.sealed:
+            return
+        action = self.aligner.on_barrier(self.sealed.index(feed), barrier)
+        if isinstance(action, Aligned | Pass):
+            self.aligned = True
+
+    @property
+    def key(self) -> Key:
+        return self.epoch, self.attempt
+
+    def lane(self, feed: Feed) -> FeedLane[T]:
+        return self.lanes.setdefault(feed, FeedLane())
+
+    def waiting_count(self) -> int:
+        return sum(len(lane.waiting) for lane in self.lanes.values())
 
 
 class Mailbox(Generic[T]):
     """Sequencing of one writer's data messages; thread-safe.
 
-    ``offer`` files a message; ``ready`` hands out, in order, the messages that can be
-    applied now; the caller applies them and calls ``applied``. ``wait_applied`` blocks a
-    barrier until ``last_seq`` messages are applied, the epoch is poisoned or cancelled,
-    or the timeout passes.
+    ``offer`` files a message; ``take_ready`` hands out, in order, the messages of the
+    current slot that can be applied now; the caller applies them and calls ``applied``.
+    ``wait_sealed`` blocks a seal until the slot is current and the feeds it names are
+    done, or the slot is poisoned, cancelled or replaced, or the timeout passes.
     """
 
     def __init__(self, max_bytes: int | None = None) -> None:
         self._cond = threading.Condition()
-        self._slot: EpochSlot[T] | None = None
+        self._slots: dict[Key, EpochSlot[T]] = {}
+        self._done: Key = (-1, -1)
         self._applying = False
+        self._bytes = 0
         self.max_bytes = max_bytes
 
-    @property
-    def slot(self) -> EpochSlot[T] | None:
-        return self._slot
+    # ------------------------------------------------------------------ state
 
-    def begin(self, epoch: int, attempt: int) -> EpochSlot[T] | None:
-        """Make ``(epoch, attempt)`` current; returns the slot it replaced, if any."""
+    @property
+    def current(self) -> EpochSlot[T] | None:
+        """The slot applied now: the oldest one."""
         with self._cond:
-            old = self._slot
-            if old is not None and (old.epoch, old.attempt) == (epoch, attempt):
-                return None
-            self._slot = EpochSlot(epoch=epoch, attempt=attempt)
-            self._cond.notify_all()
-            return old
+            return self._current()
+
+    def _current(self) -> EpochSlot[T] | None:
+        return self._slots[min(self._slots)] if self._slots else None
+
+    @property
+    def waiting_bytes(self) -> int:
+        return self._bytes
+
+    def slots(self) -> list[EpochSlot[T]]:
+        with self._cond:
+            return [self._slots[k] for k in sorted(self._slots)]
 
     def is_stale(self, epoch: int, attempt: int) -> bool:
-        slot = self._slot
-        return slot is not None and (epoch, attempt) < (slot.epoch, slot.attempt)
+        """At or below what is done, or an attempt a newer one of its epoch replaced."""
+        key = (epoch, attempt)
+        return key <= self._done or any(
+            k[0] == epoch and k[1] > attempt for k in self._slots)
 
-    def offer(self, epoch: int, attempt: int, seq: int, message: T, size: int = 0) -> Verdict:
-        """File ``message`` (``size`` bytes). An early one that would take the reorder
-        buffer over ``max_bytes`` is refused with ``FULL``; the next one is always taken."""
+    def _slot(self, epoch: int, attempt: int) -> tuple[EpochSlot[T] | None, list[Key]]:
+        """The slot of ``(epoch, attempt)``, made when new; an older attempt of the epoch
+        it replaces is dropped and returned (its staging must be rolled back)."""
+        if self.is_stale(epoch, attempt):
+            return None, []
+        replaced = [k for k in self._slots if k[0] == epoch and k[1] < attempt]
+        for key in replaced:
+            self._forget(key)
+        slot = self._slots.get((epoch, attempt))
+        if slot is None:
+            slot = self._slots[(epoch, attempt)] = EpochSlot(epoch=epoch, attempt=attempt)
+        return slot, replaced
+
+    def _forget(self, key: Key) -> EpochSlot[T] | None:
+        slot = self._slots.pop(key, None)
+        if slot is not None:
+            self._bytes -= sum(size for lane in slot.lanes.values()
+                               for _, size in lane.waiting.values())
+        self._cond.notify_all()
+        return slot
+
+    # ------------------------------------------------------------------ data
+
+    def offer(self, epoch: int, attempt: int, feed: Feed, seq: int, message: T,
+              size: int = 0) -> tuple[Verdict, list[Key]]:
+        """File a message; also returns the older attempts of its epoch it replaced."""
         with self._cond:
-            slot = self._slot
-            if slot is None or (epoch, attempt) != (slot.epoch, slot.attempt):
-                return Verdict.STALE
-            if seq < slot.next_seq or seq in slot.waiting:
-                return Verdict.DUPLICATE
-            early = seq != slot.next_seq
-            if early and self.max_bytes is not None and (
-                    slot.waiting_bytes + size > self.max_bytes):
-                return Verdict.FULL
-            slot.waiting[seq] = message
-            slot.sizes[seq] = size
-            slot.waiting_bytes += size
-            return Verdict.ACCEPTED
+            slot, replaced = self._slot(epoch, attempt)
+            if slot is None or slot.cancelled:
+                return Verdict.STALE, replaced
+            lane = slot.lane(feed)
+            if seq < lane.next_seq or seq in lane.waiting:
+                return Verdict.DUPLICATE, replaced
+            needed = slot is self._current() and seq == lane.next_seq
+            if not needed and self.max_bytes is not None and (
+                    self._bytes + size > self.max_bytes):
+                return Verdict.FULL, replaced
+            lane.waiting[seq] = (message, size)
+            self._bytes += size
+            return Verdict.ACCEPTED, replaced
 
-    def take_ready(self) -> list[tuple[int, T]]:
-        """Claim the in-order run of messages that can be applied now (one claimant at a
-        time; others get an empty list and leave the work to the claimant)."""
+    def take_ready(self) -> tuple[Key, list[tuple[Feed, T]]] | None:
+        """Claim the in-order runs of the current slot's lanes that can be applied now
+        (one claimant at a time; others get ``None`` and leave the work to it)."""
         with self._cond:
-            slot = self._slot
-            if slot is None or self._applying:
-                return []
-            run: list[tuple[int, T]] = []
-            seq = slot.next_seq
-            while seq in slot.waiting:
-                run.append((seq, slot.waiting.pop(seq)))
-                slot.waiting_bytes -= slot.sizes.pop(seq, 0)
-                seq += 1
-            if run:
-                self._applying = True
-            return run
+            slot = self._current()
+            if slot is None or self._applying or slot.poison is not None:
+                return None
+            run: list[tuple[Feed, T]] = []
+            for feed, lane in slot.lanes.items():
+                seq = lane.next_seq
+                while seq in lane.waiting:
+                    message, size = lane.waiting.pop(seq)
+                    self._bytes -= size
+                    run.append((feed, message))
+                    seq += 1
+            if not run:
+                return None
+            self._applying = True
+            return slot.key, run
 
-    def applied(self, epoch: int, attempt: int, count: int, rows: int) -> None:
-        """``count`` messages of ``(epoch, attempt)`` were applied, holding ``rows`` rows."""
+    def applied(self, key: Key, feeds: Iterable[Feed], rows: int) -> None:
+        """The messages of ``feeds`` (one entry per message) were applied to ``key``."""
         with self._cond:
             self._applying = False
-            slot = self._slot
-            if slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt):
-                slot.next_seq += count
+            slot = self._slots.get(key)
+            if slot is not None:
+                for feed in feeds:
+                    slot.lane(feed).next_seq += 1
                 slot.rows += rows
             self._cond.notify_all()
 
-    def poison(self, epoch: int, attempt: int, error: BaseException) -> None:
+    def close_feed(self, barrier: CheckpointBarrier, attempt: int, feed: Feed,
+                   last_seq: int) -> list[Key]:
+        """A feed's barrier: it sent ``last_seq`` messages of ``(barrier.epoch, attempt)``.
+        Again (a producer retried by Ray closes again): nothing changes."""
         with self._cond:
-            slot = self._slot
-            if slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt):
+            slot, replaced = self._slot(barrier.epoch, attempt)
+            if slot is not None:
+                lane = slot.lane(feed)
+                if lane.barrier is None:
+                    lane.last_seq, lane.barrier = last_seq, barrier
+                    slot.align(feed, barrier)
+            self._cond.notify_all()
+            return replaced
+
+    def seal(self, epoch: int, attempt: int, feeds: Iterable[Feed]) -> list[Key]:
+        """The epoch has these feeds: align their barriers (those already here, and those
+        to come). Returns the older attempts of the epoch this replaced."""
+        with self._cond:
+            slot, replaced = self._slot(epoch, attempt)
+            if slot is not None and slot.sealed is None:
+                slot.sealed = tuple(feeds)
+                slot.aligner = BarrierAligner(max(1, len(slot.sealed)))
+                slot.aligned = not slot.sealed
+                for feed in slot.sealed:
+                    barrier = slot.lane(feed).barrier
+                    if barrier is not None:
+                        slot.align(feed, barrier)
+            self._cond.notify_all()
+            return replaced
+
+    # ------------------------------------------------------------------ end of an epoch
+
+    def poison(self, key: Key, error: BaseException) -> None:
+        with self._cond:
+            slot = self._slots.get(key)
+            if slot is not None:
                 if slot.poison is None:
                     slot.poison = error
-                slot.clear_waiting()
+                self._bytes -= sum(size for lane in slot.lanes.values()
+                                   for _, size in lane.waiting.values())
+                for lane in slot.lanes.values():
+                    lane.waiting.clear()
             self._cond.notify_all()
 
-    def cancel(self, epoch: int, attempt: int) -> None:
+    def cancel(self, epoch: int, attempt: int) -> list[EpochSlot[T]]:
+        """Give up ``(epoch, attempt)`` and older attempts of the epoch: returns their slots
+        (the caller rolls back what the current one applied). Later messages are stale."""
         with self._cond:
-            slot = self._slot
-            if slot is not None and (slot.epoch, slot.attempt) <= (epoch, attempt):
-                slot.cancelled = True
-                slot.clear_waiting()
-            self._cond.notify_all()
+            keys = [k for k in self._slots if k[0] == epoch and k[1] <= attempt]
+            dropped = [s for k in keys if (s := self._forget(k)) is not None]
+            self._done = max(self._done, (epoch, attempt))
+            return dropped
 
-    def wait_applied(self, epoch: int, attempt: int, last_seq: int, timeout: float) -> str:
-        """Block until the epoch's ``last_seq`` messages are applied.
+    def wait_sealed(self, epoch: int, attempt: int, timeout: float) -> str:
+        """Block until the sealed ``(epoch, attempt)`` is the current slot, aligned, with
+        every message before its feeds' barriers applied. Returns ``"ready"``,
+        ``"poisoned"``, ``"cancelled"``, ``"stale"`` or ``"timeout"``."""
+        key = (epoch, attempt)
 
-        Returns ``"ready"``, ``"poisoned"``, ``"cancelled"``, ``"stale"`` or ``"timeout"``.
-        """
+        def state() -> str | None:
+            slot = self._slots.get(key)
+            if slot is None:
+                return "stale" if self.is_stale(epoch, attempt) else None
+            if slot.poison is not None:
+                return "poisoned"
+            if slot.cancelled:
+                return "cancelled"
+            ready = (slot.aligned and slot is self._current() and not self._applying
+                     and all(slot.lane(f).done for f in slot.sealed or ()))
+            return "ready" if ready else None
+
         with self._cond:
-            def state() -> str | None:
-                slot = self._slot
-                if slot is None or (slot.epoch, slot.attempt) != (epoch, attempt):
-                    return "stale"
-                if slot.poison is not None:
-                    return "poisoned"
-                if slot.cancelled:
-                    return "cancelled"
-                if slot.next_seq >= last_seq and not self._applying:
-                    return "ready"
-                return None
-
             result = self._cond.wait_for(state, timeout)
             return result if result is not None else "timeout"
 
-    def drop(self, epoch: int, attempt: int) -> EpochSlot[T] | None:
-        """Forget ``(epoch, attempt)`` (after its ack, or a rollback) if it is current; a
-        newer attempt that replaced it is left alone."""
+    def finish(self, epoch: int, attempt: int) -> EpochSlot[T] | None:
+        """``(epoch, attempt)`` is pre-committed or rolled back: forget it; the next slot
+        becomes current."""
         with self._cond:
-            old = self._slot
-            if old is None or (old.epoch, old.attempt) != (epoch, attempt):
-                return None
-            self._slot = None
-            self._cond.notify_all()
-            return old
+            self._done = max(self._done, (epoch, attempt))
+            return self._forget((epoch, attempt))

@@ -45,7 +45,7 @@ import pyarrow as pa
 from raysink import _faults, _schema
 from raysink._metrics import WriterMetrics
 from raysink._pull import resolve
-from raysink.actors.mailbox import EpochSlot, Mailbox, Verdict
+from raysink.actors.mailbox import EpochSlot, Feed, Mailbox, Verdict
 from raysink.actors.watchdog import Watchdog
 from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.coordinator.messages import BarrierAck, CommitRequest, DrainReport
@@ -95,7 +95,6 @@ class SinkWriterActor:
         self._watchdog = Watchdog(self._name, config.warn_interval)
         self._open_writer(deferrable=True)
         self._mailbox: Mailbox[pa.Table] = Mailbox(config.max_buffer_bytes)
-        self._done: tuple[int, int] = (-1, -1)
         self._rows_total = 0
         self._refused = 0
         self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
@@ -149,36 +148,37 @@ class SinkWriterActor:
 
     # ------------------------------------------------------------------ data group
 
-    def _begin(self, epoch: int, attempt: int) -> bool:
-        """Make ``(epoch, attempt)`` current; a newer attempt rolls back the older one."""
-        if (epoch, attempt) <= self._done or self._mailbox.is_stale(epoch, attempt):
-            return False
-        old = self._mailbox.begin(epoch, attempt)
-        if old is not None:
-            self._rollback_writer(old.epoch, old.attempt)
-        return True
-
-    def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any]) -> int:
-        """File one data message; returns the rows it carried (0 when dropped). An early
-        message the reorder buffer has no room for is ``BackpressureError``: send it
-        again after ``retry_after``."""
+    def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
+              feed: Feed = 0) -> int:
+        """File one data message of ``feed``; returns the rows it carried (0 when dropped:
+        a duplicate, or of an attempt given up). An early message the mailbox has no room
+        for is ``BackpressureError``: send it again after ``retry_after``."""
         self._refuse_if_closed(epoch)
-        if not self._begin(epoch, attempt) and not self._is_current(epoch, attempt):
+        if self._mailbox.is_stale(epoch, attempt):
             return 0
         table = _as_table(_fetch(refs))
-        verdict = self._mailbox.offer(epoch, attempt, seq, table, int(table.nbytes))
+        verdict, replaced = self._mailbox.offer(epoch, attempt, feed, seq, table,
+                                                int(table.nbytes))
+        self._roll_back(replaced)
         if verdict is Verdict.FULL:
             self._refused += 1
             raise BackpressureError(
-                f"writer {self._config.writer_id}'s reorder buffer is full "
+                f"writer {self._config.writer_id}'s mailbox is full "
                 f"({self._config.max_buffer_bytes:,} bytes of early messages); message "
                 f"{seq} is refused for now, send it again", retry_after=0.05,
                 runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         if verdict is not Verdict.ACCEPTED:
             return 0
-        self._metrics.depth(len(self._mailbox.slot.waiting) if self._mailbox.slot else 0)
+        self._metrics.depth(sum(s.waiting_count() for s in self._mailbox.slots()))
         self._drain()
         return int(table.num_rows)
+
+    def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: Feed,
+                     last_seq: int) -> None:
+        """``feed``'s barrier of ``(barrier.epoch, attempt)``: it sent this writer
+        ``last_seq`` messages of it; what it sends after belongs to a later epoch."""
+        self._refuse_if_closed(barrier.epoch)
+        self._roll_back(self._mailbox.close_feed(barrier, attempt, feed, last_seq))
 
     def _refuse_if_closed(self, epoch: int) -> None:
         if self._closed.is_set():
@@ -186,24 +186,25 @@ class SinkWriterActor:
                                    runtime=self._config.runtime, sink=self._config.sink_name,
                                    epoch=epoch)
 
-    def _is_current(self, epoch: int, attempt: int) -> bool:
-        slot = self._mailbox.slot
-        return slot is not None and (slot.epoch, slot.attempt) == (epoch, attempt)
+    def _roll_back(self, keys: Sequence[tuple[int, int]]) -> None:
+        """Roll back attempts a newer attempt of their epoch replaced."""
+        for epoch, attempt in keys:
+            self._rollback_writer(epoch, attempt)
 
     def _drain(self) -> None:
+        """Apply what the current epoch can take now, in order (one thread at a time)."""
         while True:
-            run = self._mailbox.take_ready()
-            if not run:
+            claimed = self._mailbox.take_ready()
+            if claimed is None:
                 return
-            slot = self._mailbox.slot
-            if slot is None:
-                return
-            epoch, attempt = slot.epoch, slot.attempt
+            (epoch, attempt), run = claimed
+            slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
             rows = nbytes = 0
             try:
                 with self._lock:
                     for _, table in run:
-                        self._apply(slot, table)
+                        if slot is not None:
+                            self._apply(slot, table)
                         rows += table.num_rows
                         nbytes += table.nbytes
                         _faults.hit("writer.during_write", runtime=self._config.runtime,
@@ -212,9 +213,9 @@ class SinkWriterActor:
             except Exception as exc:
                 log.warning("%s: write to epoch %s failed, epoch poisoned: %s",
                             self._name, epoch, exc)
-                self._mailbox.poison(epoch, attempt, exc)
+                self._mailbox.poison((epoch, attempt), exc)
             finally:
-                self._mailbox.applied(epoch, attempt, len(run), rows)
+                self._mailbox.applied((epoch, attempt), [feed for feed, _ in run], rows)
                 self._metrics.applied(rows, nbytes)
 
     def _apply(self, slot: EpochSlot[pa.Table], table: pa.Table) -> None:
@@ -250,16 +251,26 @@ class SinkWriterActor:
     # ------------------------------------------------------------------ barrier group
 
     def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int) -> BarrierAck:
-        """Align on ``last_seq`` writes, pre-commit, and wait for the coordinator's ack."""
+        """The driver's barrier: it was the epoch's only feed (feed 0) and sent
+        ``last_seq`` messages. Pre-commit once they are applied."""
+        self.feed_barrier(barrier, attempt, 0, last_seq)
+        return self.seal(barrier, attempt, [0])
+
+    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[Feed]) -> BarrierAck:
+        """The epoch ``barrier.epoch`` has these ``feeds``: once each delivered its barrier
+        (``feed_barrier``) and its messages are applied (aligned: the seed's
+        ``BarrierAligner`` over the feeds), and every earlier epoch is done here,
+        pre-commit; the answer carries the commit request. ``DRAIN`` set: close after."""
         epoch = barrier.epoch
         if barrier.is_cancel:
             raise BarrierOrderError("a CANCEL barrier goes to cancel(), not barrier()",
                                     checkpoint_id=barrier.checkpoint_id, epoch=epoch,
                                     runtime=self._config.runtime)
         self._refuse_if_closed(epoch)
-        self._begin(epoch, attempt)
-        self._await_writes(epoch, attempt, last_seq)
-        slot = self._mailbox.slot
+        self._roll_back(self._mailbox.seal(epoch, attempt, feeds))
+        self._drain()  # the epoch may have become current with its data already here
+        self._await_feeds(barrier, attempt)
+        slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         rows = slot.rows if slot else 0
         schema = None if slot is None or slot.schema is None else _schema.encode(slot.schema)
         with self._lock:
@@ -271,25 +282,26 @@ class SinkWriterActor:
         _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
         # Done here: what it staged is the coordinator's to commit or sweep, by epoch.
-        self._mailbox.drop(epoch, attempt)
-        self._done = max(self._done, (epoch, attempt))
+        self._mailbox.finish(epoch, attempt)
         self._rows_total += rows
+        self._drain()  # the next epoch's data waiting here can go now
         if barrier.is_drain:
             self._close_writer()
         request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
                                 epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
         return BarrierAck(rows=rows, request=request)
 
-    def _await_writes(self, epoch: int, attempt: int, last_seq: int) -> None:
-        outcome = self._mailbox.wait_applied(epoch, attempt, last_seq,
-                                             self._config.barrier_timeout)
+    def _await_feeds(self, barrier: CheckpointBarrier, attempt: int) -> None:
+        """Wait until the epoch's feeds are aligned and applied; else roll the attempt
+        back and raise why (its bad data, or that it was given up, or the timeout)."""
+        epoch = barrier.epoch
+        outcome = self._mailbox.wait_sealed(epoch, attempt, self._config.barrier_timeout)
         if outcome == "ready":
             return
-        slot = self._mailbox.slot
+        slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         poison = slot.poison if slot else None
         self._rollback_writer(epoch, attempt)
-        self._mailbox.drop(epoch, attempt)
-        self._done = max(self._done, (epoch, attempt))
+        self._mailbox.finish(epoch, attempt)
         if isinstance(poison, RaySinkError):
             raise poison
         raise EpochFailedError(
@@ -308,37 +320,36 @@ class SinkWriterActor:
     # ------------------------------------------------------------------ control group
 
     def cancel(self, barrier: CheckpointBarrier, attempt: int) -> None:
-        """A ``CANCEL`` barrier: the attempt was abandoned. A barrier waiting for it stops
-        waiting, what it staged is dropped, and later writes of it are ignored."""
+        """A ``CANCEL`` barrier: the attempt (and older ones of its epoch) was abandoned.
+        A seal waiting for it stops waiting, what it staged is dropped, and later
+        messages of it are ignored."""
         if not barrier.is_cancel:
             raise BarrierOrderError("cancel() takes a CANCEL barrier",
                                     checkpoint_id=barrier.checkpoint_id, epoch=barrier.epoch,
                                     runtime=self._config.runtime)
-        self._rollback(barrier.epoch, attempt)
-
-    def _rollback(self, epoch: int, attempt: int) -> None:
-        self._mailbox.cancel(epoch, attempt)
-        self._rollback_writer(epoch, attempt)
-        self._mailbox.drop(epoch, attempt)
-        self._done = max(self._done, (epoch, attempt))
+        for slot in self._mailbox.cancel(barrier.epoch, attempt):
+            self._rollback_writer(slot.epoch, slot.attempt)
+        self._rollback_writer(barrier.epoch, attempt)
+        self._drain()
 
     def _rollback_writer(self, epoch: int, attempt: int) -> None:
         with self._lock:
             self._sink_call("rollback", functools.partial(self._writer.rollback, epoch, attempt))
 
     def drain(self, barrier: CheckpointBarrier) -> DrainReport:
-        """A ``DRAIN`` barrier between epochs (the runtime is closing): an attempt still
-        current was never decided, so what it staged is dropped; then the sink writer is
-        closed (files closed, connections closed). Nothing is taken after it."""
+        """A ``DRAIN`` barrier between epochs (the runtime is closing): attempts still here
+        were never decided, so what they staged is dropped; then the sink writer is closed
+        (files closed, connections closed). Nothing is taken after it."""
         if not barrier.is_drain:
             raise BarrierOrderError("drain() takes a DRAIN barrier",
                                     checkpoint_id=barrier.checkpoint_id, epoch=barrier.epoch,
                                     runtime=self._config.runtime)
-        slot = self._mailbox.slot
-        swept = None if slot is None else (slot.epoch, slot.attempt)
-        if swept is not None:
-            self._rollback(*swept)
+        slots = self._mailbox.slots()
+        for slot in slots:
+            for dropped in self._mailbox.cancel(slot.epoch, slot.attempt):
+                self._rollback_writer(dropped.epoch, dropped.attempt)
         self._close_writer()
+        swept = (slots[0].epoch, slots[0].attempt) if slots else None
         return DrainReport(sink=self._config.sink_name, writer=self._config.writer_id,
                            rows_total=self._rows_total, swept=swept)
 
@@ -346,15 +357,16 @@ class SinkWriterActor:
         return os.getpid()
 
     def status(self) -> dict[str, Any]:
-        slot = self._mailbox.slot
+        slots = self._mailbox.slots()
+        slot = slots[0] if slots else None
         return {
             "writer": self._config.writer_id, "sink": self._config.sink_name,
             "pid": os.getpid(), "rows_total": self._rows_total,
             "epoch": None if slot is None else slot.epoch,
             "attempt": None if slot is None else slot.attempt,
-            "applied_seq": None if slot is None else slot.next_seq,
-            "mailbox_depth": 0 if slot is None else len(slot.waiting),
-            "mailbox_bytes": 0 if slot is None else slot.waiting_bytes,
+            "epochs_here": [s.key for s in slots],
+            "mailbox_depth": sum(s.waiting_count() for s in slots),
+            "mailbox_bytes": self._mailbox.waiting_bytes,
             "refused": self._refused,
             "busy": self._watchdog.busy(),
             "slow_warnings": self._watchdog.warnings,

@@ -37,6 +37,7 @@ from raysink.coordinator.epochs import (
     Resolution,
     StaleAttemptError,
 )
+from raysink.coordinator.feeds import FeedRegistry, FeedsState
 from raysink.coordinator.health import SinkHealthBook
 from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
 from raysink.coordinator.vnodes import Bitmap, assign
@@ -96,6 +97,7 @@ class CoordinatorActor:
             generation=record.generation, bitmaps=bitmaps,
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
+        self._feeds = FeedRegistry()
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
@@ -349,6 +351,7 @@ class CoordinatorActor:
         if not decided:
             raise StaleAttemptError(f"attempt {attempt} of epoch {epoch} was aborted before "
                                     "its decision", runtime=self._config.runtime, epoch=epoch)
+        self._feeds.forget(epoch - 1)
         return await self.wait_committed(epoch, timeout, attempt)
 
     async def set_layout(self, writers: int) -> dict[str, Any]:
@@ -376,6 +379,7 @@ class CoordinatorActor:
         what ``attempt`` staged swept when its open never came here."""
         await self._until_recovered()
         resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch, attempt))
+        self._feeds.forget(epoch)
         await self._notify()
         return resolution.value
 
@@ -416,6 +420,37 @@ class CoordinatorActor:
         await self._until_recovered()
         await self._locked(lambda: self._store.bind_source(
             self._config.runtime, self._core.generation, source))
+
+    # ------------------------------------------------------------------ feed calls
+
+    async def feed_alive(self, epoch: int, attempt: int, feed: int) -> None:
+        """A producer's heartbeat while it uses its feed of ``(epoch, attempt)``."""
+        self._feeds.alive(epoch, attempt, feed, time.monotonic())
+
+    async def feed_closed(self, epoch: int, attempt: int, feed: int,
+                          counts: dict[int, int]) -> None:
+        """The feed's barrier went to the writers in ``counts`` (messages per writer)."""
+        self._ensure_started()
+        self._feeds.closed(epoch, attempt, feed, counts, time.monotonic())
+        await self._notify()
+
+    async def feed_failed(self, epoch: int, attempt: int, feed: int, reason: str) -> None:
+        """The producer gave up its feed (an exception while it wrote)."""
+        self._ensure_started()
+        self._feeds.failed(epoch, attempt, feed, reason)
+        await self._notify()
+
+    async def wait_feeds(self, epoch: int, attempt: int, feeds: list[int], timeout: float,
+                         lease: float) -> FeedsState:
+        """Wait up to ``timeout`` until every one of ``feeds`` closed, or one is lost."""
+        self._ensure_started()
+        deadline = time.monotonic() + timeout
+        while True:
+            state = self._feeds.state(epoch, attempt, feeds, lease=lease, now=time.monotonic())
+            left = deadline - time.monotonic()
+            if state.done or left <= 0:
+                return state
+            await self._wait_change(min(left, 0.5))
 
     # ------------------------------------------------------------------ writer calls
 

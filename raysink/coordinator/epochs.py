@@ -49,6 +49,7 @@ from raysink.errors import (
     BackpressureError,
     DataLossError,
     EpochRegressionError,
+    FencedError,
     MetaStoreError,
     RaySinkError,
     RescaleRefusedError,
@@ -152,6 +153,7 @@ class EpochCoordinator:
         self.epoch_offset = epoch_offset
         self._marks = TargetMarks()
         self._io = {name: threading.Lock() for name in self.sinks}
+        self._unswept: set[int] = set()
         self._bitmaps = {name: list(maps) for name, maps in bitmaps.items()}
         self._epochs: dict[int, _Epoch] = {}
         self._last_committed: int | None = None
@@ -265,9 +267,29 @@ class EpochCoordinator:
         first), and the runtime only sends such an epoch right after the last one it
         knows, at most that many ahead. Their attempt 0 counts as used (an attempt number
         is never staged twice); a driver still feeding one (the coordinator restarted
-        under it) began it under the previous generation, so ``gather`` refuses it."""
+        under it) began it under the previous generation, so ``gather`` refuses it.
+
+        A target that cannot be reached now is swept later: before that epoch is opened
+        or decided (``_sweep_left``)."""
         for epoch in range(known + 1, known + 1 + self.max_pending_epochs):
-            self._sweep(epoch, 0, manifests=None, recorded=False)
+            self._aborted[epoch] = max(0, self._aborted.get(epoch, -1))
+            self._unswept.add(epoch)
+        self._sweep_left(raising=False)
+
+    def _sweep_left(self, raising: bool = True, epoch: int | None = None) -> None:
+        """Sweep what ``_sweep_unrecorded`` could not yet (all, or only ``epoch``)."""
+        for left in sorted(self._unswept if epoch is None else self._unswept & {epoch}):
+            try:
+                self._sweep(left, 0, manifests=None, recorded=False)
+            except (FencedError, MetaStoreError):
+                raise
+            except Exception as exc:
+                if raising:
+                    raise
+                log.warning("could not sweep epoch %s yet (%s); it is swept before it is "
+                            "written", left, exc)
+                continue
+            self._unswept.discard(left)
 
     def next_attempt(self, epoch: int) -> int:
         """The attempt number ``epoch`` would be opened with now."""
@@ -380,6 +402,7 @@ class EpochCoordinator:
         if state is EpochState.PENDING:
             return OpenDecision(epoch=epoch, wait_roll_forward=True)
         self._refuse_regression(epoch)
+        self._sweep_left(epoch=epoch)
         attempt = self._retire_open(epoch)
         self._check_backpressure(epoch)
         self.store.put_open(self.runtime, self.generation, epoch, attempt, list(self.sinks),
@@ -492,6 +515,10 @@ class EpochCoordinator:
                 epoch=epoch)
         self._refuse_regression(epoch)
         self._check_backpressure(epoch)
+        if epoch in self._unswept:  # sweeping by epoch now would take this attempt's data
+            raise StaleAttemptError(
+                f"epoch {epoch} still holds staging no sweep could reach since the restart; "
+                "it is opened first and fed again", runtime=self.runtime, epoch=epoch)
         entry = _Epoch(epoch=epoch, attempt=attempt, state=EpochState.OPEN, recorded=False,
                        coverage={name: CoverageTracker[Manifest | None](expected=len(maps))
                                  for name, maps in self._bitmaps.items()})

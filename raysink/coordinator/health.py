@@ -4,8 +4,8 @@ A sink is ``stalled`` while its commits fail (the coordinator's own retries) or 
 its writers cannot reach the target (a ``SinkUnavailableError`` a writer reported, as
 Materialize reports connection errors through its sink statuses); ``last_error`` says
 why. Otherwise it is ``starting`` until recovery is done, ``running`` while the runtime is
-open and ``paused`` once it is closed. A writer that reaches the target again, and a
-successful commit, clear their own errors.
+open and ``paused`` once it is closed. A writer that reaches the target again clears its
+error; a successful commit clears every error of the sink.
 """
 
 from __future__ import annotations
@@ -77,9 +77,13 @@ class SinkHealthBook:
             health.failures += 1
 
     def committed(self, sink: str) -> None:
+        """A commit reached the target: it is reachable again, for the writers too (a
+        writer that reported it could not reach it may have had nothing to write since,
+        and would never say otherwise)."""
         health = self._health.get(sink)
         if health is not None:
             health.commit_error, health.failures = None, 0
+            health.writer_errors.clear()
 
     def writer(self, sink: str, writer_id: int, error: str | None) -> None:
         """A writer reached the target (``error=None``) or could not."""

@@ -240,7 +240,8 @@ class ListTarget(_DirectoryTarget):
         return ListSink(self.path).committed_epochs()
 
     def staged(self, manifests: Sequence[Manifest]) -> list[str]:
-        return [f for m in manifests for f in m["files"] if (self.path / f).exists()]
+        return [f["path"] for m in manifests for f in m["files"]
+                if (self.path / f["path"]).exists()]
 
 
 class PostgresTarget(Target):

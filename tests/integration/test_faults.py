@@ -77,6 +77,13 @@ def _kill(rt: SinkRuntime, victim: str, how: str) -> None:
         sigkill(_pid(rt, victim))
 
 
+def _halves(epoch: int) -> list[Any]:
+    """The epoch's rows in two tables: each writer gets one (a small table goes whole to
+    one writer, and a writer that gets nothing is not asked to pre-commit)."""
+    table = epoch_table(epoch, ROWS)
+    return [table.slice(0, ROWS // 2), table.slice(ROWS // 2)]
+
+
 def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
               how: str) -> None:
     when: dict[str, Any] = {"epoch": 3}
@@ -85,15 +92,15 @@ def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
     with SinkRuntime(name, _sinks(tmp_path), writers=2, commit_timeout=60,
                      metastore=f"sqlite:///{tmp_path / 'meta.db'}", retry_cap=0.5) as rt:
         for epoch in (1, 2):
-            rt.write_arrow(epoch_table(epoch, ROWS))
+            rt.write_arrow(_halves(epoch))
         victim_pid = _pid(rt, victim)
         if how == "sigkill" and victim == where:
             arm_fault(name, point, action="kill", when=when)
-            report = rt.write_arrow(epoch_table(3, ROWS))
+            report = rt.write_arrow(_halves(3))
             assert fired(name, point), f"{point} never fired: nothing was killed"
         else:
             arm_fault(name, point, action="sleep", seconds=2.0, when=when)
-            thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(3, ROWS)))
+            thread, box = run_in_thread(lambda: rt.write_arrow(_halves(3)))
             wait_fired(name, point)
             _kill(rt, victim, how)
             thread.join(timeout=180)
@@ -102,9 +109,9 @@ def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
                 raise box["error"]
             report = box["result"]
         assert report.epoch == 3 and report.committed
-        fourth = rt.write_arrow(epoch_table(4, ROWS))
+        fourth = rt.write_arrow(_halves(4))
         assert fourth.epoch == 4 and fourth.committed
-        # (a writer ended by ray.kill after its ack is re-created by the next epoch)
+        # (a writer ended by ray.kill after its part is re-created by the next epoch)
         assert _pid(rt, victim) != victim_pid, f"the {victim} (pid {victim_pid}) never died"
     for sink in ("main", "copy"):
         assert_exactly(tmp_path / sink, [1, 2, 3, 4], ROWS)
@@ -131,12 +138,12 @@ def test_attempts_are_bounded(tmp_path: Path) -> None:
     name = "bounded"
     with SinkRuntime(name, ParquetSink(str(tmp_path / "main")), max_attempts=2,
                      metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
-        rt.write_arrow(epoch_table(1, ROWS))
+        rt.write_arrow(_halves(1))
         arm_fault(name, "writer.after_pre_commit", action="kill", times=5,
                   when={"epoch": 2, "writer": 0})
         started = time.monotonic()
         with pytest.raises(EpochFailedError) as info:
-            rt.write_arrow(epoch_table(2, ROWS))
+            rt.write_arrow(_halves(2))
         assert info.value.attempts == 2 and info.value.epoch == 2
         assert time.monotonic() - started < 120
     assert_exactly(tmp_path / "main", [1], ROWS)

@@ -79,7 +79,7 @@ def test_pulled_epochs_hold_exactly_their_rows(tmp_path: Path) -> None:
     with _runtime(tmp_path, "pull-exact", writers=2) as rt:
         for epoch in (1, 2):
             pulls = _pulls(tmp_path / f"e{epoch}", epoch_table(epoch, 5000), 5)
-            report = rt._run_refs(pulls, None)
+            report = rt._write_refs(pulls, None)
             assert (report.epoch, report.rows, report.committed) == (epoch, 5000, True)
             assert report.attempts == 1
     assert_exactly(tmp_path / "table", [1, 2], 5000)
@@ -89,7 +89,7 @@ def test_a_failing_pull_fails_the_attempt_and_the_retry_is_exact(tmp_path: Path)
     flag = tmp_path / "fail-once"
     flag.touch()
     with _runtime(tmp_path, "pull-retry", writers=2) as rt:
-        report = rt._run_refs(_pulls(tmp_path / "e1", epoch_table(1, 4000), 4, flag), None)
+        report = rt._write_refs(_pulls(tmp_path / "e1", epoch_table(1, 4000), 4, flag), None)
     assert not flag.exists()  # the failure happened
     assert report.committed and report.attempts == 2 and report.rows == 4000
     assert_exactly(tmp_path / "table", [1], 4000)
@@ -100,7 +100,7 @@ def test_keyed_pulls_route_like_write_arrow(tmp_path: Path) -> None:
     flag.touch()
     with _runtime(tmp_path, "pull-keyed", writers=3, key=["customer"]) as rt:
         # one pull fails once inside its split task, which tries it again
-        pulled = rt._run_refs(_pulls(tmp_path / "e1", epoch_table(1, 3000), 4, flag), None)
+        pulled = rt._write_refs(_pulls(tmp_path / "e1", epoch_table(1, 3000), 4, flag), None)
         local = rt.write_arrow(epoch_table(2, 3000))  # the same 37 customers
     assert not flag.exists()
     assert pulled.committed and local.committed

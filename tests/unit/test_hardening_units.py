@@ -157,16 +157,16 @@ def test_watchdog_keeps_warning_while_a_call_hangs(caplog: pytest.LogCaptureFixt
 
 def test_reorder_buffer_refuses_early_messages_over_its_bound() -> None:
     box: Mailbox[str] = Mailbox(max_bytes=100)
-    box.begin(1, 0)
-    verdicts = [box.offer(1, 0, seq, f"m{seq}", 40) for seq in (1, 2, 3)]
+    verdicts = [box.offer(1, 0, 0, seq, f"m{seq}", 40)[0] for seq in (1, 2, 3)]
     assert verdicts == [Verdict.ACCEPTED, Verdict.ACCEPTED, Verdict.FULL]
-    assert box.slot is not None and box.slot.waiting_bytes == 80
+    assert box.waiting_bytes == 80
     # the message needed next is always taken, whatever its size
-    assert box.offer(1, 0, 0, "m0", 1_000) is Verdict.ACCEPTED
-    assert [seq for seq, _ in box.take_ready()] == [0, 1, 2]
-    box.applied(1, 0, 3, 0)
-    assert box.slot.waiting_bytes == 0
-    assert box.offer(1, 0, 3, "m3", 40) is Verdict.ACCEPTED
+    assert box.offer(1, 0, 0, 0, "m0", 1_000)[0] is Verdict.ACCEPTED
+    claimed = box.take_ready()
+    assert claimed is not None and [m for _, m in claimed[1]] == ["m0", "m1", "m2"]
+    box.applied(claimed[0], [feed for feed, _ in claimed[1]], 0)
+    assert box.waiting_bytes == 0
+    assert box.offer(1, 0, 0, 3, "m3", 40)[0] is Verdict.ACCEPTED
 
 
 # ----------------------------------------------------------------------------- health
@@ -181,9 +181,10 @@ def test_sink_health_is_stalled_while_a_writer_or_the_commit_fails() -> None:
     assert book["lake"].state == "running"
     book.commit_failed("db", ConnectionError("refused"))
     assert book["db"].last_error == "ConnectionError: refused"
-    book.committed("db")
-    assert book["db"].state == "stalled"  # the writer still cannot reach it
-    book.writer("db", 1, None)
+    book.writer("db", 1, None)  # the writer reached it again: the commit still fails
+    assert (book["db"].state, book["db"].last_error) == ("stalled", "ConnectionError: refused")
+    book.writer("db", 0, "SinkUnavailableError: down")
+    book.committed("db")  # a commit reached the target: reachable, for the writers too
     assert (book["db"].state, book["db"].last_error) == ("running", None)
     book.paused()
     assert book["db"].state == "paused"

@@ -1,0 +1,79 @@
+"""``ds.write_datasink(rt.datasink(epoch=N))``: a whole Ray Dataset as one epoch, exactly once.
+
+The epoch is opened when the datasink is made (on the driver). Each Ray Data write task
+is a producer with its own feed, numbered by the task's index (``ctx.task_idx + 1``):
+it sends its blocks straight to the runtime's writers and closes its feed, returning its
+id. A write task Ray Data retries has the same index, so its messages carry the same
+numbers and the writers drop what they already have: nothing shows twice. When every
+task is done (``on_write_complete``, on the driver) the epoch is committed over the feeds
+that reported; if the write fails (``on_write_failed``) the epoch is aborted and nothing
+of it is visible. Running the same job again with the same epoch writes nothing: the
+epoch opens skipped, the tasks send nothing, and ``report.skipped`` says so.
+
+``report`` holds the ``EpochReport`` once ``write_datasink`` returned.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import TYPE_CHECKING, Any
+
+from ray.data import Datasink
+from ray.data.block import Block, BlockAccessor
+
+from raysink.feeds import Feed, FeedRoute
+from raysink.reports import EpochReport
+
+if TYPE_CHECKING:
+    from ray.data._internal.execution.interfaces import TaskContext
+    from ray.data.datasource.datasink import WriteResult
+
+    from raysink.handle import EpochHandle
+
+__all__ = ["EpochDatasink"]
+
+
+class EpochDatasink(Datasink[int]):
+    """One epoch of a ``SinkRuntime``, written by a Ray Data write."""
+
+    def __init__(self, handle: EpochHandle, route: FeedRoute) -> None:
+        self._handle: EpochHandle | None = handle  # the driver's side; not pickled
+        self._route = route
+        self.epoch, self.attempt = handle.epoch, handle.attempt
+        self._checkpoint_id = handle.checkpoint_id
+        self._skip = handle.skipped
+        self.report: EpochReport | None = None
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        state["_handle"] = None
+        return state
+
+    def get_name(self) -> str:
+        return f"raysink({self._route.runtime}, epoch {self.epoch})"
+
+    def write(self, blocks: Iterable[Block], ctx: TaskContext) -> int:
+        """A write task: its blocks through its own feed, then its barrier."""
+        feed = Feed(self._route, epoch=self.epoch, attempt=self.attempt,
+                    feed_id=ctx.task_idx + 1, checkpoint_id=self._checkpoint_id,
+                    skip=self._skip)
+        with feed:
+            for block in blocks:
+                table = BlockAccessor.for_block(block).to_arrow()
+                if table.num_rows:
+                    feed.write(table)
+        return feed.id
+
+    def on_write_complete(self, write_result: WriteResult[int]) -> None:
+        """Every task closed its feed: commit the epoch over them."""
+        handle = self._driver_handle()
+        self.report = handle.commit(feeds=[int(f) for f in write_result.write_returns])
+
+    def on_write_failed(self, error: Exception) -> None:
+        """The write failed for good: nothing of the epoch becomes visible."""
+        self._driver_handle().abort()
+
+    def _driver_handle(self) -> EpochHandle:
+        if self._handle is None:
+            raise RuntimeError("the datasink's commit runs on the driver that made it")
+        return self._handle

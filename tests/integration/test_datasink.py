@@ -1,0 +1,132 @@
+"""``ds.write_datasink(rt.datasink(epoch=N))``: a Ray Dataset as one epoch, exactly once,
+into every kind of sink; a retried write task shows nothing twice; a failed write
+leaves nothing; a re-run is skipped."""
+
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+import ray
+from ray.data.block import BlockAccessor
+
+from raysink import SinkRuntime
+from raysink.datasink import EpochDatasink
+from tests.integration.helpers import epoch_table
+from tests.integration.real_targets import (
+    DeltaTarget,
+    IcebergTarget,
+    ListTarget,
+    ParquetTarget,
+    PostgresTarget,
+    Target,
+    assert_ids_exact,
+)
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+ROWS = 8_000
+BLOCKS = 8
+
+
+def _dataset(epoch: int) -> ray.data.Dataset:
+    table = epoch_table(epoch, ROWS)
+    step = ROWS // BLOCKS
+    return ray.data.from_arrow([table.slice(i, step) for i in range(0, ROWS, step)])
+
+
+def _ids(target: Target) -> list[int]:
+    table = target.table()
+    return [] if table is None else [int(v) for v in table.column("id").to_pylist()]
+
+
+@pytest.fixture(params=["parquet", "delta", "iceberg", "postgres", "list"])
+def target(request: pytest.FixtureRequest, tmp_path: Path,
+           monkeypatch: pytest.MonkeyPatch) -> Target:
+    kind = str(request.param)
+    if kind == "iceberg":
+        monkeypatch.chdir(tmp_path)  # the default catalog lives under <cwd>/.raysink
+        return IcebergTarget(tmp_path)
+    if kind == "postgres":
+        return PostgresTarget(request.getfixturevalue("pg_server"),
+                              request.getfixturevalue("schema"))
+    kinds: dict[str, type[Any]] = {"parquet": ParquetTarget, "delta": DeltaTarget,
+                                   "list": ListTarget}
+    made: Target = kinds[kind](tmp_path / "table")
+    return made
+
+
+def test_a_dataset_is_one_epoch_and_a_rerun_is_skipped(target: Target, tmp_path: Path,
+                                                       name: str) -> None:
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
+        sink = rt.datasink(epoch=1)
+        _dataset(1).write_datasink(sink)
+        assert sink.report is not None
+        assert (sink.report.epoch, sink.report.rows, sink.report.committed) == (1, ROWS, True)
+        rerun = rt.datasink(epoch=1)  # the same job again
+        _dataset(1).write_datasink(rerun)
+        assert rerun.report is not None and rerun.report.skipped
+        assert rt.status().last_committed_epoch == 1
+    assert_ids_exact(_ids(target), [1], ROWS)
+    assert target.commit_epochs(name) == [1]
+
+
+class _DiesOnce(EpochDatasink):
+    """A write task's worker dies after sending half its first block (once)."""
+
+    flag = ""
+
+    def write(self, blocks: Iterable[Any], ctx: Any) -> int:
+        def dying() -> Iterator[pa.Table]:
+            for block in blocks:
+                table = BlockAccessor.for_block(block).to_arrow()
+                half = table.num_rows // 2
+                yield table.slice(0, half)
+                if os.path.exists(self.flag):
+                    time.sleep(1.0)  # the first half's messages reach the writers
+                    os.remove(self.flag)
+                    os._exit(1)
+                yield table.slice(half)
+
+        return super().write(dying(), ctx)
+
+
+def test_a_retried_write_task_shows_nothing_twice(tmp_path: Path, name: str) -> None:
+    flag = tmp_path / "die-once"
+    flag.touch()
+    target = ParquetTarget(tmp_path / "table")
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
+        sink = rt.datasink()
+        dying = _DiesOnce.__new__(_DiesOnce)
+        dying.__dict__.update(sink.__dict__)
+        dying.flag = str(flag)
+        _dataset(1).write_datasink(dying)
+        assert dying.report is not None and dying.report.rows == ROWS
+    assert not flag.exists()  # a write task did die mid-feed
+    assert_ids_exact(_ids(target), [1], ROWS)
+
+
+def test_a_failed_write_aborts_the_epoch(tmp_path: Path, name: str) -> None:
+    def fail_on_one_block(batch: pa.Table) -> pa.Table:
+        if 1_000_000 + 3 * ROWS // BLOCKS in batch.column("id").to_pylist():
+            raise ValueError("a bad record upstream")
+        return batch
+
+    target = ParquetTarget(tmp_path / "table")
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
+        failing = _dataset(1).map_batches(fail_on_one_block, batch_format="pyarrow")
+        with pytest.raises(Exception, match="a bad record upstream"):
+            failing.write_datasink(rt.datasink(epoch=1))
+        assert _ids(target) == []  # nothing of the failed write is visible
+        sink = rt.datasink(epoch=1)
+        _dataset(1).write_datasink(sink)
+        assert sink.report is not None and sink.report.committed
+    assert_ids_exact(_ids(target), [1], ROWS)

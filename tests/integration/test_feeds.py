@@ -1,0 +1,215 @@
+"""Parallel feeds (``rt.open_epoch()``): many producers, Ray tasks and actors, one epoch.
+
+Every test checks the exact contents of the target against the input: the producers'
+rows exactly once, or, for a failed epoch, nothing of it.
+"""
+
+from __future__ import annotations
+
+import os
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.dataset as ds
+import pytest
+import ray
+
+from raysink import EpochFailedError, Feed, SinkRuntime
+from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.sinks import ParquetSink
+from tests.integration.helpers import assert_exactly, epoch_table, read_ids
+
+pytestmark = pytest.mark.usefixtures("ray_session")
+
+ROWS = 6_000
+PARTS = 4
+
+
+def _part(epoch: int, part: int, parts: int = PARTS, rows: int = ROWS) -> pa.Table:
+    return epoch_table(epoch, rows).slice(part * rows // parts, rows // parts)
+
+
+@ray.remote(max_retries=0)
+def produce(feed: Feed, epoch: int, part: int, batches: int = 3) -> int:
+    """A producer task: its part of the epoch in ``batches`` batches, then its barrier."""
+    table = _part(epoch, part)
+    step = -(-table.num_rows // batches)
+    with feed:
+        for start in range(0, table.num_rows, step):
+            feed.write(table.slice(start, step))
+    return table.num_rows
+
+
+@ray.remote(max_retries=2)
+def produce_dying_once(feed: Feed, epoch: int, part: int, flag: str) -> int:
+    """Writes half its part, then its worker dies on the first try (Ray retries it)."""
+    table = _part(epoch, part)
+    half = table.num_rows // 2
+    feed.write(table.slice(0, half))
+    if os.path.exists(flag):
+        os.remove(flag)
+        os._exit(1)
+    feed.write(table.slice(half))
+    return feed.close()
+
+
+@ray.remote(max_restarts=0)
+class Producer:
+    """A long-lived producer actor."""
+
+    def __init__(self, feed: Feed) -> None:
+        self.feed = feed
+
+    def write(self, table: pa.Table) -> int:
+        return self.feed.write(table)
+
+    def close(self) -> int:
+        return self.feed.close()
+
+
+def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
+    options.setdefault("writers", 2)
+    return SinkRuntime(name, ParquetSink(str(tmp_path / "table")), progress=False,
+                       metastore=f"sqlite:///{tmp_path / 'meta.db'}", **options)
+
+
+def test_tasks_and_an_actor_feed_one_epoch_exactly(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-exact") as rt:
+        for epoch in (1, 2):
+            ep = rt.open_epoch()
+            assert ep.epoch == epoch
+            actor = Producer.remote(ep.feed())  # type: ignore[attr-defined]
+            tasks = [produce.remote(ep.feed(), epoch, part) for part in range(PARTS - 1)]
+            last = _part(epoch, PARTS - 1)
+            ray.get([actor.write.remote(last.slice(0, 700)),
+                     actor.write.remote(last.slice(700))])
+            assert ray.get(actor.close.remote()) == last.num_rows
+            assert sum(ray.get(tasks)) == ROWS - last.num_rows
+            report = ep.commit()
+            assert (report.epoch, report.rows, report.committed) == (epoch, ROWS, True)
+        status = rt.status()
+    assert status.last_committed_epoch == 2
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+def test_keyed_feeds_put_each_key_on_its_writer(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-keyed", writers=3, key=["customer"]) as rt:
+        ep = rt.open_epoch()
+        ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
+        assert ep.commit().rows == ROWS
+        assert rt.write_arrow(epoch_table(2, ROWS)).committed  # the driver's own path
+    owners: dict[str, set[str]] = {}
+    data = ds.dataset(str(tmp_path / "table"), format="parquet")
+    for fragment in data.get_fragments():
+        writer = Path(fragment.path).name.split("-w")[1][:4]
+        for customer in set(fragment.to_table(columns=["customer"]).column(0).to_pylist()):
+            owners.setdefault(customer, set()).add(writer)
+    assert owners and all(len(w) == 1 for w in owners.values()), owners
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+
+
+def test_a_task_retried_by_ray_writes_nothing_twice(tmp_path: Path) -> None:
+    flag = tmp_path / "die-once"
+    flag.touch()
+    with _runtime(tmp_path, "feeds-retried") as rt:
+        ep = rt.open_epoch()
+        tasks = [produce_dying_once.remote(ep.feed(), 1, part, str(flag))
+                 for part in range(PARTS)]
+        ray.get(tasks)
+        report = ep.commit()
+    assert not flag.exists()  # one worker did die mid-feed
+    assert report.committed and report.rows == ROWS
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_a_killed_producer_fails_the_attempt_and_a_new_feed_is_exact(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-killed", feed_timeout=3.0) as rt:
+        ep = rt.open_epoch()
+        tasks = [produce.remote(ep.feed(), 1, part) for part in range(PARTS - 1)]
+        actor = Producer.remote(ep.feed())  # type: ignore[attr-defined]
+        ray.get(actor.write.remote(_part(1, PARTS - 1).slice(0, 500)))
+        ray.kill(actor)  # dies mid-epoch: its barrier never comes
+        ray.get(tasks)
+        with pytest.raises(EpochFailedError, match=r"feed 4.*no heartbeat.*open epoch 1 again"):
+            ep.commit(timeout=60)
+        assert read_ids(tmp_path / "table") == []  # nothing of the attempt is visible
+        again = rt.open_epoch(1)
+        assert again.attempt > ep.attempt
+        ray.get([produce.remote(again.feed(), 1, part) for part in range(PARTS)])
+        assert again.commit().committed
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_a_producer_that_raises_fails_the_commit_at_once(tmp_path: Path) -> None:
+    @ray.remote(max_retries=0)
+    def broken(feed: Feed) -> None:
+        with feed:
+            feed.write(_part(1, 0))
+            raise RuntimeError("the source went away")
+
+    with _runtime(tmp_path, "feeds-raises") as rt:
+        ep = rt.open_epoch()
+        ok = produce.remote(ep.feed(), 1, 1)
+        with pytest.raises(ray.exceptions.RayTaskError):
+            ray.get(broken.remote(ep.feed()))
+        ray.get(ok)
+        with pytest.raises(EpochFailedError, match="the source went away"):
+            ep.commit(timeout=60)
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_abort_leaves_nothing_and_the_epoch_can_be_fed_again(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-abort") as rt:
+        with pytest.raises(KeyError), rt.open_epoch() as ep:
+            ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
+            raise KeyError("the job changed its mind")  # the with block aborts
+        assert read_ids(tmp_path / "table") == []
+        with rt.open_epoch() as again:  # commits at the end of the block
+            assert again.epoch == 1
+            ray.get([produce.remote(again.feed(), 1, part) for part in range(PARTS)])
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_a_committed_epoch_opens_skipped_and_feeds_write_nothing(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-skip") as rt:
+        first = rt.open_epoch(1)
+        ray.get([produce.remote(first.feed(), 1, part) for part in range(PARTS)])
+        first.commit()
+        rerun = rt.open_epoch(1)
+        assert rerun.skipped
+        assert ray.get([produce.remote(rerun.feed(), 1, p) for p in range(PARTS)]) == [
+            ROWS // PARTS] * PARTS
+        report = rerun.commit()
+        assert report.skipped and report.rows == 0
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_mixed_schemas_across_feeds_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-schema") as rt:
+        ep = rt.open_epoch()
+        ray.get(produce.remote(ep.feed(), 1, 0))
+        odd = _part(1, 1).append_column("extra", pa.array(["x"] * (ROWS // PARTS)))
+        feed = ep.feed()
+        feed.write(odd)
+        feed.close()
+        with pytest.raises(SchemaMismatchError):
+            ep.commit()
+        with pytest.raises(ConfigError, match="closed"):
+            feed.write(_part(1, 1))
+    assert read_ids(tmp_path / "table") == []
+
+
+def test_only_one_epoch_is_open_for_producers(tmp_path: Path) -> None:
+    with _runtime(tmp_path, "feeds-one") as rt:
+        ep = rt.open_epoch()
+        with pytest.raises(ConfigError, match="still open"):
+            rt.write_arrow(epoch_table(2))
+        with pytest.raises(ConfigError, match="still open"):
+            rt.open_epoch()
+        ep.abort()
+        assert rt.write_arrow(epoch_table(1, 10)).epoch == 1
+    assert Counter(read_ids(tmp_path / "table")) == Counter(
+        1_000_000 + i for i in range(10))

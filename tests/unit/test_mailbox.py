@@ -1,0 +1,95 @@
+"""The writer's mailbox without Ray: feeds, epochs in flight, alignment, attempts."""
+
+from __future__ import annotations
+
+import threading
+
+from raysink.actors.mailbox import Mailbox, Verdict
+from raysink.coordinator.barrier import CheckpointBarrier
+
+
+def _apply_all(box: Mailbox[str]) -> list[str]:
+    """What a writer's drain would apply now, in order."""
+    applied: list[str] = []
+    while (claimed := box.take_ready()) is not None:
+        key, run = claimed
+        applied += [m for _, m in run]
+        box.applied(key, [feed for feed, _ in run], 0)
+    return applied
+
+
+def _barrier(epoch: int) -> CheckpointBarrier:
+    return CheckpointBarrier(epoch, epoch)
+
+
+def test_two_feeds_align_before_the_epoch_is_sealed_ready() -> None:
+    """Each feed has its own sequence; the epoch is ready only once both feeds' barriers
+    arrived (in any order, before or after the seal) and their messages are applied."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, "a", 1, "a1")
+    box.offer(1, 0, "b", 0, "b0")
+    assert _apply_all(box) == ["b0"]  # a0 is missing: a1 waits
+    box.close_feed(_barrier(1), 0, "b", 1)
+    box.seal(1, 0, ["a", "b"])
+    assert box.wait_sealed(1, 0, timeout=0.01) == "timeout"  # feed a not aligned yet
+    box.offer(1, 0, "a", 0, "a0")
+    assert _apply_all(box) == ["a0", "a1"]
+    assert box.wait_sealed(1, 0, timeout=0.01) == "timeout"
+    box.close_feed(_barrier(1), 0, "a", 2)
+    assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
+
+
+def test_a_feed_closing_twice_changes_nothing() -> None:
+    """A producer retried by Ray closes again, with the same count: ignored."""
+    box: Mailbox[str] = Mailbox()
+    box.close_feed(_barrier(1), 0, "a", 1)
+    box.close_feed(_barrier(1), 0, "a", 1)
+    box.seal(1, 0, ["a"])
+    assert box.offer(1, 0, "a", 0, "a0")[0] is Verdict.ACCEPTED
+    assert box.offer(1, 0, "a", 0, "a0 again")[0] is Verdict.DUPLICATE  # deduplicated
+    assert _apply_all(box) == ["a0"]
+    assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
+
+
+def test_the_next_epoch_waits_for_this_one() -> None:
+    """Data of epoch 2 that arrives first is held (not applied) until epoch 1 is done."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(2, 0, 0, 0, "e2")
+    box.offer(1, 0, 0, 0, "e1")
+    assert _apply_all(box) == ["e1"]
+    box.close_feed(_barrier(1), 0, 0, 1)
+    box.seal(1, 0, [0])
+    assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
+    assert box.finish(1, 0) is not None
+    assert _apply_all(box) == ["e2"]
+    assert box.offer(1, 0, 0, 1, "late e1")[0] is Verdict.STALE
+
+
+def test_a_new_attempt_replaces_the_old_one() -> None:
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, 0, 0, "old")
+    verdict, replaced = box.offer(1, 1, 0, 0, "new")
+    assert verdict is Verdict.ACCEPTED and replaced == [(1, 0)]
+    assert box.offer(1, 0, 0, 1, "old again")[0] is Verdict.STALE
+    assert _apply_all(box) == ["new"]
+
+
+def test_cancel_wakes_a_waiting_seal_and_drops_the_attempt() -> None:
+    box: Mailbox[str] = Mailbox()
+    box.seal(1, 0, [0])
+    outcome: list[str] = []
+    waiter = threading.Thread(target=lambda: outcome.append(box.wait_sealed(1, 0, 10.0)))
+    waiter.start()
+    dropped = box.cancel(1, 0)
+    waiter.join(timeout=5)
+    assert [s.key for s in dropped] == [(1, 0)] and outcome == ["stale"]
+    assert box.offer(1, 0, 0, 0, "late")[0] is Verdict.STALE
+
+
+def test_bytes_are_bounded_over_every_epoch_in_flight() -> None:
+    """The next epoch's data counts against the bound too; the current epoch's next
+    message is always taken."""
+    box: Mailbox[str] = Mailbox(max_bytes=100)
+    assert box.offer(2, 0, 0, 0, "e2-0", 60)[0] is Verdict.ACCEPTED
+    assert box.offer(2, 0, 0, 1, "e2-1", 60)[0] is Verdict.FULL
+    assert box.offer(1, 0, 0, 0, "e1-0", 500)[0] is Verdict.ACCEPTED  # needed next
