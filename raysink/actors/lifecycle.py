@@ -174,7 +174,8 @@ class ActorSet:
         except BaseException:
             self.stop()
             raise
-        self._await_answers(self._handles(), timeout)
+        if self._await_answers(self._handles(), timeout):
+            self.heal(timeout)  # one could not start (its node lost meanwhile, say)
 
     # ------------------------------------------------------------------ placement
 

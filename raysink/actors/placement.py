@@ -16,13 +16,22 @@ live in a file on that node's disk, and a coordinator started elsewhere would op
 store. With a PostgreSQL meta store it may run anywhere: ``Placement(coordinator={...})``
 names node labels to pin it to instead.
 
-Nothing here calls a remote actor: it reads ``ray.nodes()`` and returns Ray scheduling
-options.
+A node Ray still lists alive may be gone: Ray declares a lost node dead only after its
+health checks time out (15-20 s with the defaults). So before a node is chosen, its
+raylet's port must accept a connection (``REACH_TIMEOUT``; the answer is kept for
+``REACH_TTL`` seconds), and a node where an actor stopped answering (``suspect``, by
+``ActorSet.heal``) is left out for ``SUSPECT_SECONDS``: in every runtime of this driver,
+not only the one that saw it. A replacement never goes back to the node it left.
+
+Nothing here calls a remote actor: it reads ``ray.nodes()``, opens (and closes at once) a
+TCP connection to a raylet, and returns Ray scheduling options.
 """
 
 from __future__ import annotations
 
 import logging
+import socket
+import threading
 import time
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
@@ -38,6 +47,14 @@ SUSPECT_SECONDS = 120.0
 """How long a node whose actors stopped answering is left out of placement (Ray declares
 a lost node dead well within it; a node it still lists alive after that is trusted
 again)."""
+REACH_TIMEOUT = 0.5
+"""Seconds a raylet's port may take to accept a connection before its node is suspect."""
+REACH_TTL = 5.0
+"""Seconds an answer of a raylet's port is trusted."""
+
+_suspects: dict[str, float] = {}
+_reached: dict[str, tuple[float, bool]] = {}
+_lock = threading.Lock()
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -99,13 +116,16 @@ def is_sqlite(url: str) -> bool:
 class ClusterView:
     """The cluster's alive nodes, the nodes under suspicion, and scheduling options.
 
-    ``nodes`` (tests) replaces ``ray.nodes()``; ``driver_node`` the driver's node id."""
+    ``nodes`` (tests) replaces ``ray.nodes()``; ``driver_node`` the driver's node id;
+    ``suspects`` the book of suspect nodes (by default the one every view of this process
+    shares)."""
 
     def __init__(self, *, driver_node: str | None = None,
-                 nodes: Iterable[Mapping[str, Any]] | None = None) -> None:
+                 nodes: Iterable[Mapping[str, Any]] | None = None,
+                 suspects: dict[str, float] | None = None) -> None:
         self._driver_node = driver_node
         self._fixed = None if nodes is None else list(nodes)
-        self._suspects: dict[str, float] = {}
+        self._suspects = _suspects if suspects is None else suspects
 
     @property
     def driver_node(self) -> str:
@@ -119,21 +139,34 @@ class ClusterView:
         """Alive nodes Ray lists that are not under suspicion (``suspects``: those too):
         nodes other than the driver's first (by node id), then the driver's."""
         now = time.monotonic()
-        self._suspects = {n: t for n, t in self._suspects.items() if now - t < SUSPECT_SECONDS}
+        with _lock:
+            for node, since in list(self._suspects.items()):
+                if now - since >= SUSPECT_SECONDS:
+                    del self._suspects[node]
         rows = self._fixed if self._fixed is not None else _ray_nodes()
-        nodes = [NodeInfo(str(r["NodeID"]), dict(r.get("Labels") or {}),
-                          {k: float(v) for k, v in (r.get("Resources") or {}).items()})
-                 for r in rows if r.get("Alive")
-                 and (suspects or str(r["NodeID"]) not in self._suspects)]
+        nodes = []
+        for row in rows:
+            node = str(row["NodeID"])
+            if not row.get("Alive") or (not suspects and self.is_suspect(node)):
+                continue
+            if not suspects and node != self.driver_node and not _raylet_answers(row):
+                self.suspect(node)
+                continue
+            nodes.append(NodeInfo(node, dict(row.get("Labels") or {}),
+                                  {k: float(v) for k, v in (row.get("Resources") or {}).items()}))
         return sorted(nodes, key=lambda n: (n.node_id == self.driver_node, n.node_id))
 
     def suspect(self, node: str | None) -> None:
         """Leave ``node`` out of placement for a while: an actor on it did not answer."""
         if node is not None:
-            self._suspects[node] = time.monotonic()
+            with _lock:
+                self._suspects[node] = time.monotonic()
+            log.info("node %s is suspect: left out of placement for %.0f s", node[:8],
+                     SUSPECT_SECONDS)
 
     def is_suspect(self, node: str) -> bool:
-        return node in self._suspects
+        with _lock:
+            return node in self._suspects
 
     def size(self) -> int:
         return len(self.alive())
@@ -187,6 +220,27 @@ def coordinator_node(view: ClusterView, placement: Placement, metastore: str,
             "driver's node: use a PostgreSQL meta store (metastore='postgresql://...') or "
             "coordinator='driver'", runtime=runtime)
     return view.choose({}, labels, {}), True
+
+
+def _raylet_answers(row: Mapping[str, Any]) -> bool:
+    """Whether the node's raylet accepts a TCP connection (a row without an address, in
+    tests, is trusted). Answers are kept ``REACH_TTL`` seconds."""
+    address, port = row.get("NodeManagerAddress"), row.get("NodeManagerPort")
+    if not address or not port:
+        return True
+    node, now = str(row["NodeID"]), time.monotonic()
+    with _lock:
+        known = _reached.get(node)
+    if known is not None and now - known[0] < REACH_TTL:
+        return known[1]
+    try:
+        with socket.create_connection((str(address), int(port)), timeout=REACH_TIMEOUT):
+            answered = True
+    except OSError:
+        answered = False
+    with _lock:
+        _reached[node] = (time.monotonic(), answered)
+    return answered
 
 
 def _ray_nodes() -> list[dict[str, Any]]:
