@@ -4,7 +4,11 @@ Random interleavings of epochs opened first and epochs whose open travels with t
 decision (the driver's next epoch), writer pre-commits (each writer stages its share and
 hands its commit request to the driver), the driver's one ``gather`` of every request,
 the PENDING record (a step of its own: a resolve or a crash may come between), resolves,
-each sink's commits on its own (failing or not), and coordinator crashes with restarts.
+each sink's commits on its own (failing or not), coordinator crashes with restarts, and
+rescales: the writer layout changed between epochs (``set_layout``; a restarted
+coordinator gets the current one), refused while an epoch is open at the coordinator,
+and, out of turn, while the driver feeds an epoch the coordinator does not know yet: its
+requests then no longer match the layout and the attempt is given up, nothing visible.
 
 Invariants after every step: an epoch is visible in a sink at most once, and only from
 the attempt that was decided (went PENDING); nothing of an aborted attempt is ever
@@ -37,10 +41,18 @@ from raysink.coordinator.epochs import Resolution
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.metastore.base import MetaStore
-from raysink.errors import BackpressureError, EpochRegressionError, StaleAttemptError
-from tests.unit.test_epochs import WRITERS, Harness, commit_sink
+from raysink.coordinator.vnodes import assign
+from raysink.errors import (
+    BackpressureError,
+    EpochRegressionError,
+    RaySinkError,
+    RescaleRefusedError,
+    StaleAttemptError,
+)
+from tests.unit.test_epochs import Harness, commit_sink
 
 SINKS = ("a", "b")
+MAX_WRITERS = 3
 
 
 class CoordinatorModel(RuleBasedStateMachine):
@@ -52,9 +64,12 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.complete: tuple[int, int] | None = None
         self.decided: dict[int, int] = {}
         self.generation: int | None = None
+        self.feeding = self.h.writers  # the writers of the attempt being fed
+        self.misrouted = False  # a rescale reached the coordinator while it was fed
 
     def _start(self, epoch: int, attempt: int, generation: int | None = None) -> None:
         self.current, self.requests, self.generation = (epoch, attempt), {}, generation
+        self.feeding, self.misrouted = self.h.writers, False
 
     @precondition(lambda self: self.current is None)
     @rule(gap=st.integers(min_value=0, max_value=2), explicit=st.booleans())
@@ -78,12 +93,12 @@ class CoordinatorModel(RuleBasedStateMachine):
         self._start(epoch, self.h.core.next_attempt(epoch), self.h.core.generation)
 
     @precondition(lambda self: self.current is not None)
-    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1),
+    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, MAX_WRITERS - 1),
           rows=st.integers(0, 3))
     def pre_commit(self, sink: str, writer_id: int, rows: int) -> None:
         assert self.current is not None
         epoch, attempt = self.current
-        if (sink, writer_id) in self.requests:
+        if (sink, writer_id) in self.requests or writer_id >= self.feeding:
             return
         writer = self.h.core.sinks[sink].create_writer(writer_id)
         if rows:
@@ -93,17 +108,19 @@ class CoordinatorModel(RuleBasedStateMachine):
             sink=sink, writer=writer_id, epoch=epoch, attempt=attempt, manifest=manifest)
 
     @precondition(lambda self: self.current is not None)
-    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1))
+    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, MAX_WRITERS - 1))
     def idle(self, sink: str, writer_id: int) -> None:
         """A writer that received nothing this attempt: no barrier, no staging; the driver
         answers for it."""
         assert self.current is not None
         epoch, attempt = self.current
+        if writer_id >= self.feeding:
+            return
         self.requests.setdefault((sink, writer_id), CommitRequest(
             sink=sink, writer=writer_id, epoch=epoch, attempt=attempt, manifest=None))
 
     @precondition(lambda self: self.current is not None
-                  and len(self.requests) == len(SINKS) * WRITERS)
+                  and len(self.requests) == len(SINKS) * self.feeding)
     @rule()
     def gather(self) -> None:
         """The driver hands the coordinator every writer's request at once."""
@@ -115,7 +132,39 @@ class CoordinatorModel(RuleBasedStateMachine):
             self.h.core.resolve(epoch, attempt)  # the driver gives the attempt up
             self.current = None
             return
+        except RaySinkError:
+            # requests of the old layout after a rescale the coordinator took meanwhile
+            assert self.misrouted
+            self.h.core.resolve(epoch, attempt)
+            self.current = None
+            return
         self.complete, self.current = (epoch, attempt), None
+
+    @precondition(lambda self: self.current is None and self.complete is None)
+    @rule(writers=st.integers(1, MAX_WRITERS))
+    def rescale(self, writers: int) -> None:
+        """``rt.rescale``: between epochs, a new layout from the next epoch on."""
+        try:
+            self.h.core.set_layout({sink: assign(writers) for sink in SINKS})
+        except RescaleRefusedError:
+            assert self.h.core.open_epoch_number() is not None
+            return
+        self.h.writers = writers
+
+    @precondition(lambda self: self.current is not None)
+    @rule(writers=st.integers(1, MAX_WRITERS))
+    def rescale_while_feeding(self, writers: int) -> None:
+        """A layout change out of turn (the driver never sends one while it feeds): an
+        epoch opened first is open at the coordinator, so it is refused; the driver's next
+        epoch is not known there yet, so it is taken, and that attempt cannot be decided
+        under a layout its requests do not match."""
+        try:
+            self.h.core.set_layout({sink: assign(writers) for sink in SINKS})
+        except RescaleRefusedError:
+            assert self.h.core.open_epoch_number() is not None
+            return
+        self.misrouted = self.misrouted or writers != self.feeding
+        self.h.writers = writers
 
     @precondition(lambda self: self.complete is not None)
     @rule()
