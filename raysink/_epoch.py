@@ -30,7 +30,12 @@ from raysink._calls import ask, get, short
 from raysink.actors.lifecycle import ActorSet
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
-from raysink.errors import EpochFailedError, RescaleRefusedError, SchemaMismatchError
+from raysink.errors import (
+    EpochFailedError,
+    RescaleRefusedError,
+    RuntimeUnavailableError,
+    SchemaMismatchError,
+)
 from raysink.progress import Progress
 from raysink.reports import EpochReport
 
@@ -60,6 +65,7 @@ class EpochDriver:
         self._progress = progress
         self._checkpoint_id = 0
         self._inflight: list[Any] = []
+        self._unsettled: list[Any] = []  # calls of failed attempts not ended yet
         self.shuffle: random.Random | None = None  # tests: deliver writes out of order
         # the epoch the coordinator would open next with its attempt, when known (the one
         # after the epoch just committed), and the coordinator generation that said so:
@@ -144,6 +150,7 @@ class EpochDriver:
                 if self._recover_epoch(actors, epoch, attempt):
                     outcome = self._committed(actors, epoch)
                     return self._visible(epoch, plan.rows or 0, attempt_no, started, outcome)
+                plan.renew()
                 requested = epoch
                 continue
             if outcome.committed:
@@ -234,11 +241,18 @@ class EpochDriver:
         try:
             acks: list[BarrierAck] = get(barriers.refs)
         except Exception as exc:
-            bad = self._bad_data_among(barriers.refs, timeout=5.0)
+            from ray.exceptions import RayActorError
+
+            # an actor lost: its barrier may not end before Ray declares its node dead,
+            # so only the answers already in are looked at (bad data shows again in the
+            # next attempt)
+            lost = isinstance(exc, RuntimeUnavailableError | RayActorError)
+            bad = self._bad_data_among(barriers.refs, timeout=0.0 if lost else 5.0)
             if bad is not None and bad is not exc:
                 raise bad from exc
             raise
         self._inflight = []
+        log.debug("%s: epoch %s attempt %s: every barrier answered", self.name, epoch, attempt)
         requests = [ack.request for ack in acks] + [
             CommitRequest(sink=sink, writer=k, epoch=epoch, attempt=attempt, manifest=None)
             for sink, k in barriers.idle]
@@ -288,20 +302,27 @@ class EpochDriver:
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
                                actors.coordinator_call("resolve", epoch, attempt))
+        log.debug("%s: epoch %s attempt %s resolved %s", self.name, epoch, attempt,
+                  resolution)
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
             self._settle_inflight()
             return True
         self._rollback_writers(actors, epoch, attempt)
         self._settle_inflight()
+        log.debug("%s: epoch %s attempt %s given up at every writer", self.name, epoch,
+                  attempt)
         return False
 
-    def _settle_inflight(self, timeout: float = 30.0) -> None:
+    def _settle_inflight(self, timeout: float = 2.0) -> None:
         """Collect the failed attempt's barrier calls (cancelled, they end at once), so no
-        error is left unobserved."""
+        error is left unobserved. A call to an actor on a lost node may end only when Ray
+        declares the node dead: it is collected at a later settle, never waited for."""
         import ray
 
-        refs, self._inflight = self._inflight, []
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        refs, self._inflight = self._inflight + self._unsettled, []
+        ready, pending = (ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs
+                          else ([], []))
+        self._unsettled = list(pending)
         for ref in ready:
             try:
                 ray.get(ref)

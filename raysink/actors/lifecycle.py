@@ -58,7 +58,7 @@ _WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "ba
 _WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "ping",
                    "status")
 _NAME_RELEASE_SECONDS = 10.0
-_REPLACE_NAME_WAIT = 1.0
+_REPLACE_NAME_WAIT = 0.3
 PING_TIMEOUT = 1.0
 """Seconds an actor may take to answer a ping before ``heal`` replaces it."""
 
@@ -291,20 +291,21 @@ class ActorSet:
         return silent
 
     def _probe(self) -> list[Key]:
-        """The actors that did not answer a ping within ``ping_timeout`` (a restarting or
-        dead one does not either). A result is reused for ``ping_timeout`` seconds. A
-        node where nothing answered is left out of placement for a while."""
+        """The actors to replace: those that did not answer a ping within
+        ``ping_timeout`` (a restarting or dead one does not either), and every actor on
+        the node of one of them when that node's raylet does not answer either (the node
+        is lost: an actor there may still answer for a moment, its process not yet ended,
+        but it is doomed). Such a node is left out of placement for a while. A result is
+        reused for ``ping_timeout`` seconds."""
         now = time.monotonic()
         if self._probed is not None and now - self._probed[0] < self.ping_timeout:
             return list(self._probed[1])
         handles = self._handles()
         silent = self._await_answers(handles, self.ping_timeout)
-        answered = {self.node_of(k) for k in handles if k not in silent}
         view = self._cluster()
-        for key in silent:
-            node = self.node_of(key)
-            if node is not None and node not in answered and node != view.driver_node:
-                view.suspect(node)
+        lost = {node for node in {self.node_of(k) for k in silent}
+                if node is not None and node != view.driver_node and view.lost(node)}
+        silent += [k for k in handles if k not in silent and self.node_of(k) in lost]
         self._probed = (time.monotonic(), silent)
         return silent
 
@@ -332,8 +333,7 @@ class ActorSet:
         silent = self._probe()
         if not silent:
             return []
-        for key in silent:
-            self._retire(key)
+        self._retire(silent)
         if COORDINATOR in silent:
             self.coordinator = self._start_coordinator()
         writers = [key for key in silent if key != COORDINATOR]
@@ -351,19 +351,23 @@ class ActorSet:
                     f" (not answering yet: {late})" if late else "")
         return replaced
 
-    def _retire(self, key: Key) -> None:
-        """Kill the actor for good (no restart) and give Ray a moment to free its name."""
+    def _retire(self, keys: list[Key]) -> None:
+        """Kill the actors for good (no restart), then give Ray a moment (one for all) to
+        free their names; a name still taken after it gets a new incarnation's suffix."""
         import ray
 
-        handle = self._handles().get(key)
-        if handle is not None:
-            try:
-                ray.kill(handle, no_restart=True)
-            except Exception as exc:  # already gone
-                log.debug("kill %s: %s", key, exc)
-        name = self._names.get(key)
-        if name is not None:
-            _await_name_free(name, _REPLACE_NAME_WAIT)
+        handles = self._handles()
+        for key in keys:
+            if key in handles:
+                try:
+                    ray.kill(handles[key], no_restart=True)
+                except Exception as exc:  # already gone
+                    log.debug("kill %s: %s", key, exc)
+        deadline = time.monotonic() + _REPLACE_NAME_WAIT
+        for key in keys:
+            name = self._names.get(key)
+            if name is not None:
+                _await_name_free(name, max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ rescale
 

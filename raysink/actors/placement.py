@@ -160,9 +160,21 @@ class ClusterView:
         """Leave ``node`` out of placement for a while: an actor on it did not answer."""
         if node is not None:
             with _lock:
+                known = node in self._suspects
                 self._suspects[node] = time.monotonic()
-            log.info("node %s is suspect: left out of placement for %.0f s", node[:8],
-                     SUSPECT_SECONDS)
+            if not known:
+                log.info("node %s is suspect: left out of placement for %.0f s", node[:8],
+                         SUSPECT_SECONDS)
+
+    def lost(self, node: str) -> bool:
+        """Whether ``node`` is gone: Ray lists it dead or not at all, or its raylet does
+        not accept a connection now (asked afresh). A lost node becomes suspect."""
+        rows = self._fixed if self._fixed is not None else _ray_nodes()
+        row = next((r for r in rows if str(r["NodeID"]) == node), None)
+        gone = row is None or not row.get("Alive") or not _raylet_answers(row, fresh=True)
+        if gone:
+            self.suspect(node)
+        return gone
 
     def is_suspect(self, node: str) -> bool:
         with _lock:
@@ -222,16 +234,16 @@ def coordinator_node(view: ClusterView, placement: Placement, metastore: str,
     return view.choose({}, labels, {}), True
 
 
-def _raylet_answers(row: Mapping[str, Any]) -> bool:
+def _raylet_answers(row: Mapping[str, Any], *, fresh: bool = False) -> bool:
     """Whether the node's raylet accepts a TCP connection (a row without an address, in
-    tests, is trusted). Answers are kept ``REACH_TTL`` seconds."""
+    tests, is trusted). Answers are kept ``REACH_TTL`` seconds unless ``fresh``."""
     address, port = row.get("NodeManagerAddress"), row.get("NodeManagerPort")
     if not address or not port:
         return True
     node, now = str(row["NodeID"]), time.monotonic()
     with _lock:
         known = _reached.get(node)
-    if known is not None and now - known[0] < REACH_TTL:
+    if not fresh and known is not None and now - known[0] < REACH_TTL:
         return known[1]
     try:
         with socket.create_connection((str(address), int(port)), timeout=REACH_TIMEOUT):

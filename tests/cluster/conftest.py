@@ -14,6 +14,8 @@ last): it ends the single-node Ray of the other layers before its cluster starts
 
 from __future__ import annotations
 
+import logging
+import time
 import uuid
 from collections.abc import Iterator, Mapping
 
@@ -23,6 +25,8 @@ from raysink.testing import disarm_faults
 from tests.integration.real_targets import pg_schema
 from tests.support.cluster import LocalCluster
 from tests.support.postgres import PostgresServer
+
+log = logging.getLogger(__name__)
 
 COORDINATOR_LABELS: Mapping[str, str] = {"raysink": "coordinator"}
 WORKER_LABELS: list[Mapping[str, str]] = [COORDINATOR_LABELS, COORDINATOR_LABELS, {}]
@@ -44,9 +48,12 @@ class Nodes:
     def restore(self) -> None:
         """Add workers until there are three again, with the labels of the ones lost."""
         lost = [n for n in self._labels if n not in self.cluster.workers()]
+        started = time.monotonic()
         for node in lost:
             labels = self._labels.pop(node)
             self._labels[self.cluster.add_worker(labels=labels)] = labels
+        if lost:
+            log.info("%s worker(s) added in %.1f s", len(lost), time.monotonic() - started)
 
     def labelled(self, labels: Mapping[str, str]) -> list[str]:
         return [n for n, have in self._labels.items()

@@ -95,6 +95,19 @@ def test_a_raylet_that_does_not_answer_makes_its_node_suspect() -> None:
     assert view.is_suspect("n-gone")
 
 
+def test_lost_nodes() -> None:
+    """A node Ray lists dead or not at all, or whose raylet refuses a connection, is lost
+    (and suspect); a live one is not."""
+    rows = _rows((DRIVER, {}, {}), ("n1", {}, {}))
+    rows += [{"NodeID": "n-dead", "Alive": False, "Labels": {}, "Resources": {}},
+             {"NodeID": "n-cut", "Alive": True, "Labels": {}, "Resources": {},
+              "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": 1}]
+    view = ClusterView(driver_node=DRIVER, nodes=rows, suspects={})
+    assert not view.lost("n1") and not view.is_suspect("n1")
+    for node in ("n-dead", "n-cut", "n-unknown"):
+        assert view.lost(node) and view.is_suspect(node)
+
+
 # the coordinator's node: (meta store, nodes in the cluster, placement) -> (node, hard)
 COORDINATOR_CASES = [
     # SQLite on one node: the driver's node, soft (nothing else to go to)
