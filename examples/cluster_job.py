@@ -13,8 +13,15 @@ RayDP with ``raysink.spark.init_spark``, builds a DataFrame and writes it as epo
 ``--epoch`` of the runtime ``--name`` through ``SinkRuntime.write``, with its decisions in
 the PostgreSQL meta store. Re-submitting the same job (same ``--name``, ``--metastore``,
 ``--epoch``) after any crash recovers: an epoch already committed is reported
-``skipped``, a decided one is rolled forward, an undecided one is written again. Give each
-new batch of data a new epoch number.
+``skipped`` (without starting Spark: the runtime opens first and asks), a decided one is
+rolled forward, an undecided one is written again. Give each new batch of data a new
+epoch number.
+
+Where things run: the job's driver on the head (``ray job submit`` puts it there), the
+coordinator on the driver's node, the writers spread over the nodes, one per node first
+(``--placement-label key=value`` keeps them on nodes carrying that label). A lost worker
+node costs the epoch in flight one more attempt, a few seconds; a lost head ends the job
+(re-submit it). See "Running on a cluster" in the README.
 """
 
 from __future__ import annotations
@@ -44,7 +51,19 @@ def parse_args(argv: list[str] | None = None) -> argparse.Namespace:
     parser.add_argument("--executors", type=int, default=2)
     parser.add_argument("--executor-cores", type=int, default=2)
     parser.add_argument("--executor-memory", default="4g")
+    parser.add_argument("--placement-label", action="append", default=[],
+                        metavar="KEY=VALUE",
+                        help="writers only on nodes with this label (repeatable)")
     return parser.parse_args(argv)
+
+
+def placement(labels: list[str]) -> Any:
+    from raysink import ConfigError, Placement
+
+    pairs = [label.split("=", 1) for label in labels]
+    if any(len(pair) != 2 for pair in pairs):
+        raise ConfigError(f"--placement-label takes KEY=VALUE; got {labels!r}")
+    return Placement(labels=dict((k, v) for k, v in pairs))
 
 
 def make_sink(kind: str, table: str) -> Any:
@@ -71,22 +90,27 @@ def run(args: argparse.Namespace) -> int:
     from raysink.spark import init_spark, stop_spark
 
     ray.init()  # inside `ray job submit`: the job's cluster
-    spark = init_spark(f"{args.name}-job", executors=args.executors,
-                       executor_cores=args.executor_cores,
-                       executor_memory=args.executor_memory)
-    try:
-        df = build_frame(spark, args.rows, args.partitions)
-        with SinkRuntime(args.name, make_sink(args.sink, args.table), writers=args.writers,
-                         metastore=args.metastore) as rt:
-            report = rt.write(df, epoch=args.epoch)
-            print(report)
-            status = rt.status()
-        states = {name: sink.state for name, sink in status.sinks.items()}
-        print(f"meta store {status.metastore}; last committed epoch "
-              f"{status.last_committed_epoch}; sinks {states}")
-        return 0 if report.committed else 1
-    finally:
-        stop_spark()
+    with SinkRuntime(args.name, make_sink(args.sink, args.table), writers=args.writers,
+                     metastore=args.metastore, placement=placement(args.placement_label),
+                     progress=False) as rt:
+        done = rt.status().last_committed_epoch
+        if done is not None and done >= args.epoch:
+            report = rt.write_arrow([], epoch=args.epoch)  # reported skipped
+        else:
+            spark = init_spark(f"{args.name}-job", executors=args.executors,
+                               executor_cores=args.executor_cores,
+                               executor_memory=args.executor_memory)
+            try:
+                report = rt.write(build_frame(spark, args.rows, args.partitions),
+                                  epoch=args.epoch)
+            finally:
+                stop_spark()
+        print(report)
+        status = rt.status()
+    states = {name: sink.state for name, sink in status.sinks.items()}
+    print(f"meta store {status.metastore}; last committed epoch "
+          f"{status.last_committed_epoch}; sinks {states}")
+    return 0 if report.committed else 1
 
 
 def main(argv: list[str] | None = None) -> int:

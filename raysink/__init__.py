@@ -4,6 +4,7 @@
 imports its library when used.
 """
 
+from raysink.actors.placement import Placement
 from raysink.errors import (
     BackpressureError,
     ConfigError,
@@ -13,6 +14,7 @@ from raysink.errors import (
     FencedError,
     MetaStoreError,
     RaySinkError,
+    RescaleRefusedError,
     RuntimeInUseError,
     RuntimeUnavailableError,
     SchemaMismatchError,
@@ -36,7 +38,9 @@ __all__ = [
     "Feed",
     "FencedError",
     "MetaStoreError",
+    "Placement",
     "RaySinkError",
+    "RescaleRefusedError",
     "RuntimeInUseError",
     "RuntimeStatus",
     "RuntimeUnavailableError",

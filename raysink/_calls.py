@@ -6,19 +6,29 @@ while its actor restarts (Ray answers ``ActorUnavailableError`` meanwhile), up t
 deadline, then raises ``RuntimeUnavailableError`` with the Ray error as its cause.
 ``typed_errors`` guards a public method: any other failure leaves it as the given raysink
 error, again with the original as its cause.
+
+Not waiting for Ray's failure detector: a call to an actor whose node was lost may hang
+(no answer and no error) until Ray declares the node dead, 15-20 s later or more. So
+``ask`` with ``heal`` waits in slices of ``PROBE_EVERY`` seconds and heals between them
+(``ActorSet.heal`` replaces an actor that does not answer a short ping, then the call is
+sent again to its replacement), and ``get`` inside ``watched(probe)`` (the epoch driver
+feeding an attempt) calls ``probe`` between slices, which raises when an actor stopped
+answering: the attempt fails at once and is recovered.
 """
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any, Protocol, TypeVar
 
 from raysink.errors import RaySinkError, RuntimeUnavailableError
 
-__all__ = ["ask", "get", "short", "typed_errors"]
+__all__ = ["PROBE_EVERY", "ask", "get", "short", "typed_errors", "watched"]
 
 log = logging.getLogger(__name__)
 
@@ -26,12 +36,32 @@ R = TypeVar("R")
 
 _RETRY_SLEEP = 0.2
 
+PROBE_EVERY = 1.0
+"""Seconds a call may go unanswered before the actors are probed (then again each time)."""
+
+_watch = threading.local()
+
+
+@contextlib.contextmanager
+def watched(probe: Callable[[], Any]) -> Iterator[None]:
+    """Within the block, ``get`` without a timeout (in this thread) calls ``probe`` each
+    ``PROBE_EVERY`` seconds it waits; ``probe`` raises to end the wait."""
+    previous = getattr(_watch, "probe", None)
+    _watch.probe = probe
+    try:
+        yield
+    finally:
+        _watch.probe = previous
+
 
 def get(refs: Any, timeout: float | None = None) -> Any:
     """``ray.get`` that re-raises raysink errors as themselves, not wrapped."""
     import ray
     from ray.exceptions import RayTaskError
 
+    probe = getattr(_watch, "probe", None)
+    if probe is not None and timeout is None:
+        _wait_probing(refs, probe)
     try:
         return ray.get(refs, timeout=timeout)
     except RayTaskError as exc:
@@ -41,24 +71,65 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise
 
 
+def _wait_probing(refs: Any, probe: Callable[[], Any]) -> None:
+    """Wait until every ref is ready, calling ``probe`` between slices of waiting."""
+    import ray
+
+    pending = list(dict.fromkeys(refs if isinstance(refs, list) else [refs]))
+    while pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), timeout=PROBE_EVERY,
+                              fetch_local=False)
+        if pending:
+            probe()
+
+
+class _Replaced(Exception):
+    """``heal`` replaced an actor while a call waited: send the call again."""
+
+
+def _await_healing(ref: Any, deadline: float, heal: Callable[[], Any]) -> Any:
+    """``get(ref)`` up to ``deadline``, healing between slices; ``_Replaced`` when the
+    heal replaced an actor (the call may have gone to the old one)."""
+    import ray
+    from ray.exceptions import GetTimeoutError
+
+    while True:
+        left = deadline - time.monotonic()
+        ready, _ = ray.wait([ref], timeout=max(0.0, min(PROBE_EVERY, left)),
+                            fetch_local=False)
+        if ready:
+            return get(ref)
+        if left <= PROBE_EVERY:
+            raise GetTimeoutError(f"no answer within the deadline ({ref})")
+        if heal():
+            raise _Replaced
+
+
 def ask(make: Callable[[], Any], *, what: str, timeout: float, runtime: str,
         heal: Callable[[], Any] | None = None) -> Any:
     """Call ``make()`` (it submits one idempotent actor call) and return its result,
-    sending it again while the actor restarts, up to ``timeout`` seconds. An actor gone
-    for good is re-created by ``heal`` (when given) and asked again."""
+    sending it again while the actor restarts, up to ``timeout`` seconds. With ``heal``
+    (``ActorSet.heal``: it replaces an actor that does not answer a short ping and
+    returns what it replaced), a call unanswered for ``PROBE_EVERY`` seconds, or an actor
+    restarting or gone, heals, and the call is sent again to the current actor."""
     from ray.exceptions import ActorDiedError, ActorUnavailableError, GetTimeoutError
 
     deadline = time.monotonic() + timeout
     while True:
         try:
-            return get(make(), timeout=max(0.1, deadline - time.monotonic()))
+            if heal is None:
+                return get(make(), timeout=max(0.1, deadline - time.monotonic()))
+            return _await_healing(make(), deadline, heal)
+        except _Replaced:
+            log.info("%s: %s: an actor was replaced; asking again", runtime, what)
         except ActorUnavailableError as exc:
             if time.monotonic() >= deadline:
                 raise RuntimeUnavailableError(
                     f"{what}: the actor was still restarting after {timeout:.0f}s",
                     runtime=runtime) from exc
             log.debug("%s: %s: actor restarting; asking again", runtime, what)
-            time.sleep(_RETRY_SLEEP)
+            if heal is None or not heal():
+                time.sleep(_RETRY_SLEEP)
         except ActorDiedError as exc:
             if heal is None or time.monotonic() >= deadline:
                 raise RuntimeUnavailableError(f"{what}: the actor is gone ({short(exc)})",

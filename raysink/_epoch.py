@@ -17,10 +17,12 @@ again only when it was aborted (after a CANCEL barrier to every writer), up to
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import random
+import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 from raysink import _feed
@@ -28,7 +30,12 @@ from raysink._calls import ask, get, short
 from raysink.actors.lifecycle import ActorSet
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
-from raysink.errors import EpochFailedError, SchemaMismatchError
+from raysink.errors import (
+    EpochFailedError,
+    RescaleRefusedError,
+    RuntimeUnavailableError,
+    SchemaMismatchError,
+)
 from raysink.progress import Progress
 from raysink.reports import EpochReport
 
@@ -58,11 +65,46 @@ class EpochDriver:
         self._progress = progress
         self._checkpoint_id = 0
         self._inflight: list[Any] = []
+        self._unsettled: list[Any] = []  # calls of failed attempts not ended yet
         self.shuffle: random.Random | None = None  # tests: deliver writes out of order
         # the epoch the coordinator would open next with its attempt, when known (the one
         # after the epoch just committed), and the coordinator generation that said so:
         # its open then travels with its commit requests
         self._predicted: tuple[int, int, int] | None = None
+        # epochs running now, and whether a rescale holds them off (``exclusive``)
+        self._gate = threading.Condition()
+        self._running = 0
+        self._exclusive = False
+
+    @contextlib.contextmanager
+    def exclusive(self) -> Iterator[None]:
+        """No epoch runs within the block (``rt.rescale``): ``RescaleRefusedError`` when one
+        is running (being fed, committed or recovered); an epoch started meanwhile waits
+        until the block ends."""
+        with self._gate:
+            if self._running or self._exclusive:
+                raise RescaleRefusedError(
+                    "an epoch is being written (or recovered): rescale between epochs",
+                    retry_after=1.0, runtime=self.name)
+            self._exclusive = True
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._exclusive = False
+                self._gate.notify_all()
+
+    @contextlib.contextmanager
+    def _epoch_running(self) -> Iterator[None]:
+        with self._gate:
+            while self._exclusive:
+                self._gate.wait()
+            self._running += 1
+        try:
+            yield
+        finally:
+            with self._gate:
+                self._running -= 1
 
     def next_checkpoint(self) -> int:
         self._checkpoint_id += 1
@@ -76,6 +118,11 @@ class EpochDriver:
         The epoch after the one just committed is not opened first: its first attempt is
         known, so the data goes at once and the open travels with the commit requests
         (one meta store transaction records both). Any other epoch is opened first."""
+        with self._epoch_running():
+            return self._run(actors, epoch, plan)
+
+    def _run(self, actors: ActorSet, epoch: int | None,
+             plan: _feed.FeedPlan) -> EpochReport:
         started = time.monotonic()
         requested = epoch
         last_error: BaseException | None = None
@@ -103,6 +150,7 @@ class EpochDriver:
                 if self._recover_epoch(actors, epoch, attempt):
                     outcome = self._committed(actors, epoch)
                     return self._visible(epoch, plan.rows or 0, attempt_no, started, outcome)
+                plan.renew()
                 requested = epoch
                 continue
             if outcome.committed:
@@ -121,7 +169,8 @@ class EpochDriver:
         forward; else it was given up at the writers and ``EpochFailedError`` says to feed
         the epoch again (the producers' data is not here to re-send)."""
         try:
-            rows, outcome = self.commit_barriers(actors, epoch, attempt, seal())
+            with actors.watching():  # an actor that stops answering fails the attempt
+                rows, outcome = self.commit_barriers(actors, epoch, attempt, seal())
         except SchemaMismatchError:
             self._abandon(actors, epoch, attempt)
             raise
@@ -182,6 +231,12 @@ class EpochDriver:
         barrier answer and send them to the coordinator in one call, which decides the
         attempt and answers once every sink made it visible (or ``commit_timeout``).
         Returns the rows and that answer."""
+        with actors.watching():  # an actor that stops answering fails the attempt at once
+            return self._feed_and_commit_watched(actors, epoch, attempt, plan, generation)
+
+    def _feed_and_commit_watched(self, actors: ActorSet, epoch: int, attempt: int,
+                                 plan: _feed.FeedPlan, generation: int | None
+                                 ) -> tuple[int, CommitWait]:
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
         barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
@@ -199,11 +254,18 @@ class EpochDriver:
         try:
             acks: list[BarrierAck] = get(barriers.refs)
         except Exception as exc:
-            bad = self._bad_data_among(barriers.refs, timeout=5.0)
+            from ray.exceptions import RayActorError
+
+            # an actor lost: its barrier may not end before Ray declares its node dead,
+            # so only the answers already in are looked at (bad data shows again in the
+            # next attempt)
+            lost = isinstance(exc, RuntimeUnavailableError | RayActorError)
+            bad = self._bad_data_among(barriers.refs, timeout=0.0 if lost else 5.0)
             if bad is not None and bad is not exc:
                 raise bad from exc
             raise
         self._inflight = []
+        log.debug("%s: epoch %s attempt %s: every barrier answered", self.name, epoch, attempt)
         requests = [ack.request for ack in acks] + [
             CommitRequest(sink=sink, writer=k, epoch=epoch, attempt=attempt, manifest=None)
             for sink, k in barriers.idle]
@@ -253,20 +315,27 @@ class EpochDriver:
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
                                actors.coordinator_call("resolve", epoch, attempt))
+        log.debug("%s: epoch %s attempt %s resolved %s", self.name, epoch, attempt,
+                  resolution)
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
             self._settle_inflight()
             return True
         self._rollback_writers(actors, epoch, attempt)
         self._settle_inflight()
+        log.debug("%s: epoch %s attempt %s given up at every writer", self.name, epoch,
+                  attempt)
         return False
 
-    def _settle_inflight(self, timeout: float = 30.0) -> None:
+    def _settle_inflight(self, timeout: float = 2.0) -> None:
         """Collect the failed attempt's barrier calls (cancelled, they end at once), so no
-        error is left unobserved."""
+        error is left unobserved. A call to an actor on a lost node may end only when Ray
+        declares the node dead: it is collected at a later settle, never waited for."""
         import ray
 
-        refs, self._inflight = self._inflight, []
-        ready, _ = ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs else ([], [])
+        refs, self._inflight = self._inflight + self._unsettled, []
+        ready, pending = (ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs
+                          else ([], []))
+        self._unsettled = list(pending)
         for ref in ready:
             try:
                 ray.get(ref)

@@ -47,15 +47,39 @@ class FeedPlan:
 
     A retry of the epoch replays the items already produced, then goes on consuming the
     source; so a source that yields partitions as they become fetchable is read once.
+    ``owned``: the refs the plan put in the object store itself (``renew`` puts them
+    again).
     """
 
     def __init__(self, items: Iterable[tuple[int, Any]], rows: int | None,
-                 keep: Sequence[Any] = (), schema: pa.Schema | None = None) -> None:
+                 keep: Sequence[Any] = (), schema: pa.Schema | None = None,
+                 owned: Iterable[Any] = ()) -> None:
         self.rows = rows
         self.schema = schema  # of the local tables, when there were any
         self.keep = list(keep)
         self._seen: list[tuple[int, Any]] = []
         self._source: Iterator[tuple[int, Any]] = iter(items)
+        self._owned = set(owned)
+
+    def renew(self) -> None:
+        """Before a retry: put the tables this plan put itself again, under new refs.
+        A writer that fetched one made a copy on its node; when that node is lost, Ray
+        lists the copy until it declares the node dead, and a writer fetching from
+        there waits for Ray's pull timeout (10 s). A new ref has one copy, on this
+        driver's node (``ray.get`` of the old one here reads it without copying)."""
+        if not self._owned:
+            return
+        import ray
+
+        self._seen.extend(self._source)
+        self._source = iter(())
+        fresh: dict[Any, Any] = {}
+        for index, (writer, ref) in enumerate(self._seen):
+            if ref in self._owned:
+                if ref not in fresh:
+                    fresh[ref] = ray.put(ray.get(ref))
+                self._seen[index] = (writer, fresh[ref])
+        self._owned = set(fresh.values())
 
     def __iter__(self) -> Iterator[tuple[int, Any]]:
         yield from list(self._seen)
@@ -132,16 +156,22 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
         if key:
             check_keys(table, key)
     placed: list[tuple[int, Any]] = []
+    owned: list[Any] = []
+
+    def put(table: pa.Table) -> Any:
+        owned.append(ray.put(table))
+        return owned[-1]
+
     rows: int | None = sum(t.num_rows for t in local)
     turn = first_writer
     for item in items:
         if isinstance(item, pa.Table):
-            turn = _place_table(item, placed, writers, key, bitmaps, turn, ray.put,
+            turn = _place_table(item, placed, writers, key, bitmaps, turn, put,
                                 max_batch_bytes)
         else:
             rows = None
             turn = _place_ref(item, placed, writers, key, bitmaps, turn)
-    return FeedPlan(placed, rows, schema=schema)
+    return FeedPlan(placed, rows, schema=schema, owned=owned)
 
 
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,

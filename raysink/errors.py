@@ -16,6 +16,7 @@
     ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink
     ├── RuntimeInUseError             a runtime with this name is live elsewhere
     ├── RuntimeUnavailableError       the runtime's actors could not be reached in time
+    ├── RescaleRefusedError           a rescale while an epoch is in flight or actors recover
     └── FencedError                   a newer coordinator generation wrote first
 
 Every error names the runtime, sink and epoch where they apply (``runtime``, ``sink``,
@@ -39,6 +40,7 @@ __all__ = [
     "FencedError",
     "MetaStoreError",
     "RaySinkError",
+    "RescaleRefusedError",
     "RuntimeInUseError",
     "RuntimeUnavailableError",
     "SchemaMismatchError",
@@ -196,6 +198,27 @@ class RuntimeInUseError(RaySinkError):
 class RuntimeUnavailableError(RaySinkError):
     """The runtime's coordinator or writers could not be reached in time: restarting for
     longer than ``commit_timeout``, or gone with their node. The Ray error is the cause."""
+
+
+class RescaleRefusedError(RaySinkError):
+    """``rt.rescale()`` was refused and changed nothing: an epoch is in flight (or still
+    open at the coordinator after a failure), or an actor is being replaced. Retry after
+    ``retry_after`` seconds, between epochs."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        retry_after: float = 1.0,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.retry_after = retry_after
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "retry_after": self.retry_after}
 
 
 class FencedError(RaySinkError):

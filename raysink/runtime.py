@@ -16,6 +16,7 @@ up to ``max_attempts`` attempts.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import sys
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -26,7 +27,8 @@ from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
 from raysink._epoch import EpochDriver, EpochSettings
 from raysink._options import rejects_unknown_options
-from raysink.actors.lifecycle import ActorSet, coordinator_name
+from raysink.actors.lifecycle import PING_TIMEOUT, ActorSet, coordinator_name
+from raysink.actors.placement import Placement
 from raysink.actors.writer import WriterConfig
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.coordinator import CoordinatorConfig
@@ -34,6 +36,7 @@ from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     ConfigError,
     EpochFailedError,
+    RescaleRefusedError,
     RuntimeUnavailableError,
 )
 from raysink.feeds import FeedRoute
@@ -74,6 +77,8 @@ class _Options:
     checkpoint_interval: float
     add_sinks: tuple[str, ...]
     drop_sinks: tuple[str, ...]
+    placement: Placement
+    ping_timeout: float
 
     def validate(self, runtime: str) -> None:
         checks: list[tuple[bool, str]] = [
@@ -95,6 +100,9 @@ class _Options:
             (self.feed_timeout > 0, f"feed_timeout must be > 0; got {self.feed_timeout!r}"),
             (self.checkpoint_interval > 0,
              f"checkpoint_interval must be > 0; got {self.checkpoint_interval!r}"),
+            (self.ping_timeout > 0, f"ping_timeout must be > 0; got {self.ping_timeout!r}"),
+            (isinstance(self.placement, Placement),
+             f"placement must be a raysink.Placement; got {type(self.placement).__name__}"),
             (self.epoch_offset is None or self.epoch_offset >= 0,
              f"epoch_offset must be >= 0; got {self.epoch_offset!r}"),
         ]
@@ -122,6 +130,14 @@ class SinkRuntime:
     purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
     on stderr while writing (``None``: only on a terminal; ``False``: never; or a
     ``raysink.progress.Progress`` of your own).
+
+    On a cluster: ``placement`` (a ``raysink.Placement``) narrows the nodes writers may use
+    (labels, custom resources) and where the coordinator runs (by default writers spread
+    over the alive nodes, the coordinator on the driver's node; see
+    ``raysink.actors.placement``); an actor that does not answer a ping within
+    ``ping_timeout`` seconds while an epoch waits on it (its node lost, say) is replaced
+    and the epoch fed again, without waiting for Ray's failure detector.
+    ``rescale(writers=n)`` changes the writers between epochs.
 
     ``epoch_offset``: for a Structured Streaming query, epoch = ``batch_id + 1 + offset``
     (re-binding the runtime to a new query); for the runtime's own numbering, implicit
@@ -159,6 +175,8 @@ class SinkRuntime:
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
         progress: Progress | bool | None = None,
+        placement: Placement | None = None,
+        ping_timeout: float = PING_TIMEOUT,
     ) -> None:
         _check_name(name)
         self.name = name
@@ -171,7 +189,9 @@ class SinkRuntime:
             actor_options=dict(actor_options or {}), max_batch_bytes=max_batch_bytes,
             max_buffer_bytes=max_buffer_bytes, warn_interval=warn_interval,
             feed_timeout=feed_timeout, checkpoint_interval=checkpoint_interval,
-            add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks))
+            add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks),
+            placement=Placement() if placement is None else placement,
+            ping_timeout=ping_timeout)
         self._options.validate(name)
         self._key = self._routing_key()
         self._bitmaps: list[Bitmap] = assign(writers)
@@ -215,7 +235,7 @@ class SinkRuntime:
         for sink in self._sinks.values():
             sink.validate()
         actors = self._actor_set()
-        actors.start()
+        actors.start(timeout=max(self._options.commit_timeout, _START_SECONDS))
         self._actors = actors
         try:
             # wait for recovery (open attempts swept, markers checked against the meta
@@ -260,18 +280,22 @@ class SinkRuntime:
             max_pending_epochs=opts.max_pending_epochs, retry_cap=opts.retry_cap,
             add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks,
             epoch_offset=opts.epoch_offset, warn_after=opts.warn_interval)
-        writer_configs = {
+        return ActorSet(coordinator_config=coordinator,
+                        writer_configs=self._writer_configs(opts.writers),
+                        options=opts.actor_options, max_pending_calls=max(64, opts.credits * 8),
+                        placement=opts.placement, ping_timeout=opts.ping_timeout)
+
+    def _writer_configs(self, writers: int) -> dict[str, list[WriterConfig]]:
+        opts = self._options
+        return {
             sink_name: [WriterConfig(runtime=self.name, sink_name=sink_name, sink=sink,
                                      writer_id=i, coordinator=coordinator_name(self.name),
                                      flush_interval=opts.flush_interval,
                                      max_batch_bytes=opts.max_batch_bytes,
                                      max_buffer_bytes=opts.max_buffer_bytes,
                                      warn_interval=opts.warn_interval)
-                        for i in range(opts.writers)]
+                        for i in range(writers)]
             for sink_name, sink in self._sinks.items()}
-        return ActorSet(coordinator_config=coordinator, writer_configs=writer_configs,
-                        options=opts.actor_options,
-                        max_pending_calls=max(64, opts.credits * 8))
 
     def __enter__(self) -> SinkRuntime:
         return self.start()
@@ -479,6 +503,54 @@ class SinkRuntime:
                      query_id, offset)
         self._bound = (query_id, offset)
         return offset
+
+    # ------------------------------------------------------------------ rescale
+
+    @typed_errors(RuntimeUnavailableError, "rescale")
+    def rescale(self, *, writers: int) -> None:
+        """Change the number of writers per sink between epochs, without closing the
+        runtime (nodes joined, or a stream needs more writers).
+
+        New writers start first (placed like the others) and must answer; then the
+        coordinator takes the new layout (``set_layout``: each writer's vnode bitmap by
+        ``vnodes.assign``), effective from the next epoch, and this driver routes by it
+        from then on; writers no longer needed get the DRAIN barrier and end. A key is
+        routed by its vnode, so with a routing key all rows of a key still reach one
+        writer in every epoch (its vnode's writer in the layout of that epoch). Refused
+        with ``RescaleRefusedError``, changing nothing, while an epoch is being written
+        or recovered (or is still open at the coordinator); an actor that stopped
+        answering is replaced first."""
+        if not isinstance(writers, int) or writers < 1:
+            raise ConfigError(f"writers must be at least 1; got {writers!r}", runtime=self.name)
+        actors = self._require_started()
+        if writers == self._options.writers:
+            return
+        if self._handle is not None:
+            raise RescaleRefusedError(
+                f"{self._handle!r} is open for producers: commit or abort it, then rescale",
+                runtime=self.name, epoch=self._handle.epoch)
+        with self._epochs.exclusive():
+            actors.heal()
+            removed = actors.resize(self._writer_configs(writers), commit=lambda: self._ask(
+                actors, "changing the writer layout",
+                actors.coordinator_call("set_layout", writers)))
+            self._options = dataclasses.replace(self._options, writers=writers)
+            self._bitmaps = assign(writers)
+            self._retire_writers(actors, removed)
+        log.info("%s: rescaled to %s writers per sink", self.name, writers)
+
+    def _retire_writers(self, actors: ActorSet, handles: list[Any]) -> None:
+        """The DRAIN barrier to writers a rescale removed (each closes its sink writer),
+        then end them. They hold nothing undecided: no epoch is in flight."""
+        if not handles:
+            return
+        barrier = CheckpointBarrier(self._epochs.next_checkpoint(), 0, BarrierFlags.DRAIN)
+        try:
+            get([h.drain.remote(barrier) for h in handles], timeout=self._options.commit_timeout)
+        except Exception as exc:  # ending them drops nothing decided
+            log.warning("%s: rescale: draining removed writers failed: %s", self.name,
+                        short(exc))
+        actors.end(handles)
 
     # ------------------------------------------------------------------ status
 

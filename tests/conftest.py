@@ -2,7 +2,9 @@
 
 Layers (pytest markers) and their budgets in the default run:
 unit (no Ray) 1 min, integration (real ray.init) 8 min, spark (RayDP) 8 min,
-chaos sample 3 min. Modules under tests/<layer>/ get their layer's marker automatically.
+chaos sample 3 min, cluster (a multi-node Ray on this machine) 4 min. Modules under
+tests/<layer>/ get their layer's marker automatically. The cluster layer runs last: it
+ends the session's single-node Ray before its own cluster starts.
 """
 
 from __future__ import annotations
@@ -23,9 +25,10 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # at import): a private directory of this test session, inherited by Ray and its actors.
 os.environ.setdefault("RAYSINK_FAULT_DIR", tempfile.mkdtemp(prefix="raysink-faults-"))
 
-_LAYERS = ("unit", "integration", "spark", "chaos")
+_LAYERS = ("unit", "integration", "spark", "chaos", "cluster")
 # Seconds each layer may take in the default run; the summary flags a layer over budget.
-BUDGETS = {"unit": 60.0, "integration": 480.0, "spark": 480.0, "chaos": 180.0}
+BUDGETS = {"unit": 60.0, "integration": 480.0, "spark": 480.0, "chaos": 180.0,
+           "cluster": 240.0}
 _SPENT: dict[str, float] = dict.fromkeys(_LAYERS, 0.0)
 
 
@@ -52,11 +55,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         for layer in _LAYERS:
             if layer in parts:
                 item.add_marker(getattr(pytest.mark, layer))
+    # the cluster layer last (stable: the others keep their order): its fixture ends the
+    # single-node Ray the other layers share
+    items.sort(key=lambda item: item.get_closest_marker("cluster") is not None)
 
 
 @pytest.fixture(scope="session")
 def ray_session() -> Iterator[None]:
-    """One local Ray for the whole test session (8 logical CPUs so RayDP fits on 2 cores)."""
+    """One local Ray for the whole test session (8 logical CPUs so RayDP fits on 2 cores).
+    ``address="local"``: always a new Ray of this session's own, never a cluster some
+    other process on the machine started (a bare ``ray.init()`` would join one)."""
     import ray
 
     if not ray.is_initialized():

@@ -356,6 +356,16 @@ class CoordinatorActor:
         self._feeds.forget(epoch - 1)
         return await self.wait_committed(epoch, timeout, attempt)
 
+    async def set_layout(self, writers: int) -> dict[str, Any]:
+        """Rescale: ``writers`` writers per sink (their vnode bitmaps by
+        ``vnodes.assign``) from the next epoch on. Refused (``RescaleRefusedError``)
+        while an epoch is open. Returns the new layout (as OPEN records keep it)."""
+        await self._until_recovered()
+        bitmaps = {name: assign(writers) for name in self._config.sinks}
+        await self._locked(lambda: self._core.set_layout(bitmaps))
+        log.info("%s: writer layout now %s writers per sink", self._config.runtime, writers)
+        return self._core.layout()
+
     async def _abort_attempt(self, epoch: int, attempt: int) -> None:
         """Abort the attempt. When recording the abort fails too (the meta store down), it
         stays OPEN in the core; ``resolve`` or the next open of the epoch aborts it."""

@@ -54,6 +54,7 @@ from raysink.errors import (
     FencedError,
     MetaStoreError,
     RaySinkError,
+    RescaleRefusedError,
     SchemaMismatchError,
     SinkUnavailableError,
     StaleAttemptError,
@@ -224,10 +225,18 @@ class EpochCoordinator:
                           for name, maps in self._bitmaps.items()}}
 
     def set_layout(self, bitmaps: Mapping[str, Sequence[Bitmap]]) -> None:
-        """New writer bitmaps, effective from the next opened epoch (rescale)."""
-        if self.open_epoch_number() is not None:
-            raise RaySinkError("cannot change the writer layout while an epoch is open",
-                               runtime=self.runtime)
+        """New writer bitmaps, effective from the next epoch (rescale): the next opened
+        one, or the next one whose open travels with its data. Refused
+        (``RescaleRefusedError``) while an epoch is open; decided epochs keep the
+        manifests they were decided with."""
+        opened = self.open_epoch_number()
+        if opened is not None:
+            raise RescaleRefusedError(
+                f"epoch {opened} is open (being written, or failed and not yet resolved): "
+                "rescale between epochs", runtime=self.runtime, epoch=opened)
+        if set(bitmaps) != set(self.sinks):
+            raise RaySinkError(f"a layout for sinks {sorted(bitmaps)}, the runtime has "
+                               f"{sorted(self.sinks)}", runtime=self.runtime)
         self._bitmaps = {name: list(maps) for name, maps in bitmaps.items()}
 
     # ------------------------------------------------------------------ recovery
@@ -481,7 +490,7 @@ class EpochCoordinator:
                 if request.schema is not None:
                     self._check_epoch_schema(entry, request.sink, request.schema)
                 entry.coverage[request.sink].add(request.writer,
-                                                 self._bitmaps[request.sink][request.writer],
+                                                 self._writer_bitmap(request, epoch),
                                                  request.manifest)
             self._check_evolution(entry)
         except Exception:
@@ -493,6 +502,16 @@ class EpochCoordinator:
             raise RaySinkError(f"the commit requests of attempt {attempt} do not cover every "
                                f"writer of sinks {missing}", runtime=self.runtime, epoch=epoch)
         entry.complete = True
+
+    def _writer_bitmap(self, request: CommitRequest, epoch: int) -> Bitmap:
+        maps = self._bitmaps.get(request.sink)
+        if maps is None or not 0 <= request.writer < len(maps):
+            raise RaySinkError(
+                f"a commit request from writer {request.writer} of sink {request.sink!r}, "
+                f"but the layout has {0 if maps is None else len(maps)} writers for it (a "
+                "rescale the coordinator did not hear of?)", runtime=self.runtime,
+                sink=request.sink, epoch=epoch)
+        return maps[request.writer]
 
     def _open_in_memory(self, epoch: int, attempt: int) -> _Epoch:
         """An attempt whose open travelled with its data: checked, not yet recorded."""

@@ -4,7 +4,11 @@ Random interleavings of epochs opened first and epochs whose open travels with t
 decision (the driver's next epoch), writer pre-commits (each writer stages its share and
 hands its commit request to the driver), the driver's one ``gather`` of every request,
 the PENDING record (a step of its own: a resolve or a crash may come between), resolves,
-each sink's commits on its own (failing or not), and coordinator crashes with restarts.
+each sink's commits on its own (failing or not), coordinator crashes with restarts, and
+rescales: the writer layout changed between epochs (``set_layout``; a restarted
+coordinator gets the current one), refused while an epoch is open at the coordinator,
+and, out of turn, while the driver feeds an epoch the coordinator does not know yet: its
+requests then no longer match the layout and the attempt is given up, nothing visible.
 
 Writers report the schema they wrote: sink ``a`` (``schema_evolution="fail"``) one,
 sink ``b`` (``"add_columns"``) one drawn from three (the old one, one adding a string
@@ -44,15 +48,19 @@ from raysink.coordinator.epochs import Resolution
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.metastore.base import MetaStore
+from raysink.coordinator.vnodes import assign
 from raysink.errors import (
     BackpressureError,
     EpochRegressionError,
+    RaySinkError,
+    RescaleRefusedError,
     SchemaMismatchError,
     StaleAttemptError,
 )
-from tests.unit.test_epochs import WRITERS, Harness, commit_sink, with_schema
+from tests.unit.test_epochs import Harness, commit_sink, with_schema
 
 SINKS = ("a", "b")
+MAX_WRITERS = 3
 SCHEMAS = (pa.schema([("v", pa.int64())]),
            pa.schema([("v", pa.int64()), ("extra", pa.string())]),
            pa.schema([("v", pa.int64()), ("extra", pa.int64())]))
@@ -71,9 +79,12 @@ class CoordinatorModel(RuleBasedStateMachine):
         # the schemas the writers of the gathered attempt reported; of b's decided epochs
         self.reported: dict[str, list[pa.Schema]] = {}
         self.schemas: dict[str, list[pa.Schema]] = {"b": []}
+        self.feeding = self.h.writers  # the writers of the attempt being fed
+        self.misrouted = False  # a rescale reached the coordinator while it was fed
 
     def _start(self, epoch: int, attempt: int, generation: int | None = None) -> None:
         self.current, self.requests, self.generation = (epoch, attempt), {}, generation
+        self.feeding, self.misrouted = self.h.writers, False
 
     @precondition(lambda self: self.current is None)
     @rule(gap=st.integers(min_value=0, max_value=2), explicit=st.booleans())
@@ -97,12 +108,12 @@ class CoordinatorModel(RuleBasedStateMachine):
         self._start(epoch, self.h.core.next_attempt(epoch), self.h.core.generation)
 
     @precondition(lambda self: self.current is not None)
-    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1),
+    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, MAX_WRITERS - 1),
           rows=st.integers(0, 3), schema=st.sampled_from(SCHEMAS))
     def pre_commit(self, sink: str, writer_id: int, rows: int, schema: pa.Schema) -> None:
         assert self.current is not None
         epoch, attempt = self.current
-        if (sink, writer_id) in self.requests:
+        if (sink, writer_id) in self.requests or writer_id >= self.feeding:
             return
         writer = self.h.core.sinks[sink].create_writer(writer_id)
         if rows:
@@ -113,28 +124,31 @@ class CoordinatorModel(RuleBasedStateMachine):
             schema if sink == "b" else SCHEMAS[0])
 
     @precondition(lambda self: self.current is not None
-                  and len(self.requests) < len(SINKS) * WRITERS)
+                  and len(self.requests) < len(SINKS) * self.feeding)
     @rule(rows=st.integers(0, 3), schemas=st.lists(st.sampled_from(SCHEMAS),
-                                                   min_size=WRITERS, max_size=WRITERS))
+                                                   min_size=MAX_WRITERS,
+                                                   max_size=MAX_WRITERS))
     def pre_commit_the_rest(self, rows: int, schemas: list[pa.Schema]) -> None:
         """Every writer without a request yet pre-commits (b's writer k reporting
         ``schemas[k]``): without this step a gather is rare in 40 random steps."""
         for sink in SINKS:
-            for writer_id in range(WRITERS):
+            for writer_id in range(self.feeding):
                 self.pre_commit(sink, writer_id, rows, schemas[writer_id])
 
     @precondition(lambda self: self.current is not None)
-    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, WRITERS - 1))
+    @rule(sink=st.sampled_from(SINKS), writer_id=st.integers(0, MAX_WRITERS - 1))
     def idle(self, sink: str, writer_id: int) -> None:
         """A writer that received nothing this attempt: no barrier, no staging; the driver
         answers for it."""
         assert self.current is not None
         epoch, attempt = self.current
+        if writer_id >= self.feeding:
+            return
         self.requests.setdefault((sink, writer_id), CommitRequest(
             sink=sink, writer=writer_id, epoch=epoch, attempt=attempt, manifest=None))
 
     @precondition(lambda self: self.current is not None
-                  and len(self.requests) == len(SINKS) * WRITERS)
+                  and len(self.requests) == len(SINKS) * self.feeding)
     @rule()
     def gather(self) -> None:
         """The driver hands the coordinator every writer's request at once."""
@@ -147,9 +161,41 @@ class CoordinatorModel(RuleBasedStateMachine):
             self.h.core.resolve(epoch, attempt)  # the driver gives the attempt up
             self.current = None
             return
+        except RaySinkError:
+            # requests of the old layout after a rescale the coordinator took meanwhile
+            assert self.misrouted
+            self.h.core.resolve(epoch, attempt)
+            self.current = None
+            return
         self.complete, self.current = (epoch, attempt), None
         self.reported = {"b": [_schema.decode(r.schema) for r in self.requests.values()
                                if r.sink == "b" and r.schema is not None]}
+
+    @precondition(lambda self: self.current is None and self.complete is None)
+    @rule(writers=st.integers(1, MAX_WRITERS))
+    def rescale(self, writers: int) -> None:
+        """``rt.rescale``: between epochs, a new layout from the next epoch on."""
+        try:
+            self.h.core.set_layout({sink: assign(writers) for sink in SINKS})
+        except RescaleRefusedError:
+            assert self.h.core.open_epoch_number() is not None
+            return
+        self.h.writers = writers
+
+    @precondition(lambda self: self.current is not None)
+    @rule(writers=st.integers(1, MAX_WRITERS))
+    def rescale_while_feeding(self, writers: int) -> None:
+        """A layout change out of turn (the driver never sends one while it feeds): an
+        epoch opened first is open at the coordinator, so it is refused; the driver's next
+        epoch is not known there yet, so it is taken, and that attempt cannot be decided
+        under a layout its requests do not match."""
+        try:
+            self.h.core.set_layout({sink: assign(writers) for sink in SINKS})
+        except RescaleRefusedError:
+            assert self.h.core.open_epoch_number() is not None
+            return
+        self.misrouted = self.misrouted or writers != self.feeding
+        self.h.writers = writers
 
     @precondition(lambda self: self.complete is not None)
     @rule()

@@ -62,6 +62,7 @@ class Harness:
         self.max_pending = max_pending
         self.epoch_offset: int | None = None
         self.evolution = dict(evolution or {})  # a sink's schema_evolution, "fail" if absent
+        self.writers = WRITERS  # the layout a (re)started coordinator gets (rescale)
         self.core = self.boot()
 
     def boot(self) -> EpochCoordinator:
@@ -71,7 +72,7 @@ class Harness:
         record = self.store.claim(RUNTIME, {n: "memory" for n in sinks})
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
-                                bitmaps={n: assign(WRITERS) for n in sinks},
+                                bitmaps={n: assign(self.writers) for n in sinks},
                                 max_pending_epochs=self.max_pending,
                                 epoch_offset=self.epoch_offset)
         core.recover()
@@ -88,7 +89,7 @@ class Harness:
         """Every writer of every sink stages ``rows`` rows: their commit requests."""
         out = []
         for name, sink in self.core.sinks.items():
-            for writer_id in range(WRITERS):
+            for writer_id in range(self.writers):
                 writer = sink.create_writer(writer_id)
                 values = [epoch * 1000 + writer_id * 100 + i for i in range(rows)]
                 writer.write(pa.record_batch({"v": values}))
