@@ -101,7 +101,7 @@ def hit(point: str, *, runtime: str, **context: Any) -> None:
         return
     if not _matches(spec.get("when", {}), context):
         return
-    if not _consume(path, spec):
+    if not _consume(path, spec, context):
         return
     action = spec.get("action", "kill")
     if action == "kill":
@@ -116,8 +116,9 @@ def _matches(when: dict[str, Any], context: dict[str, Any]) -> bool:
     return all(context.get(key) == value for key, value in when.items())
 
 
-def _consume(path: Path, spec: dict[str, Any]) -> bool:
-    """Take one firing; ``False`` when another process took the last one first."""
+def _consume(path: Path, spec: dict[str, Any], context: dict[str, Any]) -> bool:
+    """Take one firing; ``False`` when another process took the last one first. The last
+    firing leaves the ``.fired`` record, with the context it fired in (``fired_with``)."""
     times = int(spec.get("times", 1))
     claim = path.with_suffix(f".{os.getpid()}.{time.monotonic_ns()}")
     try:
@@ -130,5 +131,6 @@ def _consume(path: Path, spec: dict[str, Any]) -> bool:
         os.rename(claim, path)
     else:
         fired = path.with_suffix(".fired")
+        claim.write_text(json.dumps({**spec, "fired_with": context}, default=str))
         os.rename(claim, fired)
     return True

@@ -72,6 +72,7 @@ __all__ = [
     "disarm_faults",
     "fault_dir",
     "fired",
+    "fired_context",
 ]
 
 FaultAction = Literal["kill", "raise", "sleep"]
@@ -818,6 +819,19 @@ def disarm_faults(runtime: str) -> None:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)
+
+
+def fired_context(runtime: str, point: str) -> dict[str, Any] | None:
+    """The context ``point`` last fired in for ``runtime`` (e.g. ``{"executor": ...}``),
+    once an arm fired its last time; ``None`` before."""
+    if not enabled():
+        return None
+    try:
+        spec = json.loads(_arm_path(runtime, point).with_suffix(".fired").read_text())
+    except (OSError, ValueError):
+        return None
+    context = spec.get("fired_with")
+    return dict(context) if isinstance(context, dict) else None
 
 
 def fired(runtime: str, point: str) -> bool:

@@ -72,7 +72,7 @@ def test_rescale_is_refused_while_an_epoch_is_in_flight(nodes: Nodes, tmp_path: 
     sink = DeltaSink(str(target.path), mode="upsert", key=["id"])
     with SinkRuntime(name, sink, writers=2, metastore=f"sqlite:///{tmp_path / 'm.db'}",
                      progress=False) as rt:
-        arm_fault(name, "writer.after_pre_commit", action="sleep", seconds=3,
+        arm_fault(name, "writer.after_pre_commit", action="sleep", seconds=2,
                   when={"epoch": 1})
         thread, box = run_in_thread(lambda: rt.write_arrow(_updates(1)))
         wait_fired(name, "writer.after_pre_commit")

@@ -8,7 +8,8 @@ there and the writers placed there are gone, and Ray still lists the node alive.
 asks the other executors, whose block managers cannot read the lost blocks and have Spark
 compute them again; the writers on the lost node are replaced; the epoch commits exactly
 once. First through ``rt.write(df)``, then through ``foreach_batch`` of a Structured
-Streaming query (a Parquet file source, one file per micro-batch).
+Streaming query (a Parquet file source, one file per micro-batch), each losing a node of
+its own; the lost workers come back only after the module.
 """
 
 from __future__ import annotations
@@ -27,7 +28,7 @@ from pyspark.sql import DataFrame, SparkSession
 from raysink import SinkRuntime
 from raysink.sinks import ParquetSink
 from raysink.spark import init_spark, stop_spark
-from raysink.testing import arm_fault, disarm_faults
+from raysink.testing import arm_fault, disarm_faults, fired_context
 from tests.cluster.conftest import Nodes
 from tests.integration.helpers import run_in_thread, wait_fired
 from tests.support.cluster import SPARK_CONFIGS
@@ -50,17 +51,26 @@ def _executors(nodes: Nodes) -> dict[str, str]:
 
 
 @pytest.fixture(scope="module")
-def spark(cluster: Nodes) -> Iterator[SparkSession]:
+def nodes(cluster: Nodes) -> Iterator[Nodes]:
+    """The cluster, restored only after the module (after Spark stopped): a worker added
+    while Spark runs would let RayDP restart the lost executor there, under a new id
+    Spark may schedule tasks to and never start (RayDP 1.6.5)."""
+    yield cluster
+    cluster.restore()
+
+
+@pytest.fixture(scope="module")
+def spark(nodes: Nodes) -> Iterator[SparkSession]:
     session = init_spark("raysink-test-cluster", executors=EXECUTORS, executor_cores=1,
                          executor_memory="512m", configs=SPARK_CONFIGS)
     try:
         session.sparkContext.setLogLevel("ERROR")
         deadline = time.monotonic() + 120
-        while len(_executors(cluster)) < EXECUTORS:  # RayDP starts them after init_spark
-            assert time.monotonic() < deadline, f"executors: {_executors(cluster)}"
+        while len(_executors(nodes)) < EXECUTORS:  # RayDP starts them after init_spark
+            assert time.monotonic() < deadline, f"executors: {_executors(nodes)}"
             time.sleep(0.5)
-        workers = set(cluster.cluster.workers())
-        assert set(_executors(cluster).values()) == workers, "one executor per worker node"
+        workers = set(nodes.cluster.workers())
+        assert set(_executors(nodes).values()) == workers, "one executor per worker node"
         yield session
     finally:
         stop_spark()
@@ -76,14 +86,15 @@ def _read_ids(path: Path) -> list[int]:
 
 
 def _lose_executor_node_mid_pull(nodes: Nodes, name: str, write: object) -> None:
-    """Run ``write()`` in a thread; once a writer is about to pull from an executor,
-    remove that executor's node; the epoch must commit."""
-    executors = _executors(nodes)
-    victim = sorted(executors)[0]
-    arm_fault(name, "spark.mid_pull", action="sleep", seconds=120, when={"executor": victim})
+    """Run ``write()`` in a thread; once a writer is about to pull a partition from an
+    executor (the first pull: whichever executor Spark placed it on), remove that
+    executor's node; the epoch must commit."""
+    arm_fault(name, "spark.mid_pull", action="sleep", seconds=120)
     thread, box = run_in_thread(write)  # type: ignore[arg-type]
     wait_fired(name, "spark.mid_pull", timeout=120)
-    nodes.remove(executors[victim])
+    context = fired_context(name, "spark.mid_pull")
+    assert context is not None
+    nodes.remove(_executors(nodes)[str(context["executor"])])
     disarm_faults(name)
     thread.join(180)
     assert not thread.is_alive(), "the epoch never finished after the executor's node loss"
