@@ -5,13 +5,14 @@ Each producer is a Ray actor reading a source it can seek in (here a determinist
 offsets works the same way). It keeps, durably, the source offsets it wrote into each
 epoch, and follows raysink's contract for streams:
 
-- after each ``feed.write``, ``feed.last_epoch`` says which epoch the batch went into:
-  note the batch's offset against that epoch;
-- on ``StreamRewind(committed=C)``: seek back to the first offset noted for an epoch
-  after ``C`` and write on (the rows of the epochs after ``C`` were dropped);
-- on a restart: seek to the same place from the durable notes, with ``C`` from
-  ``feed.committed()`` (a restart also makes the stream rewind, so the next write may
-  raise ``StreamRewind`` once more: follow it);
+- ``feed.write(batch, on_sent=...)``: the callback gets the epoch the batch went into,
+  before that epoch can close: note there, durably, that the producer's writes into
+  that epoch end after this batch's offset;
+- on ``StreamRewind(committed=C)``: forget the notes of the epochs after ``C`` (their
+  rows were dropped) and seek to where the writes into epochs up to ``C`` ended;
+- on a restart: the same, with ``C = feed.committed()`` (after a restart that forced a
+  rewind it returns once the rewind happened; a later write may still raise
+  ``StreamRewind``: follow it);
 - when the source ends, ``feed.wait_committed()`` before stopping: a rewind until then
   still needs the producer's rows.
 
@@ -22,6 +23,7 @@ table, a SQLite meta store under that directory).
 from __future__ import annotations
 
 import json
+import os
 import sys
 import time
 from pathlib import Path
@@ -46,27 +48,30 @@ def source_batch(producer: int, offset: int) -> pa.Table:
 
 
 class OffsetBook:
-    """Per epoch, the first and the next offset this producer wrote into it (a JSON file:
-    it survives the producer's restart)."""
+    """Per epoch, the offset after the last batch this producer wrote into it (a JSON
+    file, replaced whole: it survives the producer's restart, even one in mid-save)."""
 
     def __init__(self, path: Path) -> None:
         self.path = path
         raw = json.loads(path.read_text()) if path.exists() else {}
-        self.epochs: dict[int, list[int]] = {int(k): v for k, v in raw.items()}
+        self.ends: dict[int, int] = {int(k): v for k, v in raw.items()}
 
     def wrote(self, epoch: int, offset: int) -> None:
-        first, _ = self.epochs.get(epoch, [offset, offset])
-        self.epochs[epoch] = [min(first, offset), offset + 1]
-        self.path.write_text(json.dumps(self.epochs))
+        self.ends[epoch] = offset + 1
+        self._save()
 
     def resume_after(self, committed: int | None) -> int:
-        """Where to read from when every epoch after ``committed`` was dropped."""
-        later = [first for epoch, (first, _) in self.epochs.items()
-                 if committed is None or epoch > committed]
-        if later:
-            return min(later)
-        done = [end for epoch, (_, end) in self.epochs.items()]
-        return max(done, default=0)
+        """Where to read from when every epoch after ``committed`` was dropped: the
+        notes of those epochs go, the writes into the others ended where we resume."""
+        self.ends = {epoch: end for epoch, end in self.ends.items()
+                     if committed is not None and epoch <= committed}
+        self._save()
+        return max(self.ends.values(), default=0)
+
+    def _save(self) -> None:
+        scratch = self.path.with_name(self.path.name + ".tmp")
+        scratch.write_text(json.dumps(self.ends))
+        os.replace(scratch, self.path)
 
 
 @ray.remote(max_restarts=1, max_task_retries=0)
@@ -85,9 +90,8 @@ class ReplayableProducer:
         while True:
             try:
                 while offset < batches:
-                    self.feed.write(source_batch(self.producer, offset))
-                    assert self.feed.last_epoch is not None
-                    self.book.wrote(self.feed.last_epoch, offset)
+                    self.feed.write(source_batch(self.producer, offset),
+                                    on_sent=lambda epoch, at=offset: self.book.wrote(epoch, at))
                     offset += 1
                     writes += 1
                     time.sleep(pause)
@@ -97,8 +101,6 @@ class ReplayableProducer:
                 offset = self.book.resume_after(rewind.committed)
 
     def pid(self) -> int:
-        import os
-
         return os.getpid()
 
 

@@ -13,13 +13,18 @@ boundary (or at once, from the poll, when it is idle). When an epoch fails (a pr
 lost, a sink down past the retries), the stream *rewinds*: everything after the last
 committed epoch is dropped and each producer's next ``write`` raises ``StreamRewind``.
 
-The contract for producers: the producer owns its source offsets. It notes, per epoch,
-where in its source its writes into that epoch began (``feed.last_epoch`` after a write
-says which epoch it went into); on ``StreamRewind(committed=C)`` it seeks back to the first
-offset it wrote into an epoch after ``C`` and writes on. A producer that restarts reads
-``feed.committed()`` (the last epoch every target holds, ``rt.status()``'s
-``last_committed_epoch``) and resumes after it. A source that cannot replay loses the
-rows of a failed epoch: that is at-most-once, not raysink's guarantee.
+The contract for producers: the producer owns its source offsets. It notes, durably and
+per epoch, where in its source its writes into that epoch ended: in the ``on_sent``
+callback of ``feed.write(data, on_sent=...)``, which gets the epoch the data went into
+and runs before that epoch's part can be closed (noted after ``write`` returned, a crash
+in between could leave a committed batch unnoted). On ``StreamRewind(committed=C)`` it
+drops its notes for the epochs after ``C`` and seeks to where its writes into epochs up
+to ``C`` ended. A producer that restarts does the same with ``C = feed.committed()``
+(its first poll: after a restart that forced a rewind, it returns once the rewind
+happened). ``C`` is the producer's *cut*: the last epoch committed when its later writes
+were dropped, which the stream keeps telling it until it applied the rewind (other
+producers' epochs may commit meanwhile). A source that cannot replay loses the rows of a
+failed epoch: that is at-most-once, not raysink's guarantee.
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -78,18 +83,25 @@ class StreamFeed:
         return f"StreamFeed({self.route.runtime!r}, id={self.id}, last_epoch={self.last_epoch})"
 
     def committed(self) -> int | None:
-        """The last epoch every target holds (a restarted producer resumes after it)."""
+        """The last epoch every target holds, or, with a rewind not yet applied, this
+        producer's cut (a restarted producer resumes after it; its first call returns
+        once the rewind its restart forces has happened)."""
         position = self._poll()
         return None if position is None else position.committed
 
-    def write(self, data: pa.Table | pa.RecordBatch | Sequence[Any]) -> int:
-        """Send data into the stream's current epoch; returns the rows sent. Raises
-        ``StreamRewind`` after a failed epoch (replay from its ``committed``)."""
+    def write(self, data: pa.Table | pa.RecordBatch | Sequence[Any], *,
+              on_sent: Callable[[int], object] | None = None) -> int:
+        """Send data into the stream's current epoch; returns the rows sent. ``on_sent``
+        gets that epoch before the epoch's part can be closed: note your source offset
+        there. Raises ``StreamRewind`` after a failed epoch (replay from its
+        ``committed``)."""
         with self._lock:
             current = self._catch_up(raising=True)
             assert current is not None
             rows = current.write(data)
             self.last_epoch = current.epoch
+            if on_sent is not None:
+                on_sent(current.epoch)
             return rows
 
     def wait_committed(self, timeout: float = 300.0) -> None:
@@ -127,8 +139,8 @@ class StreamFeed:
     # ------------------------------------------------------------------ the position
 
     def _poll(self) -> StreamPosition | None:
-        position: StreamPosition | None = get(
-            self.route.coordinator.stream_poll.remote(self.id, not self._joined))
+        position: StreamPosition | None = get(self.route.coordinator.stream_poll.remote(
+            self.id, not self._joined, self._rewinds))
         self._joined = True
         if self._stop is None:
             self._start_polling()

@@ -45,6 +45,7 @@ from raysink.coordinator.stream import StreamBook, StreamPosition, StreamTick
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
+    EpochFailedError,
     FencedError,
     MetaStoreError,
     RaySinkError,
@@ -101,6 +102,7 @@ class CoordinatorActor:
         self._health = SinkHealthBook(config.sinks)
         self._feeds = FeedRegistry()
         self._stream: StreamBook | None = None
+        self._stream_timeout = 300.0  # a restarted member waits this long for its rewind
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
@@ -461,13 +463,16 @@ class CoordinatorActor:
         opens one: the targets' markers are checked first)."""
         opened = await self.open_epoch(None, timeout)
         self._stream = StreamBook(opened.epoch, opened.attempt)
+        self._stream_timeout = timeout
         return self._stream.position(self._core.committed_through())
 
-    async def stream_poll(self, feed: int, joining: bool = False) -> StreamPosition | None:
+    async def stream_poll(self, feed: int, joining: bool = False,
+                          applied_rewinds: int | None = None) -> StreamPosition | None:
         """A producer's poll: where to write, and its barrier once (``None``: no stream).
         ``joining``: the first poll of the feed in its process; a member joining again was
-        restarted, and what it wrote before is lost with its old process: its epoch fails
-        (the stream rewinds)."""
+        restarted, and what it wrote before is lost with its old process: its epoch fails,
+        and the poll returns once the stream rewound, with the member's cut (an epoch it
+        closed before may still be committing: only the rewind says where to resume)."""
         self._ensure_started()
         if self._stream is None:
             return None
@@ -475,11 +480,27 @@ class CoordinatorActor:
         if writing is not None and joining:
             self._feeds.failed(*writing, feed, "its producer restarted")
             await self._notify()
-        position = self._stream.poll(feed, self._core.committed_through())
+            await self._until_cut(feed)
+            if self._stream is None:
+                return None
+        position = self._stream.poll(feed, self._core.committed_through(), applied_rewinds)
         writing = self._stream.writing(feed)
         if writing is not None:  # the poll is the member's heartbeat too
             self._feeds.alive(*writing, feed, time.monotonic())
         return position
+
+    async def _until_cut(self, feed: int) -> None:
+        """Wait for the rewind that cuts ``feed`` (its epoch failed), or the stream's end."""
+        deadline = time.monotonic() + self._stream_timeout
+        while (stream := self._stream) is not None and not stream.ended \
+                and not stream.has_cut(feed):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise EpochFailedError(
+                    f"feed {feed} restarted, and the stream did not rewind within "
+                    f"{self._stream_timeout:g} s: is the driver's stream still ticking?",
+                    runtime=self._config.runtime)
+            await self._wait_change(min(left, 0.5))
 
     async def stream_tick(self, checkpoint_id: int, drain: bool) -> StreamTick | None:
         """Close the stream's current epoch (see ``StreamBook.tick``)."""
@@ -495,7 +516,7 @@ class CoordinatorActor:
         opened = await self.open_epoch(epoch, timeout)
         if self._stream is None:
             self._stream = StreamBook(opened.epoch, opened.attempt)
-        self._stream.rewind(opened.epoch, opened.attempt)
+        self._stream.rewind(opened.epoch, opened.attempt, self._core.committed_through())
         await self._notify()
         return self._stream.position(self._core.committed_through())
 

@@ -9,7 +9,12 @@ its poll), closes its part of the epoch and writes the next one. A producer that
 
 After an epoch failed, the stream *rewinds*: the epoch is written again from the last
 committed one, every producer leaves (its next write raises ``StreamRewind``: it replays
-its source from there and joins again).
+its source from there and joins again). Each member is told the epoch the rewind cut its
+history at (its *cut*: the last epoch committed when its writes after it were dropped),
+until it says it applied the rewind: the stream may commit later epochs without it
+meanwhile, and a producer that replayed from one of those would lose the rows it had
+written into the dropped epochs before them. A producer restarted while still a member
+learns its cut the same way, once the rewind its restart forces has happened.
 
 Pure bookkeeping; the coordinator serves it.
 """
@@ -69,9 +74,18 @@ class StreamBook:
         self._closing_attempt = attempt  # of the epoch ticked last, still being closed
         self._members: dict[int, _Member] = {}
         self._left: set[int] = set()  # feeds that left on purpose
+        self._cuts: dict[int, int | None] = {}  # feed -> its cut, until it applied the rewind
 
-    def poll(self, feed: int, committed: int | None) -> StreamPosition:
-        """A member's poll (joining when it is not one): its pending barrier, claimed."""
+    def poll(self, feed: int, committed: int | None,
+             applied_rewinds: int | None = None) -> StreamPosition:
+        """A member's poll (joining when it is not one): its pending barrier, claimed.
+        ``applied_rewinds``: the rewinds the producer has applied (``None``: a new
+        process); until it applied the last one, ``committed`` is its cut."""
+        if feed in self._cuts:
+            if applied_rewinds == self.rewinds:
+                del self._cuts[feed]
+            else:
+                committed = self._cuts[feed]
         member = self._members.get(feed)
         if member is None and not self.ended and feed not in self._left:
             member = self._members[feed] = _Member(epoch=self.epoch)
@@ -121,13 +135,20 @@ class StreamBook:
         self.ended = drain
         return tick
 
-    def rewind(self, epoch: int, attempt: int) -> None:
+    def rewind(self, epoch: int, attempt: int, committed: int | None) -> None:
         """``epoch`` failed: write it again (``attempt``); every producer leaves and
-        replays from the last committed epoch."""
+        replays from ``committed``, the last committed epoch (its cut; an earlier cut
+        it has not applied yet stays)."""
         self.epoch, self.attempt = epoch, attempt
         self.opened = epoch
         self.rewinds += 1
+        for feed in self._members:
+            self._cuts.setdefault(feed, committed)
         self._members.clear()
+
+    def has_cut(self, feed: int) -> bool:
+        """Whether ``feed`` has a rewind to apply (its poll brings the cut)."""
+        return feed in self._cuts
 
     def leave(self, feed: int) -> tuple[int, int] | None:
         """A producer left the stream on purpose (``feed.close()``, after closing what it

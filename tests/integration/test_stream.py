@@ -15,6 +15,7 @@ import ray
 
 from examples.replayable_stream import ROWS_PER_BATCH, ReplayableProducer
 from raysink import SinkRuntime
+from raysink.testing import arm_fault, fired_context
 from tests.integration.helpers import sigkill
 from tests.integration.real_targets import ParquetTarget
 
@@ -79,3 +80,28 @@ def test_a_restarted_producer_rewinds_the_stream_and_nothing_is_lost_or_doubled(
         assert ray.get(runs[1]) > 60  # the survivor replayed after the rewind
         ray.get(resumed)
     assert _ids(target) == _expected(2, 60)
+
+
+def test_a_producer_restarted_while_its_closed_epoch_commits_resumes_after_that_epoch(
+        tmp_path: Path, name: str) -> None:
+    """The epoch the producer closed last is decided and still committing (its commit held
+    at ``sink.mid_commit``) when the producer is killed: the restarted producer must not
+    resume from the epoch before it (``committed()`` waits for the rewind its restart
+    forces, which comes after that commit)."""
+    target = ParquetTarget(tmp_path / "table")
+    arm_fault(name, "sink.mid_commit", action="sleep", seconds=4.0, when={"epoch": 2})
+    with _runtime(tmp_path, name, feed_timeout=3.0) as rt:
+        producer = ReplayableProducer.remote(0, rt.stream(), str(tmp_path / "o0.json"))
+        victim_pid = ray.get(producer.pid.remote())
+        run = producer.run.remote(80, 0.05)
+        deadline = time.monotonic() + 60
+        while fired_context(name, "sink.mid_commit") is None:
+            assert time.monotonic() < deadline, "epoch 2 never reached its commit"
+            time.sleep(0.05)
+        sigkill(victim_pid)
+        with pytest.raises(ray.exceptions.RayActorError):
+            ray.get(run)
+        _wait_restarted(producer, victim_pid)
+        ray.get(producer.run.remote(80, 0.05))
+    assert 2 in target.commit_epochs(name)
+    assert _ids(target) == _expected(1, 80)

@@ -69,7 +69,7 @@ def test_a_rewind_clears_the_members_and_counts() -> None:
     stream = StreamBook(epoch=3, attempt=0)
     stream.poll(1, committed=2)
     stream.tick(1, 0, 1)
-    stream.rewind(3, 1)
+    stream.rewind(3, 1, committed=2)
     position = stream.poll(1, committed=2)
     assert (position.epoch, position.attempt, position.rewinds) == (3, 1, 1)
     tick = stream.tick(2, 0, 1)
@@ -109,3 +109,21 @@ def test_a_leaving_member_owes_an_empty_close_for_a_tick_it_did_not_claim() -> N
     assert stream.leave(1) == (1, 0)  # ticked, unclaimed: closed empty for it
     assert stream.poll(1, committed=None).barrier is None  # a late poll does not rejoin
     assert stream.tick(2, 0, 1) is None
+
+
+def test_a_rewound_member_is_told_its_cut_until_it_applied_the_rewind() -> None:
+    stream = StreamBook(epoch=3, attempt=0)
+    stream.poll(1, committed=2, applied_rewinds=0)
+    stream.poll(2, committed=2, applied_rewinds=0)
+    stream.tick(1, 0, 1)
+    stream.rewind(3, 1, committed=2)
+    assert stream.has_cut(1) and stream.has_cut(2)
+    assert stream.poll(2, committed=2, applied_rewinds=1).committed == 2  # applied
+    assert not stream.has_cut(2)
+    stream.tick(2, 0, 1)  # epochs 3 and 4 commit with member 2 alone
+    assert stream.poll(1, committed=4, applied_rewinds=0).committed == 2  # its cut still
+    assert stream.poll(1, committed=4, applied_rewinds=None).committed == 2  # restarted
+    stream.rewind(5, 0, committed=4)  # a second rewind before it applied the first
+    assert stream.poll(1, committed=4, applied_rewinds=1).committed == 2
+    assert stream.poll(1, committed=4, applied_rewinds=2).committed == 4
+    assert not stream.has_cut(1)
