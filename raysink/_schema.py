@@ -52,6 +52,7 @@ __all__ = [
     "Evolution",
     "Rules",
     "SchemaEvolution",
+    "admit",
     "align",
     "canonical",
     "check_evolution_option",
@@ -334,6 +335,19 @@ def conform(data: _Data, target: pa.Schema) -> _Data:
     """``data`` (a batch or table) cast up to the target's wider types (``conformed``)."""
     schema = conformed(data.schema, target)
     return data if schema.equals(data.schema) else data.cast(schema)
+
+
+def admit(batch: _Data, target: pa.Schema | None, so_far: pa.Schema | None, rules: Rules,
+          *, where: Mapping[str, Any] | None = None) -> tuple[_Data, pa.Schema]:
+    """A writer's ``add_columns`` step for one batch: ``SchemaMismatchError`` unless a
+    target of schema ``target`` (``None``: no table yet) can take it (``evolve``); the
+    batch cast up to the target's wider types; the union of ``so_far`` (the schema of the
+    writer's batches until now) with it, without metadata."""
+    if target is not None:
+        evolve(target, batch.schema, rules, where=where)
+        batch = conform(batch, target)
+    schemas = [batch.schema] if so_far is None else [so_far, batch.schema]
+    return batch, union(schemas).remove_metadata()
 
 
 def align(tables: Sequence[pa.Table], target: pa.Schema) -> pa.Table:

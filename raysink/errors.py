@@ -123,9 +123,8 @@ class EpochRegressionError(RaySinkError):
     """The requested epoch is new but below an epoch still open or pending."""
 
 
-class BackpressureError(RaySinkError):
-    """Too many outstanding epochs, or a writer's mailbox is full; retry after
-    ``retry_after`` seconds."""
+class _RetryLater(RaySinkError):
+    """An error that says when to try again: after ``retry_after`` seconds."""
 
     def __init__(
         self,
@@ -141,6 +140,11 @@ class BackpressureError(RaySinkError):
 
     def _fields(self) -> dict[str, Any]:
         return {**super()._fields(), "retry_after": self.retry_after}
+
+
+class BackpressureError(_RetryLater):
+    """Too many outstanding epochs, or a writer's mailbox is full; retry after
+    ``retry_after`` seconds."""
 
 
 class EpochFailedError(RaySinkError):
@@ -200,25 +204,10 @@ class RuntimeUnavailableError(RaySinkError):
     longer than ``commit_timeout``, or gone with their node. The Ray error is the cause."""
 
 
-class RescaleRefusedError(RaySinkError):
+class RescaleRefusedError(_RetryLater):
     """``rt.rescale()`` was refused and changed nothing: an epoch is in flight (or still
     open at the coordinator after a failure), or an actor is being replaced. Retry after
     ``retry_after`` seconds, between epochs."""
-
-    def __init__(
-        self,
-        message: str,
-        *,
-        retry_after: float = 1.0,
-        runtime: str | None = None,
-        sink: str | None = None,
-        epoch: int | None = None,
-    ) -> None:
-        self.retry_after = retry_after
-        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
-
-    def _fields(self) -> dict[str, Any]:
-        return {**super()._fields(), "retry_after": self.retry_after}
 
 
 class FencedError(RaySinkError):

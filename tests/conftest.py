@@ -12,6 +12,7 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -71,6 +72,17 @@ def ray_session() -> Iterator[None]:
         ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+@pytest.fixture
+def name(request: pytest.FixtureRequest) -> Iterator[str]:
+    """A runtime name no other test or session uses; its fault arms removed afterwards."""
+    from raysink.testing import disarm_faults
+
+    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
+    runtime = f"{module[:12].replace('_', '-')}-{uuid.uuid4().hex[:8]}"
+    yield runtime
+    disarm_faults(runtime)
 
 
 from tests.support.postgres import pg_server  # noqa: E402,F401

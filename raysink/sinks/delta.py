@@ -861,12 +861,8 @@ class DeltaSinkWriter(SinkWriter):
         if not epoch.target_read:
             dt = self._table.current()
             epoch.target, epoch.target_read = (None if dt is None else _table_schema(dt)), True
-        if epoch.target is not None:
-            _schema.evolve(epoch.target, batch.schema, _rules(self._opts.uri),
-                           where=self._where)
-            batch = _schema.conform(batch, epoch.target)
-        schemas = [batch.schema] if epoch.schema is None else [epoch.schema, batch.schema]
-        epoch.schema = _schema.union(schemas).remove_metadata()
+        batch, epoch.schema = _schema.admit(batch, epoch.target, epoch.schema,
+                                            _rules(self._opts.uri), where=self._where)
         return batch
 
     def _check_against_table(self, schema: pa.Schema) -> None:

@@ -608,12 +608,8 @@ class IcebergSinkWriter(SinkWriter):
         """``add_columns``: the batch must evolve the table's schema; it is cast up to the
         table's wider types; the epoch's schema becomes the union of its batches'."""
         epoch = self._epoch
-        if epoch.target is not None:
-            _schema.evolve(epoch.target, batch.schema, _rules(self._opts.identifier),
-                           where=self._where)
-            batch = _schema.conform(batch, epoch.target)
-        schemas = [batch.schema] if epoch.schema is None else [epoch.schema, batch.schema]
-        epoch.schema = _schema.union(schemas).remove_metadata()
+        batch, epoch.schema = _schema.admit(batch, epoch.target, epoch.schema,
+                                            _rules(self._opts.identifier), where=self._where)
         return batch
 
     def pre_commit(self, epoch: int, attempt: int) -> Manifest:

@@ -742,16 +742,13 @@ class ParquetSinkWriter(SinkWriter):
     def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """``add_columns``: the batch must evolve the directory's schema; it is cast up to
         the directory's wider types, and a change of schema closes the current file."""
-        if self._target is not None:
-            _schema.evolve(self._target, batch.schema, self._sink.evolution_rules(),
-                           where=self._sink._error_fields())
-            batch = _schema.conform(batch, self._target)
+        batch, self._written = _schema.admit(batch, self._target, self._written,
+                                             self._sink.evolution_rules(),
+                                             where=self._sink._error_fields())
         if self._schema is not None:
             if batch.schema.equals(self._schema, check_metadata=False):
                 return pa.RecordBatch.from_arrays(batch.columns, schema=self._schema)
             self.flush()  # one schema per file
-        written = [batch.schema] if self._written is None else [self._written, batch.schema]
-        self._written = _schema.union(written)
         self._schema = batch.schema
         return batch
 

@@ -5,8 +5,9 @@
              (tests that lose the coordinator's node pin it there). A test that removes
              a node adds one back with the same labels (``restore``), so every test
              starts with three workers. Closed at the end of the layer, whatever happened.
-``name``     a runtime name of its own; its fault arms removed afterwards
 ``schema``   a fresh PostgreSQL schema owned by ``raysink`` (dropped afterwards)
+
+``name`` (a runtime name of the test's own) comes from ``tests/conftest.py``.
 
 The layer runs after every other one in a session (``tests/conftest.py`` orders it
 last): it ends the single-node Ray of the other layers before its cluster starts.
@@ -16,12 +17,10 @@ from __future__ import annotations
 
 import logging
 import time
-import uuid
 from collections.abc import Iterator, Mapping
 
 import pytest
 
-from raysink.testing import disarm_faults
 from tests.integration.real_targets import pg_schema
 from tests.support.cluster import LocalCluster
 from tests.support.postgres import PostgresServer
@@ -71,14 +70,6 @@ def nodes(cluster: Nodes) -> Iterator[Nodes]:
     """The cluster, restored to three workers after the test."""
     yield cluster
     cluster.restore()
-
-
-@pytest.fixture
-def name(request: pytest.FixtureRequest) -> Iterator[str]:
-    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
-    runtime = f"{module[:12].replace('_', '-')}-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
 
 
 @pytest.fixture

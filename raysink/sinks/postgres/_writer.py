@@ -223,12 +223,9 @@ class PostgresWriter(SinkWriter):
                 current = _evolve.table_schema(seg.target, batch.schema,
                                                self.sink.evolution_rules(), where,
                                                seg.required)
-                _schema.evolve(current, batch.schema, self.sink.evolution_rules(),
-                               where=where)
+                batch, seg.schema = _schema.admit(batch, current, seg.schema,
+                                                  self.sink.evolution_rules(), where=where)
                 _evolve.check_nulls(batch, seg.required, where)
-                batch = _schema.conform(batch, current)
-                seg.schema = _schema.union([batch.schema] if seg.schema is None
-                                           else [seg.schema, batch.schema])
                 if batch.num_rows:
                     seg.stage = seg.stage or _evolve.Stage(self._t, seg.token)
                     seg.stage.write(conn, batch)
