@@ -2,7 +2,8 @@
 
 Run: ``.venv/bin/python bench/sink_postgres.py [--rows 1000000] [--epochs 200]``
 (``--upsert-only`` for the upsert comparison alone, ``--runtime`` to add it through
-``SinkRuntime``, ``--rounds N`` for its rounds)
+``SinkRuntime``, ``--rounds N`` for its rounds, ``--add-columns`` to run each method also
+with ``schema_evolution="add_columns"``, whose rows go through each writer's own stage)
 
 Starts its own throwaway server through ``tests/support/postgres.py`` and reports:
 
@@ -124,9 +125,12 @@ def empty_commits(sink: PostgresSink, epochs: int) -> list[float]:
 
 
 def bench_method(server: PostgresServer, data: pa.Table, method: Any, key: list[str] | None,
-                 plain: float, epochs: int) -> None:
-    table = f"bench_{method}_{'upsert' if key else 'append'}"
-    sink = PostgresSink(server.dsn(), table, method=method, key=key).bind("bench", table)
+                 plain: float, epochs: int, evolution: Any = "fail") -> None:
+    table = f"bench_{method}_{'upsert' if key else 'append'}_{evolution}"
+    sink = PostgresSink(server.dsn(), table, method=method, key=key,
+                        schema_evolution=evolution).bind("bench", table)
+    if evolution != "fail":
+        method = f"{method}+{evolution}"
     sink_epoch(sink, data.slice(0, 1000), 1)  # warm up: tables created, connection cached
     write_s, commit_s = sink_epoch(sink, data, 2)
     total = write_s + commit_s
@@ -313,6 +317,8 @@ def main() -> None:
                         help="only the upsert comparison (half new keys, half existing)")
     parser.add_argument("--runtime", action="store_true",
                         help="add the upsert through SinkRuntime (starts Ray)")
+    parser.add_argument("--add-columns", action="store_true",
+                        help="each method also with schema_evolution='add_columns'")
     args = parser.parse_args()
     server = PostgresServer()
     try:
@@ -324,9 +330,12 @@ def main() -> None:
             plain = min(plain_copy(server, data) for _ in range(2))
             print(f"plain COPY        : {plain:6.2f} s = {args.rows / plain / 1e6:5.2f} M "
                   f"rows/s ({args.rows:,} rows, 1 process)")
+            evolutions = ("fail", "add_columns") if args.add_columns else ("fail",)
             for method in ("prepared", "staging"):
                 for key in (None, ["id"]):
-                    bench_method(server, data, method, key, plain, args.epochs)
+                    for evolution in evolutions:
+                        bench_method(server, data, method, key, plain, args.epochs,
+                                     evolution)
         bench_upserts(server, args.rows, args.rounds, args.runtime)
     finally:
         server.cleanup()

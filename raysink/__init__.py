@@ -19,11 +19,13 @@ from raysink.errors import (
     RuntimeUnavailableError,
     SchemaMismatchError,
     SinkUnavailableError,
+    StreamRewind,
 )
 from raysink.feeds import Feed
 from raysink.handle import EpochHandle
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.runtime import SinkRuntime
+from raysink.stream import StreamFeed
 
 __all__ = [
     "BackpressureError",
@@ -46,6 +48,8 @@ __all__ = [
     "SinkRuntime",
     "SinkStatus",
     "SinkUnavailableError",
+    "StreamFeed",
+    "StreamRewind",
 ]
 
 __version__ = "0.1.0"

@@ -178,13 +178,26 @@ class EpochDriver:
             log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
                         short(exc))
             if self._recover_epoch(actors, epoch, attempt):
-                return self._visible(epoch, 0, 1, started, self._committed(actors, epoch))
+                return self.settled(actors, epoch, started)
             raise EpochFailedError(
                 f"epoch {epoch} attempt {attempt} failed: {short(exc)}. Nothing of it is "
                 f"visible; open epoch {epoch} again and feed it again", attempts=1,
                 runtime=self.name, epoch=epoch) from exc
         if outcome.committed:
             self._predicted = (epoch + 1, outcome.next_attempt, outcome.generation)
+        return self._visible(epoch, rows, 1, started, outcome)
+
+    def recover_attempt(self, actors: ActorSet, epoch: int, attempt: int) -> bool:
+        """After a failure: True when the attempt was decided (it rolls forward); else it
+        was given up everywhere."""
+        return self._recover_epoch(actors, epoch, attempt)
+
+    def settled(self, actors: ActorSet, epoch: int, started: float) -> EpochReport:
+        """The report of a decided epoch, once visible (or ``commit_timeout``)."""
+        return self._visible(epoch, 0, 1, started, self._committed(actors, epoch))
+
+    def visible(self, epoch: int, rows: int, started: float,
+                outcome: CommitWait) -> EpochReport:
         return self._visible(epoch, rows, 1, started, outcome)
 
     def give_up(self, actors: ActorSet, epoch: int, attempt: int) -> None:

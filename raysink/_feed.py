@@ -17,6 +17,7 @@ from typing import Any
 
 import pyarrow as pa
 
+from raysink import _schema
 from raysink._pull import resolve
 from raysink._sender import Sender
 from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
@@ -106,16 +107,21 @@ def _tables(data: Any) -> list[Any]:
     return out
 
 
-def check_schemas(tables: Sequence[pa.Table]) -> None:
-    """All local tables of one epoch share one schema, else ``SchemaMismatchError``."""
+def check_schemas(tables: Sequence[pa.Table], *, evolve: bool = False) -> pa.Schema | None:
+    """All local tables of one epoch share one schema, else ``SchemaMismatchError``; with
+    ``evolve`` (every sink has ``schema_evolution="add_columns"``) their schemas need a
+    union (``raysink._schema.union``) instead. Returns the schema (the union)."""
     if not tables:
-        return
+        return None
+    if evolve:
+        return _schema.union([t.schema for t in tables])
     first = tables[0].schema
     for index, table in enumerate(tables[1:], start=1):
         if not table.schema.equals(first, check_metadata=False):
             raise SchemaMismatchError(
                 f"table {index} of this epoch has schema {table.schema.to_string()!r}, "
                 f"table 0 has {first.to_string()!r}; an epoch has one schema")
+    return first
 
 
 def check_keys(table: pa.Table, key: Sequence[str]) -> None:
@@ -133,18 +139,19 @@ def check_keys(table: pa.Table, key: Sequence[str]) -> None:
 
 def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
                bitmaps: Sequence[Bitmap], max_batch_bytes: int | None = None,
-               first_writer: int = 0) -> FeedPlan:
+               first_writer: int = 0, evolve: bool = False) -> FeedPlan:
     """Route local tables (split by key, or chunked round-robin from ``first_writer``) and
     refs to writers.
 
     Local tables are cut so that no piece is over ``max_batch_bytes``; a ref is checked by
     the writer that fetches it. The caller rotates ``first_writer`` between epochs, so
-    epochs of one small table do not all land on writer 0."""
+    epochs of one small table do not all land on writer 0. ``evolve``: the tables may
+    differ in schema where every sink evolves (``check_schemas``)."""
     import ray
 
     items = _tables(data)
     local = [t for t in items if isinstance(t, pa.Table)]
-    check_schemas(local)
+    schema = check_schemas(local, evolve=evolve)
     for table in local:
         if key:
             check_keys(table, key)
@@ -164,7 +171,7 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
         else:
             rows = None
             turn = _place_ref(item, placed, writers, key, bitmaps, turn)
-    return FeedPlan(placed, rows, schema=local[0].schema if local else None, owned=owned)
+    return FeedPlan(placed, rows, schema=schema, owned=owned)
 
 
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,

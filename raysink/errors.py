@@ -46,6 +46,7 @@ __all__ = [
     "SchemaMismatchError",
     "SinkUnavailableError",
     "StaleAttemptError",
+    "StreamRewind",
     "VnodeOverlapError",
 ]
 
@@ -100,7 +101,22 @@ class ConfigError(RaySinkError, ValueError):
 class SchemaMismatchError(RaySinkError):
     """A batch whose schema differs from the epoch's or the target's, a column type the sink
     cannot store, null key values, or a batch over the size limit. Nothing of the epoch is
-    written."""
+    written. ``column`` names the column at fault, where one is."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        column: str | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.column = column
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "column": self.column}
 
 
 class EpochRegressionError(RaySinkError):
@@ -144,6 +160,20 @@ class EpochFailedError(RaySinkError):
 
     def _fields(self) -> dict[str, Any]:
         return {**super()._fields(), "attempts": self.attempts}
+
+
+class StreamRewind(RaySinkError):
+    """A stream epoch failed and nothing after ``committed`` is kept: replay your source
+    from the offsets after epoch ``committed`` (``None``: from the start), then write on;
+    the next write goes into ``epoch``. Raised by a stream feed's ``write``."""
+
+    def __init__(self, message: str, *, committed: int | None, epoch: int,
+                 runtime: str | None = None) -> None:
+        self.committed = committed
+        super().__init__(message, runtime=runtime, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "committed": self.committed}
 
 
 class SinkUnavailableError(RaySinkError):

@@ -53,6 +53,7 @@ class FeedRoute:
     max_batch_bytes: int | None
     credits: int
     heartbeat: float = 1.0
+    evolve: bool = False  # every sink has schema_evolution="add_columns"
 
     @property
     def writer_count(self) -> int:
@@ -118,7 +119,8 @@ class Feed:
             plan = _feed.plan_arrow(data, writers=self.route.writer_count, key=self.route.key,
                                     bitmaps=self.route.bitmaps,
                                     max_batch_bytes=self.route.max_batch_bytes,
-                                    first_writer=self._turn % self.route.writer_count)
+                                    first_writer=self._turn % self.route.writer_count,
+                                    evolve=self.route.evolve)
             self._check_schema(plan)
             self._turn += 1
             for k, ref in plan:
@@ -126,10 +128,11 @@ class Feed:
             self._rows += plan.rows or 0
             return plan.rows or 0
 
-    def close(self) -> int:
+    def close(self, checkpoint_id: int | None = None) -> int:
         """End this producer's part of the epoch: every write acknowledged, the barrier to
         each writer it sent data to, the coordinator told. Returns the rows sent.
-        Closing twice is harmless."""
+        Closing twice is harmless. ``checkpoint_id``: the barrier's, when the stream's
+        tick chose it after the feed was made."""
         with self._lock:
             if self._done:
                 return self._rows
@@ -137,7 +140,9 @@ class Feed:
                 sender = self._start()
                 sender.finish()
                 counts = {k: n for k, n in enumerate(sender.seqs) if n}
-                barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
+                barrier = CheckpointBarrier(
+                    self.checkpoint_id if checkpoint_id is None else checkpoint_id,
+                    self.epoch, BarrierFlags.NONE)
                 get([handles[k].feed_barrier.remote(barrier, self.attempt, self.id, n)
                      for handles in self.route.writers.values() for k, n in counts.items()])
                 get(self.route.coordinator.feed_closed.remote(self.epoch, self.attempt,
@@ -165,6 +170,8 @@ class Feed:
                               "(take a new feed from the next epoch's handle)")
 
     def _check_schema(self, plan: _feed.FeedPlan) -> None:
+        """One schema per feed; with ``add_columns`` on every sink, schemas with a union
+        (which the writers and the coordinator check again)."""
         schema = plan.schema
         if schema is None:
             return
@@ -173,9 +180,18 @@ class Feed:
         elif not schema.equals(self._schema, check_metadata=False):
             from raysink import _schema
 
+            if self.route.evolve:
+                try:
+                    self._schema = _schema.union([self._schema, schema])
+                    return
+                except SchemaMismatchError as exc:
+                    raise SchemaMismatchError(f"{self!r}: {exc.message}", column=exc.column,
+                                              runtime=self.route.runtime,
+                                              epoch=self.epoch) from None
             raise SchemaMismatchError(
                 f"{self!r}: this batch's schema differs from the feed's earlier batches: "
-                f"{_schema.describe(self._schema, schema)}; an epoch has one schema",
+                f"{_schema.describe(self._schema, schema)}; an epoch has one schema (or "
+                "give every sink schema_evolution='add_columns')",
                 runtime=self.route.runtime, epoch=self.epoch)
 
     def _start(self) -> Sender:

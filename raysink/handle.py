@@ -35,7 +35,7 @@ if TYPE_CHECKING:
     from raysink.actors.lifecycle import ActorSet
     from raysink.coordinator.messages import OpenedEpoch
 
-__all__ = ["EpochHandle"]
+__all__ = ["EpochHandle", "seal_writers", "wait_for_feeds"]
 
 
 class EpochHandle:
@@ -95,7 +95,9 @@ class EpochHandle:
                 return self._driver.skipped(self.epoch, self._skipped_sinks, self._started)
             expected = sorted(self._handed if feeds is None else set(feeds))
             try:
-                state = self._wait_feeds(expected, timeout)
+                state = wait_for_feeds(
+                    self._actors, self.epoch, self.attempt, expected, lease=self._feed_timeout,
+                    timeout=self._commit_timeout if timeout is None else timeout)
             except Exception as exc:
                 self._driver.give_up(self._actors, self.epoch, self.attempt)
                 raise EpochFailedError(
@@ -106,8 +108,10 @@ class EpochHandle:
                 self._driver.give_up(self._actors, self.epoch, self.attempt)
                 raise EpochFailedError(self._why_lost(state), runtime=self._route.runtime,
                                        epoch=self.epoch, attempts=1)
-            return self._driver.commit_fed(self._actors, self.epoch, self.attempt,
-                                           lambda: self._seal(state), self._started)
+            barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
+            return self._driver.commit_fed(
+                self._actors, self.epoch, self.attempt,
+                lambda: seal_writers(self._actors, barrier, self.attempt, state), self._started)
         finally:
             self._end()
 
@@ -130,16 +134,6 @@ class EpochHandle:
         if self._ended:
             raise ConfigError(f"{self!r} was committed or aborted; open a new epoch")
 
-    def _wait_feeds(self, feeds: list[int], timeout: float | None) -> FeedsState:
-        """Poll the coordinator until every feed closed, one is lost, or ``timeout``."""
-        deadline = time.monotonic() + (self._commit_timeout if timeout is None else timeout)
-        while True:
-            left = max(0.0, deadline - time.monotonic())
-            state: FeedsState = get(self._actors.coordinator.wait_feeds.remote(
-                self.epoch, self.attempt, feeds, min(left, 10.0), self._feed_timeout))
-            if state.done or left <= 0:
-                return state
-
     def _why_lost(self, state: FeedsState) -> str:
         if state.lost:
             lost = "; ".join(f"feed {feed}: {why}" for feed, why in sorted(state.lost.items()))
@@ -149,17 +143,30 @@ class EpochHandle:
         return (f"epoch {self.epoch} attempt {self.attempt} {cause}. Nothing of it is "
                 f"visible; open epoch {self.epoch} again and feed it again")
 
-    def _seal(self, state: FeedsState) -> Barriers:
-        """Seal every writer that received data with the feeds it must align; the others
-        staged nothing (the driver answers for them)."""
-        by_writer: dict[int, list[int]] = {}
-        for feed, counts in state.closed.items():
-            for k in counts:
-                by_writer.setdefault(int(k), []).append(feed)
-        barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
-        writers = self._actors.writers
-        return Barriers(
-            refs=[handles[k].seal.remote(barrier, self.attempt, sorted(feeds))
-                  for handles in writers.values() for k, feeds in sorted(by_writer.items())],
-            idle=[(sink, k) for sink, handles in writers.items()
-                  for k in range(len(handles)) if k not in by_writer])
+
+def wait_for_feeds(actors: ActorSet, epoch: int, attempt: int, feeds: list[int], *,
+                   timeout: float, lease: float) -> FeedsState:
+    """Ask the coordinator until every feed closed, one is lost, or ``timeout``."""
+    deadline = time.monotonic() + timeout
+    while True:
+        left = max(0.0, deadline - time.monotonic())
+        state: FeedsState = get(actors.coordinator.wait_feeds.remote(
+            epoch, attempt, feeds, min(left, 10.0), lease))
+        if state.done or left <= 0:
+            return state
+
+
+def seal_writers(actors: ActorSet, barrier: CheckpointBarrier, attempt: int,
+                 state: FeedsState) -> Barriers:
+    """Seal every writer that received data with the feeds it must align; the others
+    staged nothing (the driver answers for them)."""
+    by_writer: dict[int, list[int]] = {}
+    for feed, counts in state.closed.items():
+        for k in counts:
+            by_writer.setdefault(int(k), []).append(feed)
+    writers = actors.writers
+    return Barriers(
+        refs=[handles[k].seal.remote(barrier, attempt, sorted(feeds))
+              for handles in writers.values() for k, feeds in sorted(by_writer.items())],
+        idle=[(sink, k) for sink, handles in writers.items()
+              for k in range(len(handles)) if k not in by_writer])

@@ -44,6 +44,7 @@ from raysink.handle import EpochHandle
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
+from raysink.stream import StreamController, StreamFeed
 
 if TYPE_CHECKING:
     from raysink.datasink import EpochDatasink
@@ -73,6 +74,7 @@ class _Options:
     max_buffer_bytes: int | None
     warn_interval: float
     feed_timeout: float
+    checkpoint_interval: float
     add_sinks: tuple[str, ...]
     drop_sinks: tuple[str, ...]
     placement: Placement
@@ -96,6 +98,8 @@ class _Options:
              f"{self.max_buffer_bytes!r}"),
             (self.warn_interval > 0, f"warn_interval must be > 0; got {self.warn_interval!r}"),
             (self.feed_timeout > 0, f"feed_timeout must be > 0; got {self.feed_timeout!r}"),
+            (self.checkpoint_interval > 0,
+             f"checkpoint_interval must be > 0; got {self.checkpoint_interval!r}"),
             (self.ping_timeout > 0, f"ping_timeout must be > 0; got {self.ping_timeout!r}"),
             (isinstance(self.placement, Placement),
              f"placement must be a raysink.Placement; got {type(self.placement).__name__}"),
@@ -120,7 +124,8 @@ class SinkRuntime:
     before their turn; one that does not fit is sent again later); ``warn_interval``:
     a sink commit or flush still running logs a warning every this many seconds;
     ``feed_timeout``: a producer's feed (``open_epoch``) silent this long without closing
-    is lost, and its epoch's attempt given up;
+    is lost, and its epoch's attempt given up; ``checkpoint_interval``: seconds between
+    the epochs of a continuous stream (``stream``);
     ``add_sinks``/``drop_sinks`` change the sink set on
     purpose (a dropped sink shows as ``dropped``); ``progress`` draws rows, epochs and rate
     on stderr while writing (``None``: only on a terminal; ``False``: never; or a
@@ -166,6 +171,7 @@ class SinkRuntime:
         max_buffer_bytes: int | None = _feed.DEFAULT_MAX_BUFFER_BYTES,
         warn_interval: float = 5.0,
         feed_timeout: float = 30.0,
+        checkpoint_interval: float = 10.0,
         add_sinks: Sequence[str] = (),
         drop_sinks: Sequence[str] = (),
         progress: Progress | bool | None = None,
@@ -182,7 +188,8 @@ class SinkRuntime:
             credits=credits, epoch_offset=epoch_offset,
             actor_options=dict(actor_options or {}), max_batch_bytes=max_batch_bytes,
             max_buffer_bytes=max_buffer_bytes, warn_interval=warn_interval,
-            feed_timeout=feed_timeout, add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks),
+            feed_timeout=feed_timeout, checkpoint_interval=checkpoint_interval,
+            add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks),
             placement=Placement() if placement is None else placement,
             ping_timeout=ping_timeout)
         self._options.validate(name)
@@ -193,6 +200,7 @@ class SinkRuntime:
         self._progress = _progress(name, progress)
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
         self._handle: EpochHandle | None = None  # the epoch open for producers, if any
+        self._stream: StreamController | None = None  # the continuous stream, once begun
         self._epochs = EpochDriver(
             name, EpochSettings(max_attempts=max_attempts, commit_timeout=commit_timeout,
                                 credits=credits),
@@ -306,7 +314,8 @@ class SinkRuntime:
         actors = self._actors
         if actors is None:
             return
-        steps = (("finishing outstanding epochs", self._drain_outstanding),
+        steps = (("draining the stream", self._drain_stream),
+                 ("finishing outstanding epochs", self._drain_outstanding),
                  ("draining the writers", self._drain_writers),
                  ("closing the coordinator", self._close_coordinator))
         try:
@@ -320,6 +329,12 @@ class SinkRuntime:
             self._actors = None
             if self._progress is not None:
                 self._progress.close()
+
+    def _drain_stream(self, actors: ActorSet) -> None:
+        """DRAIN to the stream's producers: they close their last epoch; it commits."""
+        stream, self._stream = self._stream, None
+        if stream is not None:
+            stream.drain()
 
     def _drain_outstanding(self, actors: ActorSet) -> None:
         pending = self._ask(actors, "status", actors.coordinator_call("status")).pending_epochs
@@ -349,7 +364,8 @@ class SinkRuntime:
         plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
-                                first_writer=self._next_first_writer())
+                                first_writer=self._next_first_writer(),
+                                evolve=self._evolving)
         return self._epochs.run(actors, epoch, plan)
 
     @typed_errors(EpochFailedError, "open_epoch")
@@ -385,13 +401,45 @@ class SinkRuntime:
                          coordinator=actors.coordinator, key=self._key,
                          bitmaps=tuple(self._bitmaps),
                          max_batch_bytes=self._options.max_batch_bytes,
-                         credits=self._options.credits)
+                         credits=self._options.credits, evolve=self._evolving)
+
+    @property
+    def _evolving(self) -> bool:
+        """Whether every sink takes ``schema_evolution="add_columns"``: the tables of one
+        epoch (or of one feed) may then differ in schema where they have a union."""
+        return all(s.schema_evolution == "add_columns" for s in self._sinks.values())
 
     def _handle_ended(self, handle: EpochHandle) -> None:
         if self._handle is handle:
             self._handle = None
 
+    @typed_errors(EpochFailedError, "stream")
+    def stream(self, *, poll_interval: float = 0.5) -> StreamFeed:
+        """A feed of the runtime's continuous stream, for one long-lived producer (a Ray
+        actor reading a queue, say): ``feed.write(...)`` forever. The first call begins
+        the stream: an epoch every ``checkpoint_interval`` seconds, each committed on its
+        own; ``close()`` drains it. See ``raysink.stream`` for the producer's contract
+        (``StreamRewind``: replay from the last committed epoch). ``poll_interval``: how
+        often the producer asks for its barrier (also its heartbeat); an epoch is at
+        least that long."""
+        actors = self._require_started()
+        if self._stream is None:
+            self._check_no_open_handle()
+            stream = StreamController(self._epochs, actors,
+                                      interval=self._options.checkpoint_interval,
+                                      feed_timeout=self._options.feed_timeout,
+                                      commit_timeout=self._options.commit_timeout)
+            stream.start()
+            self._stream = stream
+        if poll_interval <= 0:
+            raise ConfigError(f"poll_interval must be > 0; got {poll_interval!r}",
+                              runtime=self.name)
+        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval)
+
     def _check_no_open_handle(self) -> None:
+        if self._stream is not None:
+            raise ConfigError("the runtime runs a continuous stream (rt.stream()); its "
+                              "epochs come from the stream until close()", runtime=self.name)
         if self._handle is not None:
             raise ConfigError(f"{self._handle!r} is still open; commit or abort it before "
                               "writing another epoch", runtime=self.name)

@@ -4,6 +4,8 @@
     A small exactly-once sink. Each committed epoch is one Arrow IPC file
     ``<directory>/committed/<epoch>.arrow``, written atomically, so the file is both the
     data and the marker; ``read()`` returns every committed row. Works across processes.
+    ``schema_evolution="add_columns"`` as every sink (``raysink._schema``; any lossless
+    widening is applied: each epoch's file holds the schema after it).
 ``FailingSink(inner, state_dir=...)``
     Wraps any sink and injects failures: the n-th write, the first n pre-commits, commits or
     aborts, stalled commits. Call counters live in ``<state_dir>/counters.json`` (locked), so
@@ -32,6 +34,7 @@ from typing import Any, Literal, TypeVar
 
 import pyarrow as pa
 
+from raysink import _schema
 from raysink._faults import (
     HANDOFF_POINTS,
     POINTS,
@@ -106,15 +109,19 @@ class ListSink(Sink):
     ``pre_commit``; writers buffer in memory until then, ``flush`` does nothing) and
     ``committed/<epoch>.arrow`` (the epoch's rows and its marker in one atomic file).
     ``commit`` and ``abort`` are idempotent. ``key`` is reported to the runtime only: rows
-    are appended, never upserted.
+    are appended, never upserted. With ``schema_evolution="add_columns"`` an epoch may add
+    columns or widen types (``raysink._schema.evolve``); its committed file holds the
+    whole schema after it (``table_schema()``), with the epoch's rows aligned to it.
     """
 
     kind = "list"
 
     def __init__(self, directory: str | os.PathLike[str], *,
-                 key: Sequence[str] | None = None) -> None:
+                 key: Sequence[str] | None = None,
+                 schema_evolution: _schema.SchemaEvolution = "fail") -> None:
         self._directory = os.path.abspath(os.fspath(directory))
         self._key = None if key is None else tuple(key)
+        self.schema_evolution = _schema.check_evolution_option("ListSink", schema_evolution)
 
     @property
     def directory(self) -> Path:
@@ -125,7 +132,23 @@ class ListSink(Sink):
         return self._key
 
     def describe(self) -> dict[str, Any]:
-        return {"kind": self.kind, "directory": self._directory}
+        return {"kind": self.kind, "directory": self._directory,
+                "schema_evolution": self.schema_evolution}
+
+    def evolution_rules(self) -> _schema.Rules:
+        """Arrow's types; every lossless widening (each epoch is its own file)."""
+        return _schema.Rules(target=f"the ListSink {self._directory!r}",
+                             widen=lambda old, new: True)
+
+    def table_schema(self) -> pa.Schema | None:
+        """The schema of the newest committed epoch that had one (``add_columns``: the
+        table's), else ``None``."""
+        for epoch in reversed(self.committed_epochs()):
+            with pa.memory_map(str(self._committed(epoch))) as source:
+                schema = pa.ipc.open_file(source).schema
+            if schema.names:
+                return schema
+        return None
 
     def _staging(self, epoch: int) -> Path:
         return self.directory / "staging" / f"{epoch:012d}"
@@ -167,7 +190,15 @@ class ListSink(Sink):
         tables = [_read_ipc(p) for p in paths]
         if not tables:
             return pa.table({})
-        return pa.concat_tables(tables, promote_options="default")
+        if self.schema_evolution != "add_columns":
+            return pa.concat_tables(tables, promote_options="default")
+        where = {"runtime": self.runtime, "sink": self.name, "epoch": epoch}
+        schema = _schema.union([t.schema for t in tables])
+        current = self.table_schema()
+        if current is not None:
+            schema = _schema.evolve(current, schema, self.evolution_rules(),
+                                    where=where).schema
+        return _schema.align(tables, schema)
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Delete the listed staged files, or with ``None`` all of ``staging/<epoch>``.
@@ -201,7 +232,7 @@ class ListSink(Sink):
         non_empty = [t for t in tables if t is not None and t.num_rows]
         if not non_empty:
             return pa.table({})
-        return pa.concat_tables(non_empty, promote_options="default")
+        return pa.concat_tables(non_empty, promote_options="permissive")
 
     def read_epoch(self, epoch: int) -> pa.Table | None:
         """The rows committed at ``epoch``, or ``None`` when it is not committed."""
@@ -232,15 +263,33 @@ class ListSinkWriter(SinkWriter):
         self._writer_id = writer_id
         self._batches: list[pa.RecordBatch] = []
         self._last: tuple[tuple[int, int], Manifest] | None = None
+        # add_columns: the table's schema (read at the epoch's first batch), the epoch's
+        self._target: pa.Schema | None = None
+        self._union: pa.Schema | None = None
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if self._batches and not batch.schema.equals(self._batches[0].schema):
+        if self._sink.schema_evolution == "add_columns":
+            self._evolve(batch)
+        elif self._batches and not batch.schema.equals(self._batches[0].schema):
             raise SchemaMismatchError(
                 f"writer {self._writer_id}: batch schema {batch.schema.names} differs from "
                 f"the epoch's {self._batches[0].schema.names}; send one schema per epoch",
                 runtime=self._sink.runtime or None, sink=self._sink.name or None)
         self._batches.append(batch)
         self._last = None
+
+    def _evolve(self, batch: pa.RecordBatch) -> None:
+        """``add_columns``: the batch must evolve the table's schema, and have a union with
+        the epoch's other batches; ``SchemaMismatchError`` naming the column otherwise."""
+        where: dict[str, Any] = {"runtime": self._sink.runtime or None,
+                                 "sink": self._sink.name or None}
+        if not self._batches:
+            self._target, self._union = self._sink.table_schema(), None
+        if self._target is not None:
+            _schema.evolve(self._target, batch.schema, self._sink.evolution_rules(),
+                           where=where)
+        self._union = _schema.union([batch.schema] if self._union is None
+                                    else [self._union, batch.schema])
 
     def pre_commit(self, epoch: int, attempt: int) -> Manifest:
         """Stage the buffered rows; the same manifest again when re-run with no writes."""
@@ -251,7 +300,8 @@ class ListSinkWriter(SinkWriter):
         if self._batches:
             name = f"{attempt:04d}/w{self._writer_id:04d}-{uuid.uuid4().hex}.arrow"
             path = self._sink._staging(epoch) / name
-            write_durably(path, _ipc_bytes(pa.Table.from_batches(self._batches)))
+            tables = [pa.Table.from_batches([b]) for b in self._batches]
+            write_durably(path, _ipc_bytes(pa.concat_tables(tables, promote_options="permissive")))
             files.append({"path": path.relative_to(self._sink.directory).as_posix()})
         manifest: Manifest = {"writer": self._writer_id, "files": files, "rows": rows}
         self._batches, self._last = [], ((epoch, attempt), manifest)
@@ -327,9 +377,9 @@ class FailingSink(Sink):
       ``outage_ops`` (``"commit"``, ``"pre_commit"``, ``"write"``): they raise
       ``SinkUnavailableError``, as a real unreachable target does.
 
-    Failures raise ``InjectedSinkFailure``. The kind, key and marker are the inner sink's,
-    so a runtime may be reopened without the wrapper. ``counts()`` also counts the
-    writers' ``close`` calls.
+    Failures raise ``InjectedSinkFailure``. The kind, key, marker and schema evolution are
+    the inner sink's, so a runtime may be reopened without the wrapper. ``counts()`` also
+    counts the writers' ``close`` calls.
     """
 
     def __init__(
@@ -356,6 +406,7 @@ class FailingSink(Sink):
                               f"got {fail_commit_mode!r}")
         self._inner = inner
         self.kind = inner.kind
+        self.schema_evolution = inner.schema_evolution
         self._state_dir = os.path.abspath(os.fspath(state_dir))
         self._fail_write_at = fail_write_at
         self._fail_pre_commit_times = fail_pre_commit_times
@@ -383,6 +434,9 @@ class FailingSink(Sink):
 
     def describe(self) -> dict[str, Any]:
         return {**self._inner.describe(), "failing": True}
+
+    def evolution_rules(self) -> _schema.Rules:
+        return self._inner.evolution_rules()
 
     def bind(self: _F, runtime: str, name: str) -> _F:
         bound = super().bind(runtime, name)

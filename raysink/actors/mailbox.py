@@ -88,6 +88,13 @@ class EpochSlot(Generic[T]):
     def key(self) -> Key:
         return self.epoch, self.attempt
 
+    def waiting_for(self) -> list[Feed]:
+        """The sealed feeds whose barrier has not arrived yet (the writer's status)."""
+        if self.sealed is None or self.aligned or self.aligner is None:
+            return []
+        arrived = self.aligner.blocked_inputs
+        return [feed for index, feed in enumerate(self.sealed) if index not in arrived]
+
     def lane(self, feed: Feed) -> FeedLane[T]:
         return self.lanes.setdefault(feed, FeedLane())
 
@@ -107,7 +114,8 @@ class Mailbox(Generic[T]):
     def __init__(self, max_bytes: int | None = None) -> None:
         self._cond = threading.Condition()
         self._slots: dict[Key, EpochSlot[T]] = {}
-        self._done: Key = (-1, -1)
+        self._done: Key = (-1, -1)  # the newest attempt pre-committed or rolled back
+        self._cancelled: dict[int, int] = {}  # per epoch, its newest attempt given up
         self._applying = False
         self._bytes = 0
         self.max_bytes = max_bytes
@@ -132,9 +140,10 @@ class Mailbox(Generic[T]):
             return [self._slots[k] for k in sorted(self._slots)]
 
     def is_stale(self, epoch: int, attempt: int) -> bool:
-        """At or below what is done, or an attempt a newer one of its epoch replaced."""
+        """At or below what is done, an attempt given up (a stream's rewind gives up an
+        epoch after one it then writes again), or one a newer attempt replaced."""
         key = (epoch, attempt)
-        return key <= self._done or any(
+        return key <= self._done or attempt <= self._cancelled.get(epoch, -1) or any(
             k[0] == epoch and k[1] > attempt for k in self._slots)
 
     def _slot(self, epoch: int, attempt: int) -> tuple[EpochSlot[T] | None, list[Key]]:
@@ -259,7 +268,7 @@ class Mailbox(Generic[T]):
         with self._cond:
             keys = [k for k in self._slots if k[0] == epoch and k[1] <= attempt]
             dropped = [s for k in keys if (s := self._forget(k)) is not None]
-            self._done = max(self._done, (epoch, attempt))
+            self._cancelled[epoch] = max(attempt, self._cancelled.get(epoch, -1))
             return dropped
 
     def wait_sealed(self, epoch: int, attempt: int, timeout: float) -> str:
@@ -289,4 +298,6 @@ class Mailbox(Generic[T]):
         becomes current."""
         with self._cond:
             self._done = max(self._done, (epoch, attempt))
+            for old in [e for e in self._cancelled if e < self._done[0]]:
+                del self._cancelled[old]
             return self._forget((epoch, attempt))

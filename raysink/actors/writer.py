@@ -231,10 +231,7 @@ class SinkWriterActor:
         if slot.schema is None:
             slot.schema = table.schema
         elif not table.schema.equals(slot.schema, check_metadata=False):
-            raise SchemaMismatchError(
-                "a batch's schema differs from the epoch's: "
-                f"{_schema.describe(slot.schema, table.schema)}; send one schema per epoch",
-                runtime=self._config.runtime, sink=self._config.sink_name)
+            slot.schema = self._epoch_schema(slot.schema, table.schema, slot.epoch)
         if table.num_rows == 0:
             # no rows, but the schema: a sink whose target does not exist yet creates it
             # from the schema at commit, so an empty first epoch leaves its marker too. A
@@ -247,6 +244,23 @@ class SinkWriterActor:
         for batch in table.to_batches():
             if batch.num_rows:
                 self._sink_call("write", functools.partial(self._writer.write, batch))
+
+    def _epoch_schema(self, epoch_schema: pa.Schema, batch: pa.Schema,
+                      epoch: int) -> pa.Schema:
+        """A batch of another schema than the epoch's so far: with the sink's
+        ``schema_evolution="add_columns"`` the epoch's schema becomes their union (what
+        the barrier reports); otherwise, or without a union, ``SchemaMismatchError``."""
+        where: dict[str, Any] = {"runtime": self._config.runtime,
+                                 "sink": self._config.sink_name, "epoch": epoch}
+        if self._config.sink.schema_evolution != "add_columns":
+            raise SchemaMismatchError(
+                "a batch's schema differs from the epoch's: "
+                f"{_schema.describe(epoch_schema, batch)}; send one schema per epoch (or "
+                "give the sink schema_evolution='add_columns')", **where)
+        try:
+            return _schema.union([epoch_schema, batch])
+        except SchemaMismatchError as exc:
+            raise SchemaMismatchError(exc.message, column=exc.column, **where) from None
 
     # ------------------------------------------------------------------ barrier group
 
@@ -365,6 +379,8 @@ class SinkWriterActor:
             "epoch": None if slot is None else slot.epoch,
             "attempt": None if slot is None else slot.attempt,
             "epochs_here": [s.key for s in slots],
+            "waiting_for_feeds": {f"{s.epoch}/{s.attempt}": s.waiting_for()
+                                  for s in slots if s.waiting_for()},
             "mailbox_depth": sum(s.waiting_count() for s in slots),
             "mailbox_bytes": self._mailbox.waiting_bytes,
             "refused": self._refused,

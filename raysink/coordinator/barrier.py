@@ -9,9 +9,10 @@ next. ``BarrierFlags`` modify what a barrier asks for:
   dropping what an undecided attempt staged);
 - ``CANCEL``: the attempt was abandoned: a writer stops waiting for it and drops what it
   staged (what the runtime sends every writer after an attempt failed);
-- ``UNALIGNED``: the barrier belongs to an unaligned checkpoint (never used by sinks).
 
-``StreamMessage[T]`` is one of ``Event[T]``, ``Watermark`` or ``Barrier``.
+The seed's stream messages (events, watermarks and barriers in one channel) are not
+here: data and barriers travel as separate actor calls, ordered by sequence numbers
+(``raysink.actors.mailbox``), and raysink has no event-time operators.
 
 ``BarrierInjector.trigger()`` publishes a pending barrier; every ``BarrierPollHandle`` from
 the same injector may ``poll()`` it, and exactly one poll across all handles claims it. A
@@ -25,27 +26,17 @@ from __future__ import annotations
 import enum
 import threading
 from dataclasses import dataclass
-from typing import Generic, TypeAlias, TypeGuard, TypeVar
 
 from raysink.errors import ConfigError
 
 __all__ = [
     "MAX_ID",
-    "Barrier",
     "BarrierFlags",
     "BarrierInjector",
     "BarrierPollHandle",
     "CheckpointBarrier",
-    "Event",
-    "StreamMessage",
-    "Watermark",
-    "as_barrier",
-    "is_barrier",
-    "is_event",
-    "is_watermark",
 ]
 
-T = TypeVar("T")
 
 #: Largest checkpoint id or epoch: both must fit a signed 64-bit integer in the meta store.
 MAX_ID = 2**63 - 1
@@ -57,10 +48,10 @@ class BarrierFlags(enum.IntFlag):
     NONE = 0
     DRAIN = 2
     CANCEL = 4
-    UNALIGNED = 8
+    # 8 was the seed's UNALIGNED: sinks never checkpoint unaligned (see alignment.py)
 
 
-_ALL_FLAGS = BarrierFlags.DRAIN | BarrierFlags.CANCEL | BarrierFlags.UNALIGNED
+_ALL_FLAGS = BarrierFlags.DRAIN | BarrierFlags.CANCEL
 
 
 def _check_id(name: str, value: object) -> int:
@@ -108,64 +99,9 @@ class CheckpointBarrier:
         """Whether this barrier cancels the in-progress checkpoint with its id."""
         return bool(self.flags & BarrierFlags.CANCEL)
 
-    @property
-    def is_unaligned(self) -> bool:
-        """Whether this barrier belongs to an unaligned checkpoint."""
-        return bool(self.flags & BarrierFlags.UNALIGNED)
-
     def with_flags(self, flags: BarrierFlags) -> CheckpointBarrier:
         """A copy with ``flags`` added to this barrier's flags."""
         return CheckpointBarrier(self.checkpoint_id, self.epoch, self.flags | flags)
-
-
-@dataclass(frozen=True, slots=True)
-class Event(Generic[T]):
-    """A data event carrying ``value`` (a record batch, a row, ...)."""
-
-    value: T
-
-
-@dataclass(frozen=True, slots=True)
-class Watermark:
-    """Event-time progress: no later event has an event time below ``millis``
-    (milliseconds since the Unix epoch)."""
-
-    millis: int
-
-    def __post_init__(self) -> None:
-        if isinstance(self.millis, bool) or not isinstance(self.millis, int):
-            raise ConfigError(f"a watermark is int milliseconds, got {self.millis!r}")
-
-
-@dataclass(frozen=True, slots=True)
-class Barrier:
-    """A checkpoint barrier travelling in the stream."""
-
-    barrier: CheckpointBarrier
-
-
-#: A message in a stream: a data event, a watermark or a checkpoint barrier.
-StreamMessage: TypeAlias = Event[T] | Watermark | Barrier
-
-
-def is_event(message: StreamMessage[T]) -> TypeGuard[Event[T]]:
-    """Whether ``message`` is a data event."""
-    return isinstance(message, Event)
-
-
-def is_watermark(message: StreamMessage[T]) -> TypeGuard[Watermark]:
-    """Whether ``message`` is a watermark."""
-    return isinstance(message, Watermark)
-
-
-def is_barrier(message: StreamMessage[T]) -> TypeGuard[Barrier]:
-    """Whether ``message`` is a checkpoint barrier."""
-    return isinstance(message, Barrier)
-
-
-def as_barrier(message: StreamMessage[T]) -> CheckpointBarrier | None:
-    """The barrier ``message`` carries, or ``None`` for events and watermarks."""
-    return message.barrier if isinstance(message, Barrier) else None
 
 
 class _Slot:

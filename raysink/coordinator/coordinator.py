@@ -22,6 +22,7 @@ import asyncio
 import contextlib
 import functools
 import logging
+import os
 import random
 import time
 from collections import OrderedDict
@@ -40,6 +41,7 @@ from raysink.coordinator.epochs import (
 from raysink.coordinator.feeds import FeedRegistry, FeedsState
 from raysink.coordinator.health import SinkHealthBook
 from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
+from raysink.coordinator.stream import StreamBook, StreamPosition, StreamTick
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
@@ -98,6 +100,7 @@ class CoordinatorActor:
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
         self._feeds = FeedRegistry()
+        self._stream: StreamBook | None = None
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
@@ -286,7 +289,6 @@ class CoordinatorActor:
         return self._core.generation
 
     async def pid(self) -> int:
-        import os
 
         return os.getpid()
 
@@ -451,6 +453,60 @@ class CoordinatorActor:
             if state.done or left <= 0:
                 return state
             await self._wait_change(min(left, 0.5))
+
+    # ------------------------------------------------------------------ the stream
+
+    async def stream_start(self, timeout: float) -> StreamPosition:
+        """Begin the continuous stream at the next epoch (opened as ``open_epoch(None)``
+        opens one: the targets' markers are checked first)."""
+        opened = await self.open_epoch(None, timeout)
+        self._stream = StreamBook(opened.epoch, opened.attempt)
+        return self._stream.position(self._core.committed_through())
+
+    async def stream_poll(self, feed: int, joining: bool = False) -> StreamPosition | None:
+        """A producer's poll: where to write, and its barrier once (``None``: no stream).
+        ``joining``: the first poll of the feed in its process; a member joining again was
+        restarted, and what it wrote before is lost with its old process: its epoch fails
+        (the stream rewinds)."""
+        self._ensure_started()
+        if self._stream is None:
+            return None
+        writing = self._stream.writing(feed)
+        if writing is not None and joining:
+            self._feeds.failed(*writing, feed, "its producer restarted")
+            await self._notify()
+        position = self._stream.poll(feed, self._core.committed_through())
+        writing = self._stream.writing(feed)
+        if writing is not None:  # the poll is the member's heartbeat too
+            self._feeds.alive(*writing, feed, time.monotonic())
+        return position
+
+    async def stream_tick(self, checkpoint_id: int, drain: bool) -> StreamTick | None:
+        """Close the stream's current epoch (see ``StreamBook.tick``)."""
+        await self._until_recovered()
+        if self._stream is None:
+            return None
+        book = self._stream
+        return book.tick(checkpoint_id, self._core.next_attempt(book.epoch + 1),
+                         self._core.generation, drain=drain)
+
+    async def stream_rewind(self, epoch: int, timeout: float) -> StreamPosition:
+        """``epoch`` failed (its attempt is resolved): open it again; producers replay."""
+        opened = await self.open_epoch(epoch, timeout)
+        if self._stream is None:
+            self._stream = StreamBook(opened.epoch, opened.attempt)
+        self._stream.rewind(opened.epoch, opened.attempt)
+        await self._notify()
+        return self._stream.position(self._core.committed_through())
+
+    async def stream_leave(self, feed: int) -> None:
+        """A producer leaves the stream; an epoch ticked for it that it did not claim is
+        closed empty for it (it wrote nothing there)."""
+        self._ensure_started()
+        owed = None if self._stream is None else self._stream.leave(feed)
+        if owed is not None:
+            self._feeds.closed(*owed, feed, {}, time.monotonic())
+            await self._notify()
 
     # ------------------------------------------------------------------ writer calls
 

@@ -40,6 +40,8 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, cast
 
+import pyarrow as pa
+
 from raysink import _faults, _schema
 from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
 from raysink.coordinator.messages import CommitRequest
@@ -162,6 +164,9 @@ class EpochCoordinator:
         # the last committed epoch whose commit left the sink's marker in its target:
         # what the marker must match (an empty first epoch with no schema leaves none)
         self._sink_marked: dict[str, int | None] = dict.fromkeys(self.sinks)
+        # per evolving sink, the schema its decided epochs evolve the target to (as far as
+        # this coordinator saw them: the epochs it decided or recovered PENDING)
+        self._decided_schemas: dict[str, pa.Schema] = {}
 
     # ------------------------------------------------------------------ queries
 
@@ -318,6 +323,7 @@ class EpochCoordinator:
             entry.committed |= {s for s in self.sinks
                                 if s not in recorded and high.get(s, -1) >= epoch}
             self._epochs[epoch] = entry
+            self._note_decided_schemas(_manifest_schemas(entry.manifests))
             return False
         attempt = max(r.attempt for r in records)
         self._sweep(epoch, attempt, manifests=None)
@@ -486,6 +492,7 @@ class EpochCoordinator:
                 entry.coverage[request.sink].add(request.writer,
                                                  self._writer_bitmap(request, epoch),
                                                  request.manifest)
+            self._check_evolution(entry)
         except Exception:
             if not entry.recorded:
                 del self._epochs[epoch]
@@ -558,20 +565,67 @@ class EpochCoordinator:
         entry.state = EpochState.PENDING
         entry.manifests = manifests
         entry.coverage = {}
+        self._note_decided_schemas({n: _schema.decode(t) for n, t in entry.schemas.items()})
         _faults.hit("coordinator.after_pending", runtime=self.runtime, epoch=epoch)
         return True
 
     def _check_epoch_schema(self, entry: _Epoch, sink: str, schema: str) -> None:
+        """Writers of one epoch agree on its schema: the same one, or with the sink's
+        ``schema_evolution="add_columns"`` schemas with a union (which becomes the
+        epoch's)."""
         first = entry.schemas.setdefault(sink, schema)
         if first == schema:
             return
         expected, got = _schema.decode(first), _schema.decode(schema)
         if expected.equals(got, check_metadata=False):
             return
-        raise SchemaMismatchError(
-            f"writers of one epoch received different schemas ({expected.to_string()!r} and "
-            f"{got.to_string()!r}); an epoch has one schema", runtime=self.runtime,
-            sink=sink, epoch=entry.epoch)
+        where: dict[str, Any] = {"runtime": self.runtime, "sink": sink, "epoch": entry.epoch}
+        if self.sinks[sink].schema_evolution != "add_columns":
+            raise SchemaMismatchError(
+                f"writers of one epoch received different schemas ({expected.to_string()!r} "
+                f"and {got.to_string()!r}); an epoch has one schema (or give the sink "
+                "schema_evolution='add_columns')", **where)
+        try:
+            entry.schemas[sink] = _schema.encode(_schema.union([expected, got]))
+        except SchemaMismatchError as exc:
+            raise SchemaMismatchError(f"writers of one epoch disagree: {exc.message}",
+                                      column=exc.column, **where) from None
+
+    def _check_evolution(self, entry: _Epoch) -> None:
+        """An evolving sink's epoch schema must evolve the schemas of the epochs decided
+        before it, by the sink's rules: their commits may not have reached the target when
+        this epoch's writers checked it, and a decided epoch must never meet a change its
+        target refuses at commit."""
+        earlier = [e for e in list(self._epochs.values())
+                   if e.epoch < entry.epoch and e.complete and e.state is EpochState.OPEN]
+        for name, text in entry.schemas.items():
+            sink = self.sinks[name]
+            if sink.schema_evolution != "add_columns":
+                continue
+            reference = self._decided_schemas.get(name)
+            for other in sorted(earlier, key=lambda e: e.epoch):  # gathered, not yet PENDING
+                if name in other.schemas:
+                    reference = _evolved(reference, _schema.decode(other.schemas[name]), sink)
+            if reference is not None:
+                _schema.evolve(reference, _schema.decode(text), sink.evolution_rules(),
+                               where={"runtime": self.runtime, "sink": name,
+                                      "epoch": entry.epoch})
+
+    def _note_decided_schemas(self, schemas: Mapping[str, pa.Schema]) -> None:
+        """Remember the schemas of a decided epoch (evolving sinks only). Never raises:
+        the epoch is decided already (``gather`` checked it)."""
+        for name, schema in schemas.items():
+            sink = self.sinks.get(name)
+            if sink is None or sink.schema_evolution != "add_columns":
+                continue
+            try:
+                self._decided_schemas[name] = _evolved(self._decided_schemas.get(name),
+                                                       schema, sink)
+            except SchemaMismatchError as exc:
+                log.warning("sink %s: the schema of a decided epoch does not evolve the one "
+                            "before it (%s); checking later epochs against it alone", name,
+                            exc)
+                self._decided_schemas[name] = _schema.loosen(schema)
 
     def abort(self, epoch: int, attempt: int) -> None:
         """Abort an OPEN attempt: record ABORTED, sweep every sink's staging, forget it."""
@@ -686,6 +740,29 @@ class EpochCoordinator:
         self._epochs.pop(epoch, None)
         if self._last_committed is None or epoch > self._last_committed:
             self._last_committed = epoch
+
+
+def _evolved(reference: pa.Schema | None, schema: pa.Schema, sink: Sink) -> pa.Schema:
+    """``reference`` evolved by ``schema`` under the sink's rules, every column nullable
+    (the target, not the coordinator, knows which columns must be set)."""
+    if reference is None:
+        return _schema.loosen(schema)
+    return _schema.loosen(_schema.evolve(reference, schema, sink.evolution_rules()).schema)
+
+
+def _manifest_schemas(manifests: Mapping[str, Sequence[Manifest]]) -> dict[str, pa.Schema]:
+    """Per sink, the union of the schemas its recovered manifests report."""
+    found: dict[str, pa.Schema] = {}
+    for name, listed in manifests.items():
+        schemas = [_schema.decode(text) for m in listed
+                   if isinstance(text := m.get("schema"), str)]
+        if schemas:
+            try:
+                found[name] = _schema.union(schemas)
+            except SchemaMismatchError as exc:  # decided already: never refuse it now
+                log.warning("sink %s: recovered manifests disagree on the schema: %s", name,
+                            exc)
+    return found
 
 
 def _digest(bitmaps: Sequence[Bitmap]) -> str:

@@ -42,6 +42,18 @@ backoff: the epoch is decided and only rolls forward.
 ``close`` is a courtesy, not a guarantee: a writer actor that crashes or is killed never
 calls it, so nothing may depend on it but the release of resources.
 
+Schema evolution. Every sink takes ``schema_evolution="fail"`` (the default: a batch
+whose schema differs from the target's is a ``SchemaMismatchError``) or ``"add_columns"``
+(``raysink._schema``: new columns are added as nullable, a lossless widening is applied
+where ``evolution_rules()`` allow it, a narrower type is cast up; anything else is still a
+``SchemaMismatchError`` naming the column). The change is part of the epoch: each writer
+checks its batches against the target's schema and reports the schema it wrote (its
+manifest's ``schema``: the union of its batches'; a file of another schema carries its
+own), the coordinator decides the epoch only if the writers' schemas have a union that
+evolves the schemas of the epochs decided before it (by the same rules), and ``commit``
+applies the change in the same commit as the data. A writer never changes the target's
+schema itself.
+
 Staged data is named by ``(epoch, attempt, writer)`` so that an old attempt never mixes
 with a new one. A manifest is small and JSON-serialisable (paths, row counts, schema); the
 meta store keeps it as JSON, never pickle. A writer that received nothing in an attempt
@@ -55,6 +67,8 @@ import enum
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
+
+from raysink._schema import Rules, SchemaEvolution
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -74,7 +88,10 @@ class Manifest(_ManifestRequired, total=False):
     epoch: int
     attempt: int
     bytes: int
-    files: list[dict[str, Any]]  # file-based sinks: the staged files (path, rows, size...)
+    # file-based sinks: the staged files (path, rows, size...; "schema": the file's own
+    # schema, encoded, when it is not the manifest's: its writer's batches changed schema
+    # within the epoch)
+    files: list[dict[str, Any]]
     schema: str | None  # the schema the writer wrote (raysink._schema.encode), if any
     # PostgresSink: its commit method, the epoch's columns and their types, and what it
     # staged: a token (staging) or a prepared transaction (prepared)
@@ -83,6 +100,9 @@ class Manifest(_ManifestRequired, total=False):
     types: dict[str, str] | None
     token: int | None
     gid: str | None
+    # PostgresSink with schema_evolution="add_columns": the writer's own stage table holding
+    # every row it wrote in the attempt (the commit alters the target, then moves them in)
+    evolving: str | None
 
 
 class CommitResult(enum.Enum):
@@ -147,6 +167,7 @@ class Sink(ABC):
     kind: str = "abstract"
     runtime: str = ""
     name: str = ""
+    schema_evolution: SchemaEvolution = "fail"
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass's constructor answers an unknown or misspelt option with
@@ -178,6 +199,12 @@ class Sink(ABC):
     def describe(self) -> dict[str, Any]:
         """A JSON-safe, secret-free description for status and logs."""
         return {"kind": self.kind}
+
+    def evolution_rules(self) -> Rules:
+        """How this target stores types and which widenings it applies to a column it
+        holds (``raysink._schema``); pure, called by writers, the coordinator and commit.
+        By default: Arrow's types, and no widening."""
+        return Rules(target=f"the {self.kind} target")
 
     @abstractmethod
     def validate(self) -> None:

@@ -30,9 +30,18 @@ per key (manifest order, then row order) and MERGEs them. ``commit`` checks
 ``transaction_version(marker_id) >= epoch`` first (delta-rs does not skip an app
 transaction already committed), so it is idempotent; a concurrent commit of the same
 epoch from another instance makes ours fail with ``CommitFailedError`` (app id conflict),
-after which the marker is re-checked. With ``schema_evolution="add_columns"`` new columns
-are added by a separate metadata commit just before the data commit: a crash between the
-two leaves new empty nullable columns, which the re-run accepts.
+after which the marker is re-checked.
+
+Schema evolution (``schema_evolution="add_columns"``): writers check each batch against
+the table's schema (``raysink._schema.evolve``: new columns are added, a type narrower
+than the table's is cast up; a wider one is refused, since delta-rs cannot write the
+type-widening table feature). An epoch whose files all fit the table's schema commits
+its staged files as above. One that adds columns, or whose files hold a column in a type
+the table stores otherwise, is committed as ONE Delta commit carrying the metadata action
+(the new schema), the data and the transaction marker: its staged rows are read, cast to
+the new schema and written again by ``write_deltalake(schema_mode="merge")`` (upserts:
+``merge(merge_schema=True)``), and the staged files are deleted after. A crash before
+that commit leaves the old schema and none of the epoch's rows; the re-run commits both.
 
 A missing table: ``committed_epoch()`` is ``None`` and ``target_exists()`` is ``False``.
 The coordinator, which knows from the meta store whether this sink ever committed rows,
@@ -43,11 +52,12 @@ creates nothing: ``commit`` returns ``False`` and the meta store records it unma
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Hashable, Iterator, Sequence
 from dataclasses import dataclass, field
 from datetime import date
 from pathlib import Path
@@ -114,19 +124,71 @@ def _delta_fields(schema: pa.Schema) -> dict[str, Any]:
     return {f["name"]: f["type"] for f in doc["fields"]}
 
 
-def _table_fields(dt: Any) -> dict[str, Any]:
-    doc = json.loads(dt.schema().to_json())
-    return {f["name"]: f["type"] for f in doc["fields"]}
+@functools.lru_cache(maxsize=512)
+def _delta_type(dtype: pa.DataType) -> str:
+    """The Delta type (its JSON form) that stores Arrow ``dtype``."""
+    return json.dumps(_delta_fields(pa.schema([pa.field("c", dtype)]))["c"], sort_keys=True)
 
 
-def _schema_problems(table: dict[str, Any], batch: dict[str, Any], evolve: bool) -> list[str]:
-    """Why ``batch`` cannot be written to ``table`` (empty: it can)."""
-    problems = [f"column {n!r} is missing" for n in table if n not in batch]
-    problems += [f"column {n!r} is {batch[n]!r}, the table has {t!r}"
-                 for n, t in table.items() if n in batch and batch[n] != t]
-    if not evolve:
-        problems += [f"column {n!r} is not in the table" for n in batch if n not in table]
-    return problems
+def _delta_key(field: pa.Field) -> Hashable:
+    return _delta_type(field.type)
+
+
+def _rules(uri: str) -> _schema.Rules:
+    """Delta's rules: Delta types; no widening (delta-rs cannot write the typeWidening
+    table feature)."""
+    return _schema.Rules(target=f"the Delta table {uri!r}", key=_delta_key,
+                         refuses_widening="delta-rs cannot change a Delta column's type")
+
+
+def _table_schema(dt: Any) -> pa.Schema:
+    """The table's schema in Arrow."""
+    return pa.schema(dt.schema().to_arrow())
+
+
+@dataclass(frozen=True, slots=True)
+class _SchemaPlan:
+    """What a commit does to the table's schema: ``schema`` after it, ``changed`` (an
+    existing table gains columns), ``rewrite`` (the staged rows are written again)."""
+
+    schema: pa.Schema | None
+    changed: bool = False
+    rewrite: bool = False
+
+
+def _file_schemas(manifests: Sequence[Manifest]) -> list[pa.Schema]:
+    """The schemas the epoch's staged files were written in (each once)."""
+    texts: dict[str, None] = {}
+    for m in manifests:
+        for f in m.get("files") or []:
+            text = f.get("schema", m.get("schema"))
+            if isinstance(text, str):
+                texts[text] = None
+    return [_schema.decode(text) for text in texts]
+
+
+def _fits(written: pa.Schema, schema: pa.Schema) -> bool:
+    """Whether a file written in ``written`` holds each column as the table stores it."""
+    return all(_delta_type(f.type) == _delta_type(schema.field(f.name).type)
+               for f in written if f.name in schema.names)
+
+
+def _data_schema(data: pa.Schema, schema: pa.Schema) -> pa.Schema:
+    """The rows' schema with each column as nullable as the table's (new ones nullable)."""
+    return pa.schema([f.with_nullable(schema.field(f.name).nullable)
+                      if f.name in schema.names else f.with_nullable(True) for f in data])
+
+
+def _with_partition_values(table: pa.Table, values: dict[str, str | None],
+                           schema: pa.Schema) -> pa.Table:
+    """A staged file's rows with their partition columns back (Delta keeps those in the
+    add action, as strings), cast up to ``schema``'s types."""
+    for name, value in values.items():
+        dtype = schema.field(name).type
+        column = (pa.nulls(table.num_rows, dtype) if value is None
+                  else pa.array([value] * table.num_rows, pa.string()).cast(dtype))
+        table = table.append_column(pa.field(name, dtype), column)
+    return _schema.conform(table, schema)
 
 
 # --------------------------------------------------------------------------- stats
@@ -215,9 +277,13 @@ class _DeltaOptions:
     mode: Literal["append", "upsert"]
     key: tuple[str, ...] | None
     storage_options: dict[str, str] | None
-    schema_evolution: Literal["fail", "add_columns"]
+    schema_evolution: _schema.SchemaEvolution
     max_file_rows: int
     compression: str
+
+    @property
+    def evolving(self) -> bool:
+        return self.schema_evolution == "add_columns"
 
     @property
     def local(self) -> bool:
@@ -290,7 +356,9 @@ class DeltaSink(Sink):
     ``path`` is a local directory or an object-store URI (``s3://``, ``az://``, ``gs://``;
     ``storage_options`` as for ``deltalake``). ``mode="upsert"`` needs ``key``: within and
     across epochs the last row per key wins. ``schema_evolution="add_columns"`` lets a
-    batch add nullable columns; any other difference is a ``SchemaMismatchError``.
+    batch add nullable columns, committed with the epoch's rows in one Delta commit; a
+    type narrower than the table's is cast up; any other difference is a
+    ``SchemaMismatchError`` naming the column.
     ``commit`` and ``abort`` are idempotent; ``validate`` creates nothing.
     """
 
@@ -304,15 +372,13 @@ class DeltaSink(Sink):
         mode: Literal["append", "upsert"] = "append",
         key: Sequence[str] | None = None,
         storage_options: dict[str, str] | None = None,
-        schema_evolution: Literal["fail", "add_columns"] = "fail",
+        schema_evolution: _schema.SchemaEvolution = "fail",
         max_file_rows: int = 1_000_000,
         compression: str = "zstd",
     ) -> None:
         if mode not in ("append", "upsert"):
             raise ConfigError(f"DeltaSink mode must be 'append' or 'upsert', got {mode!r}")
-        if schema_evolution not in ("fail", "add_columns"):
-            raise ConfigError("DeltaSink schema_evolution must be 'fail' or 'add_columns', "
-                              f"got {schema_evolution!r}")
+        self.schema_evolution = _schema.check_evolution_option("DeltaSink", schema_evolution)
         if key is not None and mode != "upsert":
             raise ConfigError(f"DeltaSink key={list(key)!r} only applies to mode='upsert'")
         if max_file_rows < 1:
@@ -348,6 +414,9 @@ class DeltaSink(Sink):
 
     def _where(self, epoch: int | None = None) -> dict[str, Any]:
         return {"runtime": self.runtime or None, "sink": self.name or None, "epoch": epoch}
+
+    def evolution_rules(self) -> _schema.Rules:
+        return _rules(self._opts.uri)
 
     def _check_key(self) -> None:
         if self._opts.mode == "upsert" and not self._opts.key:
@@ -430,7 +499,7 @@ class DeltaSink(Sink):
         files = self._checked_files(epoch, manifests)
         dt = self._cache.current()
         if dt is not None and self._has_marker(dt, epoch):
-            self._cleanup_committed(epoch, files)
+            self._cleanup_committed(epoch, files, rewritten=None)
             return CommitResult.ALREADY
         schema = self._epoch_schema(epoch, manifests)
         commit_failed = _deltalake().exceptions.CommitFailedError
@@ -442,28 +511,50 @@ class DeltaSink(Sink):
                 raise
             logger.info("Delta sink %s: epoch %d was committed concurrently", self.marker_id,
                         epoch)
-            self._cleanup_committed(epoch, files)
+            self._cleanup_committed(epoch, files, rewritten=None)
             return CommitResult.ALREADY
-        if committed:
-            self._cleanup_committed(epoch, files)
-            logger.info("Delta sink %s committed epoch %d (%d files)", self.marker_id, epoch,
-                        len(files))
+        if committed is not None:
+            self._cleanup_committed(epoch, files, rewritten=committed.rewrite)
+            logger.info("Delta sink %s committed epoch %d (%d files%s)", self.marker_id,
+                        epoch, len(files), ", schema changed" if committed.changed else "")
             return CommitResult.COMMITTED
         return CommitResult.NO_TARGET
 
     def _commit_once(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
-                     files: list[dict[str, Any]], schema: pa.Schema | None) -> bool:
+                     files: list[dict[str, Any]], schema: pa.Schema | None
+                     ) -> _SchemaPlan | None:
+        """One Delta commit of the epoch; what it did to the schema, or ``None`` when there
+        was no table and nothing to create one with."""
         if schema is None and dt is None:
             logger.info("Delta sink %s: epoch %d is empty and there is no table yet; "
                         "nothing to commit", self.marker_id, epoch)
-            return False
-        if schema is not None and dt is not None:
-            dt = self._reconcile_schema(dt, schema, epoch)
+            return None
+        plan = self._plan_schema(dt, epoch, manifests, schema)
         if self._opts.mode == "upsert":
-            self._commit_upsert(dt, epoch, manifests, schema)
+            self._commit_upsert(dt, epoch, manifests, plan)
+        elif plan.rewrite:
+            self._commit_rewritten(dt, epoch, files, plan)
         else:
             self._commit_append(dt, epoch, files, schema)
-        return True
+        return plan
+
+    def _plan_schema(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
+                     schema: pa.Schema | None) -> _SchemaPlan:
+        """The table's schema after the epoch, and whether the epoch's files are rewritten
+        (a new schema, or files holding a column in a type the table stores otherwise)."""
+        if not self._opts.evolving or schema is None:
+            if dt is not None and schema is not None:
+                self._check_fits(dt, schema, epoch)
+            return _SchemaPlan(schema=schema)
+        if dt is None:  # created from the epoch's schema
+            fits = all(_fits(s, schema) for s in _file_schemas(manifests))
+            return _SchemaPlan(schema=schema, rewrite=not fits)
+        evolution = _schema.evolve(_table_schema(dt), schema, self.evolution_rules(),
+                                   where=self._where(epoch))
+        final = evolution.schema
+        fits = all(_fits(s, final) for s in _file_schemas(manifests))
+        return _SchemaPlan(schema=final, changed=evolution.changed,
+                           rewrite=evolution.changed or not fits)
 
     def _commit_properties(self, epoch: int) -> Any:
         dl = _deltalake()
@@ -495,55 +586,77 @@ class DeltaSink(Sink):
                                     commit_properties=self._commit_properties(epoch))
 
     def _commit_upsert(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
-                       schema: pa.Schema | None) -> None:
+                       plan: _SchemaPlan) -> None:
         if dt is None:
-            assert schema is not None
+            assert plan.schema is not None
             dt = _deltalake().DeltaTable.create(
-                self._opts.uri, schema, mode="ignore",
+                self._opts.uri, plan.schema, mode="ignore",
                 partition_by=list(self._opts.partition_by) or None,
                 storage_options=self._opts.storage_options)
-            dt = self._reconcile_schema(dt, schema, epoch)
-        source = self._latest_rows(epoch, manifests)
+            if plan.schema is not None:
+                self._check_fits(dt, plan.schema, epoch)
+        source = self._latest_rows(epoch, manifests, plan.schema)
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
         if source is None or source.num_rows == 0:
+            if plan.changed:  # no rows, but new columns: the metadata action and the marker
+                self._write_merged(dt, _schema.loosen(plan.schema).empty_table(), epoch)
+                return
             dt.create_write_transaction([], "append", dt.schema(),
                                         commit_properties=self._commit_properties(epoch))
             return
         assert self._opts.key is not None
         predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self._opts.key)
         (dt.merge(source, predicate, source_alias="s", target_alias="t",
-                  commit_properties=self._commit_properties(epoch))
+                  merge_schema=plan.changed, commit_properties=self._commit_properties(epoch))
          .when_matched_update_all().when_not_matched_insert_all().execute())
 
-    def _latest_rows(self, epoch: int, manifests: Sequence[Manifest]) -> pa.Table | None:
-        """The epoch's staged rows, last row per key (manifest order, then row order)."""
+    def _latest_rows(self, epoch: int, manifests: Sequence[Manifest],
+                     schema: pa.Schema | None) -> pa.Table | None:
+        """The epoch's staged rows (cast up to ``schema``'s types), last row per key
+        (manifest order, then row order)."""
         store = self._opts.store()
         tables = [store.read_table(f["path"]) for m in manifests for f in m.get("files") or []]
         if not tables:
             return None
-        rows = pa.concat_tables(tables, promote_options="none")
+        if schema is not None:
+            tables = [_schema.conform(t, schema) for t in tables]
+        rows = pa.concat_tables(tables, promote_options="permissive")
+        if schema is not None:
+            rows = rows.cast(_data_schema(rows.schema, schema))
         assert self._opts.key is not None
         _check_keys(rows, self._opts.key, self._where(epoch))
         return _last_per_key(rows, self._opts.key)
 
-    def _reconcile_schema(self, dt: Any, schema: pa.Schema, epoch: int) -> Any:
-        """Raise on an incompatible schema; add new nullable columns when allowed."""
-        table, batch = _table_fields(dt), _delta_fields(schema)
-        evolve = self._opts.schema_evolution == "add_columns"
-        problems = _schema_problems(table, batch, evolve)
-        if problems:
-            raise SchemaMismatchError(
-                f"the epoch's schema does not fit the Delta table {self._opts.uri!r}: "
-                f"{'; '.join(problems)}", **self._where(epoch))
-        new = [n for n in batch if n not in table]
-        if not new:
-            return dt
-        dl = _deltalake()
-        fields = [dl.Field(f.name, f.type, nullable=True)
-                  for f in dl.Schema.from_arrow(schema).fields if f.name in new]
-        dt.alter.add_columns(fields)
-        logger.info("Delta sink %s: added columns %s", self.marker_id, new)
-        return self._opts.load()
+    def _commit_rewritten(self, dt: Any | None, epoch: int, files: list[dict[str, Any]],
+                          plan: _SchemaPlan) -> None:
+        """Append mode, an epoch that changes the schema (or whose files hold a column in
+        another type than the table's): its rows read, cast up to the new schema and
+        written again in ONE commit with the metadata action and the marker."""
+        assert plan.schema is not None
+        store = self._opts.store()
+        parts = [_with_partition_values(store.read_table(f["path"]),
+                                        f.get("partition_values") or {}, plan.schema)
+                 for f in files]
+        rows = (pa.concat_tables(parts, promote_options="permissive") if parts
+                else plan.schema.empty_table())
+        rows = rows.cast(_data_schema(rows.schema, plan.schema))
+        hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
+        self._write_merged(dt, rows, epoch)
+
+    def _write_merged(self, dt: Any | None, rows: pa.Table, epoch: int) -> None:
+        """One ``write_deltalake`` commit: ``rows``, the schema they add, the marker."""
+        _deltalake().write_deltalake(
+            dt if dt is not None else self._opts.uri, rows, mode="append", schema_mode="merge",
+            partition_by=list(self._opts.partition_by) or None,
+            storage_options=None if dt is not None else self._opts.storage_options,
+            commit_properties=self._commit_properties(epoch))
+
+    def _check_fits(self, dt: Any, schema: pa.Schema, epoch: int) -> None:
+        """``fail``: the epoch's schema must be the table's (Delta types, by name)."""
+        refused = _schema.refusal(_table_schema(dt), schema, self.evolution_rules(),
+                                  where=self._where(epoch))
+        if refused is not None:
+            raise refused
 
     def _has_marker(self, dt: Any, epoch: int) -> bool:
         version = dt.transaction_version(self.marker_id)
@@ -553,6 +666,12 @@ class DeltaSink(Sink):
         schemas = [_schema.decode(text) for m in manifests if (text := m.get("schema"))]
         if not schemas:
             return None
+        if self._opts.evolving:
+            try:
+                return _schema.union(schemas + _file_schemas(manifests))
+            except SchemaMismatchError as exc:
+                raise SchemaMismatchError(exc.message, column=exc.column,
+                                          **self._where(epoch)) from None
         first = schemas[0]
         for other in schemas[1:]:
             if not _schema.same(first, other):
@@ -578,9 +697,14 @@ class DeltaSink(Sink):
                                  f"under {self._opts.uri!r}/{STAGING_PREFIX}; refused",
                                  **self._where(epoch))
 
-    def _cleanup_committed(self, epoch: int, files: list[dict[str, Any]]) -> None:
-        """Upsert mode: the staged rows were merged, so their files can go."""
-        if self._opts.mode != "upsert":
+    def _cleanup_committed(self, epoch: int, files: list[dict[str, Any]],
+                           rewritten: bool | None) -> None:
+        """Upsert mode, or an epoch whose rows were written again (``rewritten``; ``None``:
+        not known, a re-run): the staged files were read into the commit, so they go (a
+        re-run of an evolving append keeps those the table references)."""
+        if self._opts.mode != "upsert" and rewritten is not True:
+            if rewritten is None and self._opts.evolving and files:
+                self.abort(epoch, [{"writer": -1, "rows": 0, "files": files}])
             return
         store = self._opts.store()
         for f in files:
@@ -670,8 +794,15 @@ def _last_per_key(rows: pa.Table, key: Sequence[str]) -> pa.Table:
 
 @dataclass
 class _EpochState:
+    """One epoch of one writer: its schema (with ``add_columns``, the union of its
+    batches'), the table's schema when the epoch began, a buffer per partition and
+    schema."""
+
     schema: pa.Schema | None = None
-    buffers: dict[tuple[str | None, ...], ParquetBuffer] = field(default_factory=dict)
+    target: pa.Schema | None = None
+    target_read: bool = False
+    buffers: dict[tuple[tuple[str | None, ...], str], ParquetBuffer] = field(
+        default_factory=dict)
 
 
 class DeltaSinkWriter(SinkWriter):
@@ -693,19 +824,22 @@ class DeltaSinkWriter(SinkWriter):
             self._store = self._opts.store()
 
     def write(self, batch: pa.RecordBatch) -> None:
-        self._check_batch(batch)
+        batch = self._check_batch(batch)
         if batch.num_rows == 0:
             return
         for values, part in self._split(batch):
-            buffer = self._epoch.buffers.get(values)
+            slot = (values, _schema.encode(part.schema))
+            buffer = self._epoch.buffers.get(slot)
             if buffer is None:
                 buffer = ParquetBuffer(part.schema, self._opts.max_file_rows,
                                        self._opts.compression)
-                self._epoch.buffers[values] = buffer
+                self._epoch.buffers[slot] = buffer
             buffer.write(part)
 
-    def _check_batch(self, batch: pa.RecordBatch) -> None:
-        if self._epoch.schema is None:
+    def _check_batch(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        if self._opts.evolving:
+            batch = self._evolve(batch)
+        elif self._epoch.schema is None:
             self._check_against_table(batch.schema)
             self._epoch.schema = batch.schema.remove_metadata()
         elif not _schema.same(self._epoch.schema, batch.schema):
@@ -717,17 +851,32 @@ class DeltaSinkWriter(SinkWriter):
                                       **self._where)
         if self._opts.key:
             _check_keys(batch, self._opts.key, self._where)
+        return batch
+
+    def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``add_columns``: the batch must evolve the table's schema (read at the epoch's
+        first batch); it is cast up to the table's types, and the epoch's schema becomes
+        the union of its batches'."""
+        epoch = self._epoch
+        if not epoch.target_read:
+            dt = self._table.current()
+            epoch.target, epoch.target_read = (None if dt is None else _table_schema(dt)), True
+        if epoch.target is not None:
+            _schema.evolve(epoch.target, batch.schema, _rules(self._opts.uri),
+                           where=self._where)
+            batch = _schema.conform(batch, epoch.target)
+        schemas = [batch.schema] if epoch.schema is None else [epoch.schema, batch.schema]
+        epoch.schema = _schema.union(schemas).remove_metadata()
+        return batch
 
     def _check_against_table(self, schema: pa.Schema) -> None:
         dt = self._table.current()
         if dt is None:
             return
-        problems = _schema_problems(_table_fields(dt), _delta_fields(schema),
-                                    self._opts.schema_evolution == "add_columns")
-        if problems:
-            raise SchemaMismatchError(f"batch schema does not fit the Delta table "
-                                      f"{self._opts.uri!r}: {'; '.join(problems)}",
-                                      **self._where)
+        refused = _schema.refusal(_table_schema(dt), schema, _rules(self._opts.uri),
+                                  where=self._where)
+        if refused is not None:
+            raise refused
 
     def _split(self, batch: pa.RecordBatch
                ) -> Iterator[tuple[tuple[str | None, ...], pa.RecordBatch]]:
@@ -755,9 +904,11 @@ class DeltaSinkWriter(SinkWriter):
         assert self._store is not None
         unique = new_unique()
         files: list[dict[str, Any]] = []
-        for values, buffer in self._epoch.buffers.items():
+        schema = self._epoch.schema
+        for (values, _), buffer in self._epoch.buffers.items():
             partition = dict(zip(self._opts.partition_by, values, strict=True)) \
                 if self._opts.mode == "append" else {}
+            own = self._own_schema(buffer.schema)
             for encoded in buffer.finish():
                 path = staged_file_path(STAGING_PREFIX, epoch, attempt, self._writer_id, unique,
                                         len(files))
@@ -767,12 +918,21 @@ class DeltaSinkWriter(SinkWriter):
                               "partition_values": partition,
                               "modification_time": int(time.time() * 1000),
                               "stats": _file_stats(encoded.data, encoded.rows),
-                              "rows": encoded.rows})
-        schema = self._epoch.schema
+                              "rows": encoded.rows, **own})
         self._epoch = _EpochState()
         return {"writer": self._writer_id, "epoch": epoch, "attempt": attempt, "files": files,
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["size"] for f in files),
                 "schema": _schema.encode(schema) if schema is not None else None}
+
+    def _own_schema(self, written: pa.Schema) -> dict[str, str]:
+        """``{"schema": ...}`` for a file written in another schema than the epoch's (the
+        writer's batches changed schema within it; partition columns aside), else ``{}``."""
+        schema = self._epoch.schema
+        if schema is None:
+            return {}
+        if self._opts.mode == "append" and self._opts.partition_by:
+            schema = pa.schema([f for f in schema if f.name not in self._opts.partition_by])
+        return {} if _schema.same(schema, written) else {"schema": _schema.encode(written)}
 
     def _remember(self, epoch: int, attempt: int, path: str) -> None:
         self._staged.setdefault((epoch, attempt), []).append(path)

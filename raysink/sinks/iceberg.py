@@ -23,6 +23,13 @@ metadata without any check and duplicates data), and after a ``CommitFailedExcep
 the marker is looked up again before a bounded retry. An empty epoch still makes a
 snapshot (no files) so its marker is recorded.
 
+Schema evolution (``schema_evolution="add_columns"``): writers check each batch against
+the table's schema (``raysink._schema.evolve`` with Iceberg's rules: new columns are
+added; int to long, float to double and a decimal's precision are widened; a narrower
+type is cast up); the commit applies the schema update (``update_schema``) and the
+fast-append in ONE table transaction, so a reader sees the old schema without the
+epoch's rows or the new schema with all of them.
+
 Default catalog: a ``SqlCatalog`` named ``raysink`` on SQLite at
 ``<cwd>/.raysink/iceberg/catalog.db`` with warehouse ``file://<cwd>/.raysink/iceberg/
 warehouse``, ``cwd`` resolved when the sink is built on the driver.
@@ -30,11 +37,12 @@ warehouse``, ``cwd`` resolved when the sink is built on the driver.
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import re
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from collections.abc import Hashable, Mapping, Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from types import ModuleType
 from typing import Any
@@ -114,6 +122,11 @@ class _IcebergOptions:
     max_file_rows: int
     compression: str
     commit_attempts: int
+    schema_evolution: _schema.SchemaEvolution = "fail"
+
+    @property
+    def evolving(self) -> bool:
+        return self.schema_evolution == "add_columns"
 
     @property
     def identifier(self) -> str:
@@ -185,6 +198,9 @@ class IcebergSink(Sink):
     ``<cwd>/.raysink/iceberg``); ``catalog_name`` names it. ``table_properties`` apply
     when raysink creates the table. ``commit`` and ``abort`` are idempotent; ``validate``
     creates nothing. Partitioned tables are not supported yet (``ConfigError``).
+    ``schema_evolution="add_columns"`` adds new columns and widens int to long, float to
+    double and decimal precision, in the epoch's own commit; anything else is a
+    ``SchemaMismatchError`` naming the column.
     """
 
     kind = "iceberg"
@@ -199,7 +215,10 @@ class IcebergSink(Sink):
         max_file_rows: int = 1_000_000,
         compression: str = "zstd",
         commit_attempts: int = 5,
+        schema_evolution: _schema.SchemaEvolution = "fail",
     ) -> None:
+        self.schema_evolution = _schema.check_evolution_option("IcebergSink",
+                                                               schema_evolution)
         parts = identifier.split(".")
         if len(parts) < 2 or not all(parts):
             raise ConfigError(f"IcebergSink identifier must be 'namespace.table', got "
@@ -211,7 +230,8 @@ class IcebergSink(Sink):
             namespace=tuple(parts[:-1]), table=parts[-1], catalog_name=catalog_name,
             catalog=dict(catalog) if catalog is not None else default_catalog(),
             table_properties=dict(table_properties or {}), max_file_rows=max_file_rows,
-            compression=compression, commit_attempts=commit_attempts)
+            compression=compression, commit_attempts=commit_attempts,
+            schema_evolution=self.schema_evolution)
 
     @property
     def identifier(self) -> str:
@@ -225,7 +245,11 @@ class IcebergSink(Sink):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "identifier": self._opts.identifier,
                 "catalog_name": self._opts.catalog_name,
-                "catalog": _redact(self._opts.catalog)}
+                "catalog": _redact(self._opts.catalog),
+                "schema_evolution": self.schema_evolution}
+
+    def evolution_rules(self) -> _schema.Rules:
+        return _rules(self._opts.identifier)
 
     def _where(self, epoch: int | None = None) -> dict[str, Any]:
         return {"runtime": self.runtime or None, "sink": self.name or None, "epoch": epoch}
@@ -279,7 +303,7 @@ class IcebergSink(Sink):
         Idempotent (``ALREADY``); a lost compare-and-swap re-checks the marker before
         retrying. ``NO_TARGET``: no table and no schema to create one with, nothing
         written."""
-        schema = _epoch_schema(manifests, self._where(epoch))
+        schema = _epoch_schema(manifests, self._where(epoch), self._opts.evolving)
         errors = _pyiceberg().exceptions
         last: Exception | None = None
         for _ in range(self._opts.commit_attempts):
@@ -330,11 +354,19 @@ class IcebergSink(Sink):
         return self._opts.load_table()
 
     def _append(self, table: Any, epoch: int, uris: list[str], schema: pa.Schema | None) -> None:
-        if schema is not None:
-            _check_schema(table, schema, self._where(epoch))
+        evolved = None
+        if schema is not None and self._opts.evolving:
+            evolution = _schema.evolve(table.schema().as_arrow(), schema,
+                                       self.evolution_rules(), where=self._where(epoch))
+            evolved = evolution.schema if evolution.changed else None
+        elif schema is not None:
+            _check_schema(table, self._opts.identifier, schema, self._where(epoch))
         props = {SINK_PROPERTY: self.marker_id, EPOCH_PROPERTY: str(epoch)}
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
         with table.transaction() as tx:
+            if evolved is not None:  # the schema update, in the data's own commit
+                with tx.update_schema() as update:
+                    update.union_by_name(evolved)
             if uris:
                 tx.add_files(uris, snapshot_properties=props, check_duplicate_files=False)
             else:
@@ -445,8 +477,55 @@ def _referenced(table: Any | None) -> set[str]:
     return set(table.inspect.files().column("file_path").to_pylist())
 
 
-def _epoch_schema(manifests: Sequence[Manifest], where: dict[str, Any]) -> pa.Schema | None:
+@functools.lru_cache(maxsize=512)
+def _iceberg_type(dtype: pa.DataType) -> Hashable:
+    """The Iceberg type storing Arrow ``dtype`` (its name), or the Arrow type itself when
+    pyiceberg has none for it."""
+    from pyiceberg.io.pyarrow import _pyarrow_to_schema_without_ids
+
+    try:
+        schema = _pyarrow_to_schema_without_ids(pa.schema([pa.field("c", dtype)]))
+    except (TypeError, ValueError):
+        plain: Hashable = _schema.canonical(dtype)
+        return plain
+    return str(schema.fields[0].field_type)
+
+
+def _iceberg_key(field: pa.Field) -> Hashable:
+    key: Hashable = _iceberg_type(field.type)
+    return key
+
+
+def _iceberg_widens(old: pa.DataType, new: pa.DataType) -> bool:
+    """Iceberg's type promotions: int to long, float to double, a decimal's precision."""
+    pair = (_iceberg_type(old), _iceberg_type(new))
+    if pair in (("int", "long"), ("float", "double")):
+        return True
+    return bool(pa.types.is_decimal(old) and pa.types.is_decimal(new)
+                and old.scale == new.scale and new.precision > old.precision)
+
+
+def _rules(identifier: str) -> _schema.Rules:
+    return _schema.Rules(target=f"the Iceberg table {identifier!r}", key=_iceberg_key,
+                         widen=_iceberg_widens,
+                         refuses_widening="Iceberg widens only int to long, float to "
+                                          "double and a decimal's precision")
+
+
+def _file_schemas(manifests: Sequence[Manifest]) -> list[pa.Schema]:
+    """The schemas of files written in another schema than their writer's manifest."""
+    return [_schema.decode(text) for m in manifests for f in m.get("files") or []
+            if isinstance(text := f.get("schema"), str)]
+
+
+def _epoch_schema(manifests: Sequence[Manifest], where: dict[str, Any],
+                  evolving: bool = False) -> pa.Schema | None:
     schemas = [_schema.decode(text) for m in manifests if (text := m.get("schema"))]
+    if evolving and schemas:
+        try:
+            return _schema.union(schemas + _file_schemas(manifests))
+        except SchemaMismatchError as exc:
+            raise SchemaMismatchError(exc.message, column=exc.column, **where) from None
     for other in schemas[1:]:
         if not _schema.same(schemas[0], other):
             raise SchemaMismatchError(f"writers staged different schemas: {schemas[0]} and "
@@ -454,19 +533,22 @@ def _epoch_schema(manifests: Sequence[Manifest], where: dict[str, Any]) -> pa.Sc
     return schemas[0] if schemas else None
 
 
-def _check_schema(table: Any, schema: pa.Schema, where: dict[str, Any]) -> None:
+def _check_schema(table: Any, identifier: str, schema: pa.Schema,
+                  where: dict[str, Any]) -> None:
+    """``fail``: the batch has the table's columns, each of the type the table holds
+    (Iceberg's types, then pyiceberg's own check of what it can write)."""
     from pyiceberg.io.pyarrow import _check_pyarrow_schema_compatible
 
+    refused = _schema.refusal(table.schema().as_arrow(), schema, _rules(identifier),
+                              where=where)
+    if refused is not None:
+        raise refused
     try:
         _check_pyarrow_schema_compatible(table.schema(), schema,
                                          format_version=table.metadata.format_version)
     except ValueError as exc:
         raise SchemaMismatchError(f"the batch schema does not fit the Iceberg table "
-                                  f"{table.name()}: {exc}", **where) from exc
-    missing = [n for n in table.schema().column_names if n not in schema.names]
-    if missing:
-        raise SchemaMismatchError(f"columns {missing!r} of the Iceberg table are missing from "
-                                  "the batch", **where)
+                                  f"{identifier!r}: {exc}", **where) from exc
 
 
 # --------------------------------------------------------------------------- writer
@@ -474,9 +556,13 @@ def _check_schema(table: Any, schema: pa.Schema, where: dict[str, Any]) -> None:
 
 @dataclass
 class _EpochState:
+    """One epoch of one writer: its schema (with ``add_columns`` the union of its
+    batches'), the table's schema when it began, where it stages, a buffer per schema."""
+
     schema: pa.Schema | None = None
+    target: pa.Schema | None = None
     root: str | None = None
-    buffer: ParquetBuffer | None = None
+    buffers: dict[str, ParquetBuffer] = field(default_factory=dict)
 
 
 class IcebergSinkWriter(SinkWriter):
@@ -491,39 +577,62 @@ class IcebergSinkWriter(SinkWriter):
         self._staged: dict[tuple[int, int], list[str]] = {}
 
     def write(self, batch: pa.RecordBatch) -> None:
-        if self._epoch.schema is None:
+        if self._epoch.root is None:
             self._start_epoch(batch.schema)
+        if self._opts.evolving:
+            batch = self._evolve(batch)
         elif not _schema.same(self._epoch.schema, batch.schema):
             raise SchemaMismatchError(f"batch schema {batch.schema} differs from the epoch's "
                                       f"{self._epoch.schema}", **self._where)
         if batch.num_rows == 0:
             return
-        if self._epoch.buffer is None:
-            self._epoch.buffer = ParquetBuffer(batch.schema, self._opts.max_file_rows,
-                                               self._opts.compression)
-        self._epoch.buffer.write(batch)
+        slot = _schema.encode(batch.schema)
+        buffer = self._epoch.buffers.get(slot)
+        if buffer is None:
+            buffer = ParquetBuffer(batch.schema, self._opts.max_file_rows,
+                                   self._opts.compression)
+            self._epoch.buffers[slot] = buffer
+        buffer.write(batch)
 
     def _start_epoch(self, schema: pa.Schema) -> None:
         table = self._opts.load_table()
-        if table is not None:
-            _check_schema(table, schema, self._where)
+        if table is not None and self._opts.evolving:
+            self._epoch.target = table.schema().as_arrow()
+        elif table is not None:
+            _check_schema(table, self._opts.identifier, schema, self._where)
         self._epoch.root = self._opts.staging_roots(table)[0]
-        self._epoch.schema = schema.remove_metadata()
+        if not self._opts.evolving:
+            self._epoch.schema = schema.remove_metadata()
+
+    def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``add_columns``: the batch must evolve the table's schema; it is cast up to the
+        table's wider types; the epoch's schema becomes the union of its batches'."""
+        epoch = self._epoch
+        if epoch.target is not None:
+            _schema.evolve(epoch.target, batch.schema, _rules(self._opts.identifier),
+                           where=self._where)
+            batch = _schema.conform(batch, epoch.target)
+        schemas = [batch.schema] if epoch.schema is None else [epoch.schema, batch.schema]
+        epoch.schema = _schema.union(schemas).remove_metadata()
+        return batch
 
     def pre_commit(self, epoch: int, attempt: int) -> Manifest:
         """Upload the epoch's files under ``<root>/<epoch>/`` and describe them."""
         files: list[dict[str, Any]] = []
-        if self._epoch.buffer is not None and self._epoch.root is not None:
+        schema = self._epoch.schema
+        if self._epoch.root is not None:
             root, unique = self._epoch.root, new_unique()
             store = self._opts.store(root)
-            for encoded in self._epoch.buffer.finish():
-                rel = staged_file_path("", epoch, attempt, self._writer_id, unique,
-                                       len(files)).lstrip("/")
-                store.write(rel, encoded.data)
-                self._remember(epoch, attempt, f"{root}/{rel}")
-                files.append({"path": f"{root}/{rel}", "rows": encoded.rows,
-                              "bytes": encoded.data.size})
-        schema = self._epoch.schema
+            for buffer in self._epoch.buffers.values():
+                own = {} if schema is None or _schema.same(schema, buffer.schema) \
+                    else {"schema": _schema.encode(buffer.schema)}
+                for encoded in buffer.finish():
+                    rel = staged_file_path("", epoch, attempt, self._writer_id, unique,
+                                           len(files)).lstrip("/")
+                    store.write(rel, encoded.data)
+                    self._remember(epoch, attempt, f"{root}/{rel}")
+                    files.append({"path": f"{root}/{rel}", "rows": encoded.rows,
+                                  "bytes": encoded.data.size, **own})
         self._epoch = _EpochState()
         return {"writer": self._writer_id, "epoch": epoch, "attempt": attempt, "files": files,
                 "rows": sum(f["rows"] for f in files), "bytes": sum(f["bytes"] for f in files),

@@ -190,11 +190,12 @@ class _Layout:
 
 @dataclass(frozen=True, slots=True)
 class _StagedEntry:
-    """One validated manifest file entry."""
+    """One validated manifest file entry, and the schema its file was written in."""
 
     staged: Path
     rows: int
     size: int
+    schema: pa.Schema | None = None
 
     @property
     def final_name(self) -> str:
@@ -208,8 +209,17 @@ class ParquetSink(Sink):
     """Append Arrow batches to a directory of Parquet files, exactly once per epoch.
 
     ``path`` is a local (or mounted) directory; it is created at the first flush or commit,
-    never by ``validate``. ``schema``, when given, is the schema every batch must have.
+    never by ``validate``. ``schema``, when given, is the schema every batch must have
+    (the directory's first schema, with ``schema_evolution="add_columns"``).
     The object is immutable and picklable: it holds options only, no open files.
+
+    The directory's schema is the one its newest commit log entry records
+    (``table_schema()``); read the directory with it, so that files written before a column
+    was added read as nulls there: ``pyarrow.dataset.dataset(path, schema=
+    sink.table_schema())``, or in Spark ``spark.read.option("mergeSchema", "true")``.
+    ``schema_evolution="add_columns"`` adds new columns (a batch of a type narrower than
+    the directory's is cast up); a wider type is refused, since Spark cannot read Parquet
+    files holding one column in two types.
     """
 
     kind = "parquet"
@@ -222,8 +232,10 @@ class ParquetSink(Sink):
         row_group_size: int = 131_072,
         max_file_bytes: int = 128 * 1024 * 1024,
         schema: pa.Schema | None = None,
+        schema_evolution: _schema.SchemaEvolution = "fail",
     ) -> None:
         self._path = _check_path(path)
+        self.schema_evolution = _schema.check_evolution_option("ParquetSink", schema_evolution)
         self._compression: Compression = _check_choice("compression", compression)
         self._row_group_size = _check_positive("row_group_size", row_group_size)
         self._max_file_bytes = _check_positive("max_file_bytes", max_file_bytes)
@@ -265,7 +277,28 @@ class ParquetSink(Sink):
             "row_group_size": self._row_group_size,
             "max_file_bytes": self._max_file_bytes,
             "schema": None if self._schema is None else self._schema.names,
+            "schema_evolution": self.schema_evolution,
         }
+
+    def evolution_rules(self) -> _schema.Rules:
+        """Arrow's own types; no widening (Spark's ``mergeSchema`` refuses a column held
+        as int32 in one file and int64 in another)."""
+        return _schema.Rules(
+            target=f"the Parquet directory {self._path!r}",
+            refuses_widening="Spark cannot read one column written in two types in one "
+                             "Parquet directory")
+
+    def table_schema(self) -> pa.Schema | None:
+        """The directory's schema: the newest commit log entry's (every entry records the
+        schema after its epoch), else the ``schema`` option, else ``None``."""
+        for epoch in sorted(self._logged_epochs(), reverse=True):
+            try:
+                text = self._read_commit_entry(epoch).get("schema")
+            except SinkUnavailableError:
+                continue  # pruned meanwhile, or unreadable: an older entry tells
+            if isinstance(text, str):
+                return _schema.decode(text)
+        return self._schema
 
     def _error_fields(self, epoch: int | None = None) -> dict[str, Any]:
         return {"runtime": self.runtime or None, "sink": self.name or None, "epoch": epoch}
@@ -360,9 +393,11 @@ class ParquetSink(Sink):
         entries = self._staged_entries(epoch, manifests)
         result = CommitResult.ALREADY
         if not self._is_committed(epoch):
-            moved = self._move_into_place(epoch, entries)
+            schema = self._epoch_schema(epoch, manifests, entries)
+            moved = self._move_into_place(epoch, entries, schema)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
-            self._write_commit_entry(epoch, moved, _first_schema(manifests))
+            self._write_commit_entry(epoch, moved,
+                                     None if schema is None else _schema.encode(schema))
             self._unpruned += 1
             if self._unpruned >= _PRUNE_EVERY:
                 self._prune_commit_log()
@@ -371,6 +406,25 @@ class ParquetSink(Sink):
             result = CommitResult.COMMITTED
         _rmtree(self.layout.epoch_dir(epoch))
         return result
+
+    def _epoch_schema(self, epoch: int, manifests: Sequence[Manifest],
+                      entries: Sequence[_StagedEntry]) -> pa.Schema | None:
+        """The directory's schema after ``epoch``: its writers' schemas (the union, with
+        ``add_columns``) evolving the directory's. The same on a re-run after a crash (the
+        log entry is written last)."""
+        current = self.table_schema()
+        schemas = [_schema.decode(text) for m in manifests
+                   if isinstance(text := m.get("schema"), str)]
+        schemas += [e.schema for e in entries if e.schema is not None]
+        if not schemas:
+            return current
+        if self.schema_evolution != "add_columns":
+            return current if current is not None else schemas[0]
+        epoch_schema = _schema.union(schemas)
+        if current is None:
+            return epoch_schema
+        return _schema.evolve(current, epoch_schema, self.evolution_rules(),
+                              where=self._error_fields(epoch)).schema
 
     def _is_committed(self, epoch: int) -> bool:
         if self.layout.commit_entry(epoch).exists():
@@ -385,7 +439,8 @@ class ParquetSink(Sink):
             self.layout.commit_entry(old).unlink(missing_ok=True)
         self._unpruned = 0
 
-    def _move_into_place(self, epoch: int, entries: list[_StagedEntry]) -> list[dict[str, Any]]:
+    def _move_into_place(self, epoch: int, entries: list[_StagedEntry],
+                         schema: pa.Schema | None) -> list[dict[str, Any]]:
         if not entries:  # an empty epoch: nothing to move, nothing to fsync
             return []
         root = self.layout.root
@@ -393,7 +448,11 @@ class ParquetSink(Sink):
         moved = []
         for entry in entries:
             final = root / entry.final_name
-            if not final.exists():
+            if final.exists():
+                pass
+            elif schema is not None and _needs_cast(entry.schema, schema):
+                self._rewrite_staged(epoch, entry, final, schema)
+            else:
                 self._rename_staged(epoch, entry, final)
             moved.append({"path": entry.final_name, "rows": entry.rows, "bytes": entry.size})
         _fsync_dir(root)
@@ -403,10 +462,33 @@ class ParquetSink(Sink):
         try:
             os.replace(entry.staged, final)
         except FileNotFoundError as exc:
-            raise DataLossError(
-                f"staged file {str(entry.staged)!r} is gone and was never moved to "
-                f"{str(final)!r}; the epoch cannot be completed, restore the file or "
-                "accept the loss", **self._error_fields(epoch)) from exc
+            raise self._staged_lost(epoch, entry, final) from exc
+
+    def _rewrite_staged(self, epoch: int, entry: _StagedEntry, final: Path,
+                        schema: pa.Schema) -> None:
+        """Write a staged file whose column types are narrower than the directory's as
+        ``final`` with them cast up (temporary file, fsync, rename), then drop it: every
+        file of the directory holds a column in one type, as Spark needs."""
+        try:
+            table = pq.read_table(entry.staged)
+        except FileNotFoundError as exc:
+            raise self._staged_lost(epoch, entry, final) from exc
+        cast = _schema.conform(table, schema)
+        tmp = final.with_name(f".{final.name}.tmp")
+        compression = None if self._compression == "none" else self._compression
+        with open(tmp, "wb") as handle:
+            pq.write_table(cast, handle, compression=compression,
+                           row_group_size=self._row_group_size)
+            handle.flush()
+            os.fsync(handle.fileno())
+        os.replace(tmp, final)
+        entry.staged.unlink(missing_ok=True)
+
+    def _staged_lost(self, epoch: int, entry: _StagedEntry, final: Path) -> DataLossError:
+        return DataLossError(
+            f"staged file {str(entry.staged)!r} is gone and was never moved to "
+            f"{str(final)!r}; the epoch cannot be completed, restore the file or "
+            "accept the loss", **self._error_fields(epoch))
 
     def _write_commit_entry(
         self, epoch: int, files: list[dict[str, Any]], schema: str | None, **extra: Any
@@ -474,7 +556,9 @@ class ParquetSink(Sink):
                 f"directory {self._path!r} was deleted after raysink committed epoch "
                 f"{epoch} to it; restore it, or give a new path", **self._error_fields(epoch))
         if not self.layout.commit_entry(epoch).exists():
-            self._write_commit_entry(epoch, [], None, recreated=True)
+            schema = self.table_schema()
+            self._write_commit_entry(epoch, [], None if schema is None
+                                     else _schema.encode(schema), recreated=True)
 
     # manifests -----------------------------------------------------------------------
     def _staged_entries(self, epoch: int, manifests: Sequence[Manifest]) -> list[_StagedEntry]:
@@ -484,14 +568,17 @@ class ParquetSink(Sink):
             files = manifest.get("files", []) if isinstance(manifest, Mapping) else None
             if not isinstance(files, list):
                 raise self._refused(epoch, f"manifest {manifest!r} has no file list")
-            entries.extend(self._staged_entry(epoch, item) for item in files)
+            schema = manifest.get("schema")
+            entries.extend(self._staged_entry(epoch, item, schema) for item in files)
         return entries
 
-    def _staged_entry(self, epoch: int, item: Any) -> _StagedEntry:
+    def _staged_entry(self, epoch: int, item: Any, schema: Any) -> _StagedEntry:
         if not isinstance(item, Mapping) or not isinstance(item.get("path"), str):
             raise self._refused(epoch, f"manifest entry {item!r} names no path")
         staged = self._resolve_staged(epoch, item["path"])
-        return _StagedEntry(staged, int(item.get("rows", 0)), int(item.get("bytes", 0)))
+        text = item.get("schema", schema)  # a file of another schema than its writer's
+        return _StagedEntry(staged, int(item.get("rows", 0)), int(item.get("bytes", 0)),
+                            _schema.decode(text) if isinstance(text, str) else None)
 
     def _resolve_staged(self, epoch: int, relative: str) -> Path:
         epoch_dir = self.layout.epoch_dir(epoch)
@@ -510,12 +597,10 @@ class ParquetSink(Sink):
         return MetaStoreError(f"{message}; refused, not followed", **self._error_fields(epoch))
 
 
-def _first_schema(manifests: Sequence[Manifest]) -> str | None:
-    for manifest in manifests:
-        schema = manifest.get("schema")
-        if isinstance(schema, str):
-            return schema
-    return None
+def _needs_cast(written: pa.Schema | None, schema: pa.Schema) -> bool:
+    """Whether a file written in ``written`` holds a column in a type narrower than the
+    directory's ``schema`` (it is then rewritten cast up)."""
+    return written is not None and not _schema.conformed(written, schema).equals(written)
 
 
 def _check_path(path: str | os.PathLike[str]) -> str:
@@ -561,6 +646,7 @@ class _FlushedFile:
     path: Path
     rows: int
     size: int
+    schema: pa.Schema
 
 
 class ParquetSinkWriter(SinkWriter):
@@ -570,8 +656,11 @@ class ParquetSinkWriter(SinkWriter):
     ``_raysink/staging/_writing/w<id>-<session>/`` and move into
     ``staging/<epoch>/<attempt>/`` at ``pre_commit``. ``open`` sweeps what an earlier
     incarnation of the same writer id left there. Within one epoch every batch must have
-    one schema (the sink's, when given): a differing batch raises ``SchemaMismatchError``
-    and is not kept; the writer stays usable.
+    one schema (the sink's, when given, and the directory's): a differing batch raises
+    ``SchemaMismatchError`` and is not kept; the writer stays usable. With
+    ``schema_evolution="add_columns"`` a batch may evolve the directory's schema
+    (``raysink._schema.evolve``; narrower types are cast up): a batch of another schema
+    than the one before closes the current file, and the manifest reports the union.
     """
 
     def __init__(self, sink: ParquetSink, writer_id: int) -> None:
@@ -586,6 +675,14 @@ class ParquetSinkWriter(SinkWriter):
         self._flushed: list[_FlushedFile] = []
         self._last: tuple[tuple[int, int], Manifest] | None = None
         self._opened = False
+        self._evolving = sink.schema_evolution == "add_columns"
+        if self._evolving:
+            self._schema = None  # the option is the directory's first schema, see table_schema
+        # the directory's schema, read at the epoch's first batch; the union of what the
+        # epoch wrote (add_columns)
+        self._target: pa.Schema | None = None
+        self._target_read = False
+        self._written: pa.Schema | None = None
 
     @property
     def _writing_dir(self) -> Path:
@@ -615,7 +712,12 @@ class ParquetSinkWriter(SinkWriter):
 
     def _conform(self, batch: pa.RecordBatch) -> pa.RecordBatch:
         """The batch in the epoch's schema; ``SchemaMismatchError`` when it cannot be."""
+        if not self._target_read:
+            self._target, self._target_read = self._sink.table_schema(), True
+        if self._evolving:
+            return self._evolve(batch)
         if self._schema is None:
+            self._check_directory(batch.schema)
             self._schema = batch.schema
             return batch
         if batch.schema.equals(self._schema, check_metadata=True):
@@ -627,6 +729,31 @@ class ParquetSinkWriter(SinkWriter):
                 f"{'; '.join(diffs)}; send one schema per epoch",
                 **self._sink._error_fields())
         return pa.RecordBatch.from_arrays(batch.columns, schema=self._schema)
+
+    def _check_directory(self, schema: pa.Schema) -> None:
+        """The epoch's first batch has the directory's columns and types (``fail``)."""
+        if self._target is None:
+            return
+        refused = _schema.refusal(self._target, schema, self._sink.evolution_rules(),
+                                  where=self._sink._error_fields())
+        if refused is not None:
+            raise refused
+
+    def _evolve(self, batch: pa.RecordBatch) -> pa.RecordBatch:
+        """``add_columns``: the batch must evolve the directory's schema; it is cast up to
+        the directory's wider types, and a change of schema closes the current file."""
+        if self._target is not None:
+            _schema.evolve(self._target, batch.schema, self._sink.evolution_rules(),
+                           where=self._sink._error_fields())
+            batch = _schema.conform(batch, self._target)
+        if self._schema is not None:
+            if batch.schema.equals(self._schema, check_metadata=False):
+                return pa.RecordBatch.from_arrays(batch.columns, schema=self._schema)
+            self.flush()  # one schema per file
+        written = [batch.schema] if self._written is None else [self._written, batch.schema]
+        self._written = _schema.union(written)
+        self._schema = batch.schema
+        return batch
 
     def _write_buffer(self, *, everything: bool = False) -> None:
         """Write full row groups of the buffer (with ``everything``, the remainder too)."""
@@ -669,7 +796,8 @@ class ParquetSinkWriter(SinkWriter):
         current.handle.close()
         os.replace(current.tmp, current.final)
         _fsync_dir(current.final.parent)
-        self._flushed.append(_FlushedFile(current.final, current.rows, size))
+        self._flushed.append(_FlushedFile(current.final, current.rows, size,
+                                          current.writer.schema))
 
     def flush(self) -> None:
         """Write buffered rows and close the current file: flushed rows are durable."""
@@ -684,7 +812,8 @@ class ParquetSinkWriter(SinkWriter):
         if self._last is not None and self._last[0] == (epoch, attempt):
             return self._last[1]
         self.flush()
-        files = self._stage_flushed(epoch, attempt)
+        schema = self._written if self._evolving else self._schema
+        files = self._stage_flushed(epoch, attempt, schema)
         manifest: Manifest = {
             "writer": self._writer_id,
             "epoch": epoch,
@@ -692,13 +821,20 @@ class ParquetSinkWriter(SinkWriter):
             "files": files,
             "rows": sum(f["rows"] for f in files),
             "bytes": sum(f["bytes"] for f in files),
-            "schema": None if self._schema is None else _schema.encode(self._schema),
+            "schema": None if schema is None else _schema.encode(schema),
         }
-        self._flushed, self._schema = [], self._sink.schema
+        self._flushed = []
+        self._new_epoch()
         self._last = ((epoch, attempt), manifest)
         return manifest
 
-    def _stage_flushed(self, epoch: int, attempt: int) -> list[dict[str, Any]]:
+    def _new_epoch(self) -> None:
+        """Forget the epoch's schemas: the next one starts from the directory's."""
+        self._schema = None if self._evolving else self._sink.schema
+        self._target, self._target_read, self._written = None, False, None
+
+    def _stage_flushed(self, epoch: int, attempt: int,
+                       schema: pa.Schema | None) -> list[dict[str, Any]]:
         if not self._flushed:
             return []
         target = self._layout.attempt_dir(epoch, attempt)
@@ -708,7 +844,11 @@ class ParquetSinkWriter(SinkWriter):
             name = staged_name(epoch, attempt, self._writer_id, flushed.path.stem) + ".parquet"
             os.replace(flushed.path, target / name)
             relative = (target / name).relative_to(self._layout.root).as_posix()
-            files.append({"path": relative, "rows": flushed.rows, "bytes": flushed.size})
+            entry: dict[str, Any] = {"path": relative, "rows": flushed.rows,
+                                     "bytes": flushed.size}
+            if schema is not None and not _schema.same(flushed.schema, schema):
+                entry["schema"] = _schema.encode(flushed.schema)
+            files.append(entry)
         _fsync_dir(target)
         _fsync_dir(self._writing_dir)
         return files
@@ -734,7 +874,7 @@ class ParquetSinkWriter(SinkWriter):
         for flushed in self._flushed:
             flushed.path.unlink(missing_ok=True)
         self._flushed, self._buffer, self._buffered_rows = [], [], 0
-        self._schema = self._sink.schema
+        self._new_epoch()
 
     def _drop_current(self) -> None:
         current, self._current = self._current, None

@@ -36,3 +36,4 @@ def meta(tmp_path: Path) -> str:
 @pytest.fixture
 def schema(pg_server: PostgresServer) -> Iterator[str]:
     yield from pg_schema(pg_server)
+

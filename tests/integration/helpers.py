@@ -50,6 +50,17 @@ def assert_exactly(path: str | Path, epochs: list[int], rows: int) -> None:
     assert not extra, f"rows from nowhere: {extra[:10]} ({len(extra)} in all)"
 
 
+def writer_owners(path: str | Path, column: str = "customer") -> dict[str, set[str]]:
+    """For each value of ``column`` in a Parquet directory, the writers (``-w<k>`` in the
+    file names) whose files hold it: keyed routing puts each key on one writer."""
+    owners: dict[str, set[str]] = {}
+    for fragment in ds.dataset(str(path), format="parquet").get_fragments():
+        writer = Path(fragment.path).name.split("-w")[1][:4]
+        for value in fragment.to_table(columns=[column]).column(0).to_pylist():
+            owners.setdefault(value, set()).add(writer)
+    return owners
+
+
 def run_in_thread(fn: Callable[[], Any]) -> tuple[threading.Thread, dict[str, Any]]:
     """Run ``fn`` in a daemon thread; its ``result`` or ``error`` lands in the returned box,
     and ``ended`` (``time.monotonic()``) once it returned either way."""

@@ -19,6 +19,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.dataset as ds
+import pytest
 from psycopg import sql
 
 from raysink.sinks.base import Manifest, Sink
@@ -38,6 +39,7 @@ __all__ = [
     "Target",
     "assert_ids_exact",
     "expected_ids",
+    "make_target",
     "pg_schema",
 ]
 
@@ -210,9 +212,12 @@ class ParquetTarget(_DirectoryTarget):
         return ParquetSink(str(self.path), **options)
 
     def table(self) -> pa.Table | None:
+        """Read in the directory's schema (its newest commit log entry's): files written
+        before a column was added read as nulls there."""
         if not self.path.is_dir():
             return None
-        return ds.dataset(str(self.path), format="parquet").to_table()
+        schema = ParquetSink(str(self.path)).table_schema()
+        return ds.dataset(str(self.path), schema=schema, format="parquet").to_table()
 
     def commit_epochs(self, runtime: str, sink: str = "main") -> list[int]:
         entries = [json.loads(p.read_text())
@@ -324,3 +329,18 @@ def pg_schema(pg: PostgresServer) -> Iterator[str]:
         pg.execute(sql.SQL("ROLLBACK PREPARED {}").format(sql.Literal(gid)).as_string(None),
                    dbname="raysink")
     pg.execute(f'DROP SCHEMA "{name}" CASCADE', dbname="raysink")
+
+
+def make_target(kind: str, root: Path, request: pytest.FixtureRequest,
+                monkeypatch: pytest.MonkeyPatch) -> Target:
+    """A real target of ``kind`` (``parquet``, ``delta``, ``iceberg``, ``list``, or
+    ``postgres``/``postgres-<method>``) under ``root``; PostgreSQL in a fresh schema."""
+    if kind == "iceberg":
+        monkeypatch.chdir(root)  # the default catalog lives under <cwd>/.raysink
+        return IcebergTarget(root)
+    if kind.startswith("postgres"):
+        return PostgresTarget(request.getfixturevalue("pg_server"),
+                              request.getfixturevalue("schema"))
+    kinds: dict[str, type[ParquetTarget | DeltaTarget | ListTarget]] = {
+        "parquet": ParquetTarget, "delta": DeltaTarget, "list": ListTarget}
+    return kinds[kind](root / kind)

@@ -19,13 +19,10 @@ from raysink import SinkRuntime
 from raysink.datasink import EpochDatasink
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import (
-    DeltaTarget,
-    IcebergTarget,
-    ListTarget,
     ParquetTarget,
-    PostgresTarget,
     Target,
     assert_ids_exact,
+    make_target,
 )
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -48,17 +45,7 @@ def _ids(target: Target) -> list[int]:
 @pytest.fixture(params=["parquet", "delta", "iceberg", "postgres", "list"])
 def target(request: pytest.FixtureRequest, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Target:
-    kind = str(request.param)
-    if kind == "iceberg":
-        monkeypatch.chdir(tmp_path)  # the default catalog lives under <cwd>/.raysink
-        return IcebergTarget(tmp_path)
-    if kind == "postgres":
-        return PostgresTarget(request.getfixturevalue("pg_server"),
-                              request.getfixturevalue("schema"))
-    kinds: dict[str, type[Any]] = {"parquet": ParquetTarget, "delta": DeltaTarget,
-                                   "list": ListTarget}
-    made: Target = kinds[kind](tmp_path / "table")
-    return made
+    return make_target(str(request.param), tmp_path, request, monkeypatch)
 
 
 def test_a_dataset_is_one_epoch_and_a_rerun_is_skipped(target: Target, tmp_path: Path,

@@ -12,14 +12,13 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
-import pyarrow.dataset as ds
 import pytest
 import ray
 
 from raysink import EpochFailedError, Feed, SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table, read_ids
+from tests.integration.helpers import assert_exactly, epoch_table, read_ids, writer_owners
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -100,12 +99,7 @@ def test_keyed_feeds_put_each_key_on_its_writer(tmp_path: Path) -> None:
         ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
         assert ep.commit().rows == ROWS
         assert rt.write_arrow(epoch_table(2, ROWS)).committed  # the driver's own path
-    owners: dict[str, set[str]] = {}
-    data = ds.dataset(str(tmp_path / "table"), format="parquet")
-    for fragment in data.get_fragments():
-        writer = Path(fragment.path).name.split("-w")[1][:4]
-        for customer in set(fragment.to_table(columns=["customer"]).column(0).to_pylist()):
-            owners.setdefault(customer, set()).add(writer)
+    owners = writer_owners(tmp_path / "table")
     assert owners and all(len(w) == 1 for w in owners.values()), owners
     assert_exactly(tmp_path / "table", [1, 2], ROWS)
 

@@ -16,8 +16,6 @@ same runtime name and sinks with an empty one:
 
 from __future__ import annotations
 
-import uuid
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -25,17 +23,14 @@ import pytest
 
 from raysink import SinkRuntime
 from raysink.errors import ConfigError, RaySinkError
-from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
-from raysink.testing import disarm_faults
-from tests.integration.helpers import epoch_table, read_ids
+from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import (
     DeltaTarget,
-    IcebergTarget,
-    PostgresTarget,
+    ParquetTarget,
     Target,
     assert_ids_exact,
-    pg_schema,
+    make_target,
 )
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
@@ -44,42 +39,9 @@ ROWS = 200
 KINDS = ["parquet", "delta", "iceberg", "postgres"]
 
 
-class ParquetTarget(Target):
-    kind = "parquet"
-
-    def __init__(self, path: Path) -> None:
-        self.path = path
-
-    def sink(self, **options: Any) -> Sink:
-        return ParquetSink(str(self.path), **options)
-
-    def ids(self) -> list[int]:
-        return read_ids(self.path)
-
-
-@pytest.fixture
-def schema(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from pg_schema(request.getfixturevalue("pg_server"))
-
-
-@pytest.fixture
-def name() -> Iterator[str]:
-    runtime = f"fresh-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
 def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
             monkeypatch: pytest.MonkeyPatch) -> Target:
-    if kind == "parquet":
-        return ParquetTarget(tmp_path / "parquet")
-    if kind == "delta":
-        return DeltaTarget(tmp_path / "delta")
-    if kind == "iceberg":
-        monkeypatch.chdir(tmp_path)  # the default catalog lives under <cwd>/.raysink
-        return IcebergTarget(tmp_path)
-    return PostgresTarget(request.getfixturevalue("pg_server"),
-                          request.getfixturevalue("schema"))
+    return make_target(kind, tmp_path, request, monkeypatch)
 
 
 def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any) -> SinkRuntime:

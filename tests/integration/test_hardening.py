@@ -10,9 +10,9 @@ from __future__ import annotations
 import glob
 import os
 import random
+import shutil
 import time
-import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,7 @@ from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BackpressureError, RaySinkError
 from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
-from raysink.testing import FailingSink, arm_fault, disarm_faults, fired
+from raysink.testing import FailingSink, arm_fault, fault_dir, fired
 from tests.integration.helpers import (
     assert_exactly,
     epoch_table,
@@ -38,30 +38,12 @@ from tests.integration.real_targets import (
     DeltaTarget,
     PostgresTarget,
     assert_ids_exact,
-    pg_schema,
 )
 from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 ROWS = 300
-
-
-@pytest.fixture
-def name() -> Iterator[str]:
-    runtime = f"hard-{uuid.uuid4().hex[:8]}"
-    yield runtime
-    disarm_faults(runtime)
-
-
-@pytest.fixture
-def meta(tmp_path: Path) -> str:
-    return f"sqlite:///{tmp_path / 'meta.db'}"
-
-
-@pytest.fixture
-def schema(request: pytest.FixtureRequest) -> Iterator[str]:
-    yield from pg_schema(request.getfixturevalue("pg_server"))
 
 
 def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any) -> SinkRuntime:
@@ -129,12 +111,17 @@ def test_close_disconnects_from_postgres(pg_server: PostgresServer, schema: str,
     """Connections end with a proper goodbye, not with the process: PostgreSQL logs an
     "unexpected EOF" for every client that died without closing."""
     target = PostgresTarget(pg_server, schema)
+    # an idle client's EOF is logged at DEBUG1 only: log it, or this cannot fail
+    pg_server.execute("ALTER ROLE raysink SET log_min_messages = 'debug1'")
     log_file = Path(pg_server.log_file)
     before = log_file.read_text(errors="replace").count("unexpected EOF")
-    with _runtime(name, target.sink(), meta, writers=2) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS)).committed
-    time.sleep(1.0)  # let the server log what it saw
-    after = log_file.read_text(errors="replace").count("unexpected EOF")
+    try:
+        with _runtime(name, target.sink(), meta, writers=2) as rt:
+            assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        time.sleep(1.0)  # let the server log what it saw
+        after = log_file.read_text(errors="replace").count("unexpected EOF")
+    finally:
+        pg_server.execute("ALTER ROLE raysink RESET log_min_messages")
     assert after == before, log_file.read_text(errors="replace")[-2000:]
     assert_ids_exact(target.ids(), [1], ROWS)
 
@@ -182,7 +169,8 @@ def test_postgres_stopped_after_the_decision_delta_commits_meanwhile(
     PostgreSQL is down (stalled, with the error); once the server is back the prepared
     transactions commit. Both exact."""
     delta, pg = DeltaTarget(tmp_path / "delta"), PostgresTarget(pg_server, schema)
-    with _runtime(name, {"lake": delta.sink(), "db": pg.sink()}, meta,
+    # PostgreSQL first: one shared commit loop in sink order would block Delta behind it
+    with _runtime(name, {"db": pg.sink(), "lake": delta.sink()}, meta,
                   commit_timeout=120) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,
@@ -277,6 +265,11 @@ def test_a_restarting_coordinator_is_waited_for(tmp_path: Path, name: str, meta:
 # ----------------------------------------------------------------------------- fault hooks
 
 
+@ray.remote
+def _cwd() -> str:
+    return os.getcwd()
+
+
 def test_actors_without_the_opt_in_ignore_arm_files(tmp_path: Path, name: str,
                                                     meta: str) -> None:
     """Kills armed for this runtime fire in actors started with ``RAYSINK_FAULT_DIR``; the
@@ -284,9 +277,19 @@ def test_actors_without_the_opt_in_ignore_arm_files(tmp_path: Path, name: str,
     arm_fault(name, "writer.during_write", action="kill", times=5)
     arm_fault(name, "coordinator.after_open", action="kill", times=5)
     off = {"runtime_env": {"env_vars": {"RAYSINK_FAULT_DIR": ""}}}
-    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, actor_options=off) as rt:
-        report = rt.write_arrow(epoch_table(1, ROWS))
-        assert (report.committed, report.attempts) == (True, 1)
+    # the same arms also where an empty setting would point (the actors' working
+    # directory): only a real opt-in check keeps the actors alive
+    cwd = Path(ray.get(_cwd.options(**off).remote()))
+    planted = [Path(shutil.copy(arm, cwd / arm.name))
+               for arm in Path(fault_dir()).glob(f"{name}--*.json")]
+    assert planted
+    try:
+        with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, actor_options=off) as rt:
+            report = rt.write_arrow(epoch_table(1, ROWS))
+            assert (report.committed, report.attempts) == (True, 1)
+    finally:
+        for arm in planted:
+            arm.unlink(missing_ok=True)
     assert not fired(name, "writer.during_write")
     assert not fired(name, "coordinator.after_open")
     assert_exactly(tmp_path / "pq", [1], ROWS)

@@ -30,6 +30,7 @@ from raysink.errors import ConfigError, DataLossError, SchemaMismatchError, Sink
 from raysink.sinks.base import Manifest
 from raysink.sinks.postgres import PostgresSink, arrow_to_postgres_type
 from tests.support.postgres import PostgresServer
+from tests.support.staging import stage_writers
 
 METHODS = ["prepared", "staging"]
 pytestmark = pytest.mark.timeout(120)
@@ -47,17 +48,7 @@ def batch(ids: Sequence[int | None], values: Sequence[Any] | None = None) -> pa.
 
 def stage_epoch(sink: PostgresSink, epoch: int, per_writer: dict[int, list[pa.RecordBatch]],
                 attempt: int = 0) -> list[Manifest]:
-    """Open one writer per key, write its batches, pre-commit; returns the manifests."""
-    manifests = []
-    for writer_id, batches in per_writer.items():
-        writer = sink.create_writer(writer_id)
-        writer.open()
-        for b in batches:
-            writer.write(b)
-        manifests.append(writer.pre_commit(epoch, attempt))
-        writer.close()
-    json.dumps(manifests)  # the meta store keeps manifests as JSON
-    return manifests
+    return stage_writers(sink, epoch, per_writer, attempt)
 
 
 def rows(pg: PostgresServer, schema: str, table: str = "events",
@@ -281,7 +272,7 @@ def test_table_whose_columns_disagree(pg_server: PostgresServer, schema: str) ->
         wrong_type.validate()
     writer = make_sink(pg_server, schema).create_writer(0)
     writer.open()
-    with pytest.raises(SchemaMismatchError, match="not in table"):
+    with pytest.raises(SchemaMismatchError, match="not in the table"):
         writer.write(batch([1]))
     writer.close()
 

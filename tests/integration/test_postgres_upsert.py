@@ -23,6 +23,7 @@ from raysink.errors import SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest
 from raysink.sinks.postgres import PostgresSink, _prepared
 from tests.support.postgres import PostgresServer, pg_server
+from tests.support.staging import stage_writers
 
 __all__ = ["pg_server"]
 
@@ -73,15 +74,7 @@ def _apply(model: dict[int, str], batches: list[pa.RecordBatch]) -> None:
 
 def _stage(sink: PostgresSink, epoch: int, per_writer: dict[int, list[pa.RecordBatch]],
            attempt: int = 0) -> list[Manifest]:
-    manifests = []
-    for writer_id, batches in per_writer.items():
-        writer = sink.create_writer(writer_id)
-        writer.open()
-        for batch in batches:
-            writer.write(batch)
-        manifests.append(writer.pre_commit(epoch, attempt))
-        writer.close()
-    return manifests
+    return stage_writers(sink, epoch, per_writer, attempt)
 
 
 def _split(batches: list[pa.RecordBatch]) -> dict[int, list[pa.RecordBatch]]:

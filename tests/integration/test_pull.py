@@ -22,7 +22,7 @@ from raysink import SinkRuntime
 from raysink._pull import Pull, resolve
 from raysink.errors import SinkUnavailableError
 from raysink.sinks import ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table
+from tests.integration.helpers import assert_exactly, epoch_table, writer_owners
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -104,15 +104,11 @@ def test_keyed_pulls_route_like_write_arrow(tmp_path: Path) -> None:
         local = rt.write_arrow(epoch_table(2, 3000))  # the same 37 customers
     assert not flag.exists()
     assert pulled.committed and local.committed
-    owners: dict[str, set[str]] = {}
-    data = ds.dataset(str(tmp_path / "table"), format="parquet")
-    for fragment in data.get_fragments():
-        writer = Path(fragment.path).name.split("-w")[1][:4]
-        for customer in fragment.to_table(columns=["customer"]).column(0).to_pylist():
-            owners.setdefault(customer, set()).add(writer)
+    owners = writer_owners(tmp_path / "table")
     assert len(owners) == 37
     assert all(len(w) == 1 for w in owners.values()), owners  # by pull or not, one writer
     assert len(set().union(*owners.values())) == 3
     assert_exactly(tmp_path / "table", [1, 2], 3000)
+    data = ds.dataset(str(tmp_path / "table"), format="parquet")
     counts = Counter(data.to_table(columns=["customer"]).column(0).to_pylist())
     assert sum(counts.values()) == 6000

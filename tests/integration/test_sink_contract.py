@@ -24,12 +24,8 @@ from raysink.errors import DataLossError
 from raysink.sinks.base import CommitResult, Manifest, Sink
 from raysink.testing import InjectedFault, arm_fault, fired
 from tests.integration.real_targets import (
-    DeltaTarget,
-    IcebergTarget,
-    ListTarget,
-    ParquetTarget,
-    PostgresTarget,
     Target,
+    make_target,
 )
 
 pytestmark = pytest.mark.timeout(120)
@@ -98,16 +94,7 @@ def rig(request: pytest.FixtureRequest, tmp_path: Path, name: str,
         monkeypatch: pytest.MonkeyPatch) -> Iterator[Rig]:
     kind, root = str(request.param), tmp_path / "target"
     root.mkdir()
-    target: Target
-    if kind == "iceberg":
-        monkeypatch.chdir(root)  # the default catalog lives under <cwd>/.raysink
-        target = IcebergTarget(root)
-    elif kind.startswith("postgres"):
-        target = PostgresTarget(request.getfixturevalue("pg_server"),
-                                request.getfixturevalue("schema"))
-    else:
-        target = {"parquet": ParquetTarget, "delta": DeltaTarget, "list": ListTarget}[kind](
-            root / "table")
+    target = make_target(kind, root, request, monkeypatch)
     options = {"method": kind.split("-")[1]} if kind.startswith("postgres") else {}
     sink = target.sink(**options).bind(name, "main")
     yield Rig(kind, sink, target, root)

@@ -12,7 +12,6 @@ This module has its own RayDP session: the kill leaves it changed for good.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 
 import pyarrow.dataset as ds
@@ -21,7 +20,6 @@ from pyspark.sql import DataFrame, SparkSession
 
 from raysink import SinkRuntime
 from raysink.sinks import ParquetSink
-from raysink.spark import init_spark, stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
 from tests.chaos.faults import kill_executor
 from tests.integration.helpers import run_in_thread, wait_fired
@@ -29,16 +27,6 @@ from tests.integration.helpers import run_in_thread, wait_fired
 pytestmark = pytest.mark.timeout(420)
 
 NAME = "sw-pullkill"
-
-
-@pytest.fixture(scope="module")
-def spark(ray_session: None) -> Iterator[SparkSession]:
-    session = init_spark(
-        "raysink-test-pull-kill", executors=2, executor_cores=1, executor_memory="1g",
-        configs={"spark.ui.showConsoleProgress": "false", "spark.ui.enabled": "false"})
-    session.sparkContext.setLogLevel("ERROR")
-    yield session
-    stop_spark()
 
 
 def _ids(spark: SparkSession, start: int, end: int, partitions: int) -> DataFrame:

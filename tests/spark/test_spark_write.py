@@ -26,6 +26,7 @@ from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
 from raysink.spark import stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
+from tests.integration.helpers import writer_owners
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -168,12 +169,7 @@ def test_keyed_rows_land_on_one_writer_each(spark: SparkSession, tmp_path: Path)
         rt.write(df)
         rt.write(df.selectExpr("id + 6000 AS id", "customer", "amount"))
         rt.write_arrow(local)
-    owners: dict[str, set[str]] = {}
-    data = ds.dataset(str(tmp_path / "table"), format="parquet")
-    for fragment in data.get_fragments():
-        writer = Path(fragment.path).name.split("-w")[1][:4]
-        for customer in fragment.to_table(columns=["customer"]).column(0).to_pylist():
-            owners.setdefault(customer, set()).add(writer)
+    owners = writer_owners(tmp_path / "table")
     assert len(owners) == 53
     assert all(len(w) == 1 for w in owners.values()), owners
     assert len(set().union(*owners.values())) == 3  # every writer got some keys
@@ -313,6 +309,61 @@ def test_a_second_query_needs_epoch_offset(spark: SparkSession, tmp_path: Path) 
         assert rt.status().last_committed_epoch == 3  # batch 0 + 1 + offset 2
     expected = spark.read.schema("id long, s string").parquet(str(first_in), str(second_in))
     assert_same_rows(expected, tmp_path / "table")
+
+
+# --- schema evolution: a DataFrame adding a column ------------------------------------
+
+
+def _evolved_rows(spark: SparkSession, path: Path) -> list[tuple[Any, ...]]:
+    """The Parquet directory read by Spark with schema merging, as ``(id, s, extra)``."""
+    got = spark.read.option("mergeSchema", "true").parquet(str(path))
+    assert got.columns == ["id", "s", "extra"]
+    return sorted((r.id, r.s, r.extra) for r in got.collect())
+
+
+def _expected_rows(ranges: list[tuple[int, int, bool]]) -> list[tuple[Any, ...]]:
+    return sorted((i, str(i), i * 2 if extra else None)
+                  for start, stop, extra in ranges for i in range(start, stop))
+
+
+def test_write_a_dataframe_adding_a_column(spark: SparkSession, tmp_path: Path) -> None:
+    """``write(df)`` twice, the second DataFrame with a new column: the Parquet directory
+    (``add_columns``) takes it; read back through Spark with schema merging and through the
+    library (``pyarrow.dataset`` in the directory's schema)."""
+    sink = ParquetSink(str(tmp_path / "table"), schema_evolution="add_columns")
+    base = spark.range(0, 100, 1, 2).selectExpr("id", "CAST(id AS STRING) AS s")
+    with _runtime(tmp_path, "sw-evolve", sink=sink) as rt:
+        assert rt.write(base.where("id < 50")).committed
+        assert rt.write(base.where("id >= 50").selectExpr("*", "id * 2 AS extra")).committed
+    want = _expected_rows([(0, 50, False), (50, 100, True)])
+    assert _evolved_rows(spark, tmp_path / "table") == want
+    table = ds.dataset(str(tmp_path / "table"), schema=sink.table_schema()).to_table()
+    assert sorted(zip(*(table.column(c).to_pylist() for c in ("id", "s", "extra")),
+                      strict=True)) == want
+
+
+def test_foreach_batch_adding_a_column(spark: SparkSession, tmp_path: Path) -> None:
+    """A stream whose second micro-batch carries a new column (the batch function adds
+    it): the table evolves with that batch's epoch."""
+    source = tmp_path / "in"
+    for index in range(2):
+        _feed_file(source, index, 20)
+    sink = ParquetSink(str(tmp_path / "table"), schema_evolution="add_columns")
+    with _runtime(tmp_path, "sw-evolve-stream", sink=sink) as rt:
+        def batch(df: DataFrame, batch_id: int) -> None:
+            rt.foreach_batch(df.selectExpr("*", "id * 2 AS extra") if batch_id else df,
+                             batch_id)
+
+        query = (spark.readStream.schema("id long, s string").option("maxFilesPerTrigger", 1)
+                 .parquet(str(source)).writeStream.foreachBatch(batch)
+                 .option("checkpointLocation", str(tmp_path / "ck"))
+                 .trigger(availableNow=True).start())
+        query.awaitTermination(timeout=240)
+        assert query.exception() is None
+        assert rt.status().last_committed_epoch == 2
+    got = _evolved_rows(spark, tmp_path / "table")
+    assert got == sorted((i, f"r{i}", i * 2 if i >= 1000 else None)
+                         for i in [*range(20), *range(1000, 1020)])
 
 
 # --- last in the module: it stops the module's Spark session --------------------------

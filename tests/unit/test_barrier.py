@@ -1,4 +1,4 @@
-"""CheckpointBarrier, StreamMessage and BarrierInjector (cases after LaminarDB's barrier.rs)."""
+"""CheckpointBarrier and BarrierInjector (cases after LaminarDB's barrier.rs)."""
 
 from __future__ import annotations
 
@@ -12,17 +12,9 @@ import pytest
 
 from raysink.coordinator.barrier import (
     MAX_ID,
-    Barrier,
     BarrierFlags,
     BarrierInjector,
     CheckpointBarrier,
-    Event,
-    StreamMessage,
-    Watermark,
-    as_barrier,
-    is_barrier,
-    is_event,
-    is_watermark,
 )
 from raysink.errors import ConfigError
 
@@ -30,19 +22,17 @@ F = BarrierFlags
 
 
 @pytest.mark.parametrize(
-    ("flags", "drain", "cancel", "unaligned"),
+    ("flags", "drain", "cancel"),
     [
-        (F.NONE, False, False, False),  # plain barrier asks for nothing
-        (F.DRAIN, True, False, False),  # last barrier before shutdown
-        (F.CANCEL, False, True, False),  # cancels its checkpoint
-        (F.UNALIGNED, False, False, True),  # seed: UNALIGNED alone, nothing else set
-        (F.DRAIN | F.CANCEL, True, True, False),  # flags combine
-        (F.DRAIN | F.CANCEL | F.UNALIGNED, True, True, True),  # all
+        (F.NONE, False, False),  # plain barrier asks for nothing
+        (F.DRAIN, True, False),  # last barrier before shutdown
+        (F.CANCEL, False, True),  # cancels its checkpoint
+        (F.DRAIN | F.CANCEL, True, True),  # flags combine
     ],
 )
-def test_flag_properties(flags: BarrierFlags, drain: bool, cancel: bool, unaligned: bool) -> None:
+def test_flag_properties(flags: BarrierFlags, drain: bool, cancel: bool) -> None:
     barrier = CheckpointBarrier(1, 1, flags)
-    assert (barrier.is_drain, barrier.is_cancel, barrier.is_unaligned) == (drain, cancel, unaligned)
+    assert (barrier.is_drain, barrier.is_cancel) == (drain, cancel)
 
 
 def test_defaults() -> None:
@@ -51,11 +41,11 @@ def test_defaults() -> None:
 
 
 def test_int_flags_are_coerced_and_with_flags_adds() -> None:
-    barrier = CheckpointBarrier(1, 2, 6)  # type: ignore[arg-type]
-    assert barrier.flags == F.DRAIN | F.CANCEL
+    barrier = CheckpointBarrier(1, 2, 4)  # type: ignore[arg-type]
+    assert barrier.flags == F.CANCEL
     assert isinstance(barrier.flags, BarrierFlags)
-    assert barrier.with_flags(F.UNALIGNED).flags == F.DRAIN | F.CANCEL | F.UNALIGNED
-    assert barrier.flags == F.DRAIN | F.CANCEL  # the original is unchanged
+    assert barrier.with_flags(F.DRAIN).flags == F.DRAIN | F.CANCEL
+    assert barrier.flags == F.CANCEL  # the original is unchanged
 
 
 @pytest.mark.parametrize(
@@ -86,29 +76,6 @@ def test_barrier_is_frozen_hashable_and_picklable() -> None:
     assert {barrier, CheckpointBarrier(7, 9, F.DRAIN | F.CANCEL)} == {barrier}
     clone = pickle.loads(pickle.dumps(barrier))
     assert clone == barrier and clone.flags is barrier.flags
-
-
-def test_stream_message_variants() -> None:
-    # Seed case: each variant answers its own predicate only; as_barrier extracts.
-    event: StreamMessage[str] = Event("hello")
-    watermark: StreamMessage[str] = Watermark(1000)
-    barrier: StreamMessage[str] = Barrier(CheckpointBarrier(1, 1))
-    assert (is_event(event), is_watermark(event), is_barrier(event)) == (True, False, False)
-    assert (is_event(watermark), is_watermark(watermark), is_barrier(watermark)) == (
-        False,
-        True,
-        False,
-    )
-    assert (is_event(barrier), is_watermark(barrier), is_barrier(barrier)) == (False, False, True)
-    assert as_barrier(barrier) == CheckpointBarrier(1, 1)
-    assert as_barrier(event) is None and as_barrier(watermark) is None
-
-
-def test_messages_pickle_and_watermarks_validate() -> None:
-    messages: list[StreamMessage[int]] = [Event(5), Watermark(-3), Barrier(CheckpointBarrier(0, 0))]
-    assert pickle.loads(pickle.dumps(messages)) == messages
-    with pytest.raises(ConfigError):
-        Watermark(1.5)  # type: ignore[arg-type]
 
 
 def test_poll_without_trigger_returns_none() -> None:

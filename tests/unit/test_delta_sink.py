@@ -26,26 +26,14 @@ from raysink.errors import (  # noqa: E402
     SinkUnavailableError,
 )
 from raysink.sinks import delta as delta_module  # noqa: E402
-from raysink.sinks.base import Manifest  # noqa: E402
 from raysink.sinks.delta import DeltaSink  # noqa: E402
+from tests.support.staging import stage_writers as stage  # noqa: E402
 
 
 def sink_at(path: Path, **options: Any) -> DeltaSink:
     return DeltaSink(str(path), **options).bind("rt", "main")
 
 
-def stage(sink: DeltaSink, epoch: int, per_writer: Sequence[Sequence[pa.RecordBatch]],
-          attempt: int = 1) -> list[Manifest]:
-    """Each writer k writes per_writer[k] and pre-commits (epoch, attempt)."""
-    manifests = []
-    for k, batches in enumerate(per_writer):
-        writer = sink.create_writer(k)
-        writer.open()
-        for batch in batches:
-            writer.write(batch)
-        manifests.append(writer.pre_commit(epoch, attempt))
-        writer.close()
-    return manifests
 
 
 def batch(ids: Sequence[int], values: Sequence[str] | None = None) -> pa.RecordBatch:

@@ -9,6 +9,8 @@ from pathlib import Path
 import pyarrow as pa
 import pytest
 
+from raysink import _schema
+from raysink._schema import SchemaEvolution
 from raysink.coordinator.epochs import (
     CommitOutcome,
     EpochCoordinator,
@@ -25,6 +27,7 @@ from raysink.errors import (
     DataLossError,
     EpochRegressionError,
     FencedError,
+    SchemaMismatchError,
     SinkUnavailableError,
 )
 from raysink.testing import InMemoryMetaStore
@@ -51,17 +54,21 @@ class Harness:
     (a SQLite file: what survives is what reached the file)."""
 
     def __init__(self, sinks: tuple[str, ...] = ("a", "b"), max_pending: int = 2,
-                 open_store: Callable[[], MetaStore] | None = None) -> None:
+                 open_store: Callable[[], MetaStore] | None = None,
+                 evolution: dict[str, SchemaEvolution] | None = None) -> None:
         self.open_store = open_store
         self.store: MetaStore = open_store() if open_store else InMemoryMetaStore()
         self.targets = {name: MemoryTarget() for name in sinks}
         self.max_pending = max_pending
         self.epoch_offset: int | None = None
+        self.evolution = dict(evolution or {})  # a sink's schema_evolution, "fail" if absent
         self.writers = WRITERS  # the layout a (re)started coordinator gets (rescale)
         self.core = self.boot()
 
     def boot(self) -> EpochCoordinator:
         sinks = {n: MemorySink(t).bind(RUNTIME, n) for n, t in self.targets.items()}
+        for name, sink in sinks.items():
+            sink.schema_evolution = self.evolution.get(name, "fail")
         record = self.store.claim(RUNTIME, {n: "memory" for n in sinks})
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
@@ -444,3 +451,84 @@ def test_a_sink_ahead_of_a_stalled_one_survives_a_crash() -> None:
     assert h.core.last_committed == 2
     _visible_once(h, [1, 2])
     assert h.targets["a"].commits == 2 and h.targets["b"].commits == 2
+
+
+# --------------------------------------------------------------------------- schemas
+
+
+_OLD = pa.schema([("v", pa.int64())])
+_NEW = pa.schema([("v", pa.int64()), ("extra", pa.string())])
+
+
+def with_schema(request: CommitRequest, schema: pa.Schema) -> CommitRequest:
+    """``request`` reporting ``schema`` (what its writer's batches had, as the writer actor
+    reports it) in itself and in its manifest."""
+    text = _schema.encode(schema)
+    manifest = dict(request.manifest or {}, schema=text)
+    return CommitRequest(sink=request.sink, writer=request.writer, epoch=request.epoch,
+                         attempt=request.attempt, manifest=manifest,  # type: ignore[arg-type]
+                         schema=text)
+
+
+def _with_schemas(requests: list[CommitRequest], schemas: list[pa.Schema]
+                  ) -> list[CommitRequest]:
+    """Writer k of each sink reporting ``schemas[k]``."""
+    return [with_schema(r, schemas[r.writer]) for r in requests]
+
+
+def _evolving(h: Harness, evolution: SchemaEvolution = "add_columns") -> Harness:
+    for name, sink in h.core.sinks.items():
+        h.evolution[name] = sink.schema_evolution = evolution
+    return h
+
+
+def _gather(h: Harness, epoch: int, schemas: list[pa.Schema]) -> int:
+    decision = h.core.open_epoch(epoch)
+    h.core.gather(epoch, decision.attempt,
+                  _with_schemas(h.requests(epoch, decision.attempt), schemas))
+    return decision.attempt
+
+
+def test_writers_disagreeing_on_the_schema_are_refused_without_add_columns() -> None:
+    h = _evolving(Harness(sinks=("a",)), "fail")
+    with pytest.raises(SchemaMismatchError, match="schema_evolution='add_columns'"):
+        _gather(h, 1, [_OLD, _NEW])
+    assert h.core.epoch_state(1) is EpochState.OPEN  # recorded OPEN, never decided
+    assert not h.core.persist_pending(1, 0)
+
+
+def test_writers_disagreeing_commit_the_union_with_add_columns() -> None:
+    """One writer saw the new column, one did not: the epoch's schema is the union."""
+    h = _evolving(Harness(sinks=("a",)))
+    attempt = _gather(h, 1, [_OLD, _NEW])
+    assert _schema.decode(h.core._epochs[1].schemas["a"]).names == ["v", "extra"]
+    assert h.core.persist_pending(1, attempt)
+    h.commit_all()
+    assert h.core.last_committed == 1
+
+
+def test_writers_without_a_union_are_refused_naming_the_column() -> None:
+    h = _evolving(Harness(sinks=("a",)))
+    with pytest.raises(SchemaMismatchError, match=r"writers of one epoch disagree.*'v'") as info:
+        _gather(h, 1, [_OLD, pa.schema([("v", pa.string())])])
+    assert info.value.column == "v" and info.value.epoch == 1
+
+
+@pytest.mark.parametrize("crash", [False, True])
+def test_an_epoch_is_checked_against_the_epochs_decided_before_it(crash: bool) -> None:
+    """Epoch 1 (decided, not yet committed: its change has not reached the target, so
+    epoch 2's writers could not see it) added ``extra`` as a string; epoch 2 sending it as
+    an integer is refused before it is decided, also after a coordinator restart (the
+    decided schema is read back from the manifests)."""
+    h = _evolving(Harness(sinks=("a",)))
+    assert h.core.persist_pending(1, _gather(h, 1, [_NEW, _NEW]))
+    if crash:
+        h.crash()
+    conflicting = pa.schema([("v", pa.int64()), ("extra", pa.int64())])
+    with pytest.raises(SchemaMismatchError, match="'extra'") as info:
+        _gather(h, 2, [conflicting, conflicting])
+    assert info.value.column == "extra" and info.value.epoch == 2
+    h.commit_all()
+    assert h.core.persist_pending(2, _gather(h, 2, [_OLD, _NEW]))  # nulls are fine
+    h.commit_all()
+    assert h.core.last_committed == 2

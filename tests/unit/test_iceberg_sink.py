@@ -26,8 +26,8 @@ from raysink.errors import (
     SinkUnavailableError,
 )
 from raysink.sinks import iceberg as iceberg_module
-from raysink.sinks.base import Manifest
 from raysink.sinks.iceberg import EPOCH_PROPERTY, SINK_PROPERTY, IcebergSink
+from tests.support.staging import stage_writers as stage
 
 IDENT = "ns.events"
 
@@ -41,17 +41,6 @@ def sink_at(root: Path, name: str = "main") -> IcebergSink:
     return IcebergSink(IDENT, catalog=catalog_props(root)).bind("rt", name)
 
 
-def stage(sink: IcebergSink, epoch: int, per_writer: Sequence[Sequence[pa.RecordBatch]],
-          attempt: int = 1) -> list[Manifest]:
-    manifests = []
-    for k, batches in enumerate(per_writer):
-        writer = sink.create_writer(k)
-        writer.open()
-        for b in batches:
-            writer.write(b)
-        manifests.append(writer.pre_commit(epoch, attempt))
-        writer.close()
-    return manifests
 
 
 def batch(ids: Sequence[int]) -> pa.RecordBatch:

@@ -19,7 +19,7 @@ One meta store may hold many runtimes; every record is keyed by runtime name. Re
 
 Every write names the coordinator ``generation`` that makes it; a write from an older
 generation than the runtime's current one raises ``FencedError`` and changes nothing.
-ManifestJSONs and layouts are stored as JSON text, never pickle; a row that does not decode
+Manifests and layouts are stored as JSON text, never pickle; a row that does not decode
 raises ``MetaStoreError``.
 """
 

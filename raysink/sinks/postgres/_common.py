@@ -11,7 +11,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal
 
-from raysink.errors import ConfigError, SchemaMismatchError, SinkUnavailableError
+from raysink.errors import ConfigError, DataLossError, SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest
 
 if TYPE_CHECKING:
@@ -316,16 +316,43 @@ def _has_progress_row(conn: psycopg.Connection[Any], t: _Target, epoch: int, wri
 def _ensure_target(sink: PostgresSink, conn: psycopg.Connection[Any], t: _Target,
                    manifests: Sequence[Manifest]) -> bool:
     """The target exists, or is created now from the column types a writer saw (an
-    empty epoch's); ``False`` when it is missing and no writer saw a schema."""
+    empty epoch's; with ``add_columns``, of the union of the writers' schemas); ``False``
+    when it is missing and no writer saw a schema. With ``add_columns`` a target missing
+    after an epoch was committed to it is a ``DataLossError`` (its writers never create
+    it)."""
     if t.regclass(conn, sink.table):
         return True
-    types = next((dict(found) for m in manifests if (found := m.get("types"))), None)
+    types = _target_types(manifests)
     if types is None:
         return False
     if not sink.create_table:
         raise sink._err(SinkUnavailableError, f"table {sink.schema}.{sink.table} does not "
                         "exist and create_table=False")
+    if sink.evolving and _has_epoch_rows(conn, t):
+        raise sink._err(DataLossError, f"target table {sink.schema}.{sink.table} was deleted "
+                        "after raysink committed to it; restore it (not re-created)")
     t.lock(conn)
     t.create_target(conn, types, sink.key)
     return True
 
+
+def _target_types(manifests: Sequence[Manifest]) -> dict[str, str] | None:
+    """The column types to create a missing target with: the union of the writers'
+    schemas where they reported one (``add_columns``), else the first writer's types."""
+    from raysink import _schema
+
+    schemas = [_schema.decode(text) for m in manifests
+               if isinstance(text := m.get("schema"), str)]
+    if schemas:
+        return {f.name: arrow_to_postgres_type(f.name, f.type) for f in _schema.union(schemas)}
+    return next((dict(found) for m in manifests if (found := m.get("types"))), None)
+
+
+def _has_epoch_rows(conn: psycopg.Connection[Any], t: _Target) -> bool:
+    """Whether this sink committed any epoch here (its rows ``writer=-1``)."""
+    if not t.regclass(conn, PROGRESS_TABLE):
+        return False
+    row = conn.execute(_sql().SQL(
+        "SELECT EXISTS (SELECT 1 FROM {} WHERE runtime = %s AND sink = %s AND writer = %s)"
+    ).format(t.ident(PROGRESS_TABLE)), (t.runtime, t.sink, EPOCH_ROW)).fetchone()
+    return bool(row and row[0])

@@ -47,6 +47,10 @@ aborted). The coordinator's ``commit`` runs ``COMMIT PREPARED`` per writer (a gi
 gone with its progress row present means done), then inserts the epoch row
 ``(…, writer=-1)``; after a crash in between it runs again and finishes. A replayed epoch
 is a new attempt with new gids; the old ones were rolled back first.
+
+With ``schema_evolution="add_columns"`` the writers' transactions hold only their own
+stage tables, never the target; after the ``COMMIT PREPARED`` calls ONE transaction
+inserts the epoch row, alters the target and moves the stages in (``_evolve``).
 """
 
 from __future__ import annotations
@@ -73,6 +77,7 @@ from raysink.sinks.postgres._common import (
     gid,
     gid_prefix,
 )
+from raysink.sinks.postgres._evolve import commit_epoch
 
 if TYPE_CHECKING:
     import psycopg
@@ -219,6 +224,8 @@ def commit_prepared(
         if not _ensure_target(sink, conn, t, manifests):
             return "unmarked"
         inserted = _insert_progress(conn, t, epoch, EPOCH_ROW)
+        if inserted and (sink.evolving or any(m.get("evolving") for m in manifests)):
+            commit_epoch(sink, conn, t, epoch, manifests)
     sweep_prepared(conn, sink, epoch, keep=())
     return "committed" if inserted else "already"
 

@@ -9,9 +9,10 @@ import time
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from raysink import _schema
 from raysink.errors import ConfigError, RaySinkError, SinkUnavailableError
 from raysink.sinks.base import CommitResult, Manifest, Sink
-from raysink.sinks.postgres import _prepared, _staging
+from raysink.sinks.postgres import _evolve, _prepared, _staging
 from raysink.sinks.postgres._common import (
     CONNECT_TIMEOUT,
     EPOCH_ROW,
@@ -52,6 +53,10 @@ class PostgresSink(Sink):
     needs a primary key or unique index on exactly those columns; a created table gets one).
     ``arrow_schema``, when given, lets ``validate()`` compare an existing table's columns and
     lets ``open()`` create the table before the first batch.
+    ``schema_evolution="add_columns"`` adds new columns and widens integer, float and
+    numeric columns with the epoch's own commit (``_evolve``: rows then go through each
+    writer's own stage table, in both methods); any other change is a
+    ``SchemaMismatchError`` naming the column.
     """
 
     kind = "postgres"
@@ -67,8 +72,11 @@ class PostgresSink(Sink):
         method: Method = "prepared",
         arrow_schema: pa.Schema | None = None,
         connect_timeout: int = CONNECT_TIMEOUT,
+        schema_evolution: _schema.SchemaEvolution = "fail",
     ) -> None:
         _psycopg()
+        self.schema_evolution = _schema.check_evolution_option("PostgresSink",
+                                                               schema_evolution)
         if not table or not schema:
             raise ConfigError(f"table and schema must be non-empty, got {schema!r}.{table!r}")
         if method not in ("staging", "prepared"):
@@ -96,7 +104,14 @@ class PostgresSink(Sink):
     def describe(self) -> dict[str, Any]:
         return {"kind": self.kind, "dsn": redact_dsn(self._dsn), "schema": self.schema,
                 "table": self.table, "key": list(self._key) if self._key else None,
-                "method": self.method}
+                "method": self.method, "schema_evolution": self.schema_evolution}
+
+    @property
+    def evolving(self) -> bool:
+        return self.schema_evolution == "add_columns"
+
+    def evolution_rules(self) -> _schema.Rules:
+        return _evolve.rules(f"{self.schema}.{self.table}")
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)

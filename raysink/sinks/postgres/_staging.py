@@ -30,6 +30,7 @@ from raysink.sinks.postgres._common import (
     _sql,
     _Target,
 )
+from raysink.sinks.postgres._evolve import commit_epoch, drop_stages, is_stage
 
 if TYPE_CHECKING:
     import psycopg
@@ -78,9 +79,11 @@ def _manifest_columns(sink: PostgresSink, epoch: int, manifests: Sequence[Manife
 def commit_staging(
     sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
 ) -> Outcome:
-    """One transaction: progress row first (fences a concurrent committer), move, unstage."""
+    """One transaction: progress row first (fences a concurrent committer), the schema
+    change and the writers' own stages (``add_columns``), the shared stage's rows, unstage."""
     t = sink._tables()
-    staged = [m for m in manifests if m.get("rows")]
+    staged = [m for m in manifests if m.get("rows") and not m.get("evolving")]
+    evolving = sink.evolving or any(m.get("evolving") for m in manifests)
     with conn.transaction():
         if not t.regclass(conn, PROGRESS_TABLE):
             t.lock(conn)
@@ -89,17 +92,19 @@ def commit_staging(
             return "unmarked"
         if not _insert_progress(conn, t, epoch, EPOCH_ROW):
             return "already"
+        if evolving:
+            commit_epoch(sink, conn, t, epoch, manifests)
+        tokens = [int(m.get("token") or 0) for m in staged]
         if staged:
             _check_target(sink, conn, t, epoch)
             expected = sum(int(m["rows"]) for m in staged)
-            tokens = [int(m.get("token") or 0) for m in staged]
             row = conn.execute(_move_sql(t, _manifest_columns(sink, epoch, staged), sink.key),
                                (tokens,)).fetchone()
             moved = int(row[0]) if row else 0
             if moved != expected:
                 raise sink._err(DataLossError, f"staging holds {moved} of the epoch's "
                                 f"{expected} staged rows; staged data was deleted", epoch)
-            _forget_staged(conn, t, epoch)
+        _forget_staged(conn, t, epoch, tokens)
         hit("sink.mid_commit", runtime=sink.runtime, sink=sink.name, epoch=epoch)
     return "committed"
 
@@ -113,25 +118,32 @@ def _check_target(
                     "while an epoch staged for it is being committed; restore it", epoch)
 
 
-def _forget_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int) -> None:
+def _forget_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int,
+                   moved: Sequence[int]) -> None:
+    """Drop the epoch's token records, and what any other attempt left staged (the
+    ``moved`` tokens' rows are gone already)."""
     if t.regclass(conn, STAGED_TABLE):
-        conn.execute(_sql().SQL(
-            "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s"
-        ).format(t.ident(STAGED_TABLE)), (t.runtime, t.sink, epoch))
+        records = conn.execute(_sql().SQL(
+            "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s "
+            "RETURNING stage, token").format(t.ident(STAGED_TABLE)),
+            (t.runtime, t.sink, epoch)).fetchall()
+        _unstage(conn, t, [r for r in records if int(r[1]) not in moved], ())
 
 
 # --------------------------------------------------------------------------- writer side
 
 
 def record_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int, attempt: int,
-                  writer: int, token: int, rows: int) -> None:
-    """Record this writer's token for ``(epoch, attempt)`` (in its staging transaction)."""
+                  writer: int, token: int, rows: int, stage: str) -> None:
+    """Record this writer's token and stage table for ``(epoch, attempt)`` (in its staging
+    transaction): the shared stage, or with ``add_columns`` its own (``_evolve``)."""
     conn.execute(_sql().SQL(
         "INSERT INTO {} (runtime, sink, epoch, attempt, writer, stage, token, nrows) "
         "VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (runtime, sink, epoch, "
-        "attempt, writer) DO UPDATE SET token = EXCLUDED.token, nrows = EXCLUDED.nrows"
+        "attempt, writer) DO UPDATE SET token = EXCLUDED.token, nrows = EXCLUDED.nrows, "
+        "stage = EXCLUDED.stage"
     ).format(t.ident(STAGED_TABLE)), (
-        t.runtime, t.sink, epoch, attempt, writer, t.stage_name, token, rows))
+        t.runtime, t.sink, epoch, attempt, writer, stage, token, rows))
 
 
 def drop_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int, attempt: int,
@@ -143,12 +155,9 @@ def drop_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int, attempt: 
     with conn.transaction():
         rows = conn.execute(s.SQL(
             "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s AND attempt = "
-            "%s AND writer = %s RETURNING token").format(t.ident(STAGED_TABLE)),
+            "%s AND writer = %s RETURNING stage, token").format(t.ident(STAGED_TABLE)),
             (t.runtime, t.sink, epoch, attempt, writer)).fetchall()
-        if rows:
-            conn.execute(s.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
-                t.ident(t.stage_name), s.Identifier(_TOKEN_COL)),
-                ([int(r[0]) for r in rows],))
+        _unstage(conn, t, rows, ())
 
 
 def abort_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int,
@@ -161,9 +170,19 @@ def abort_staged(conn: psycopg.Connection[Any], t: _Target, epoch: int,
             "DELETE FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s "
             "RETURNING stage, token").format(t.ident(STAGED_TABLE)),
             (t.runtime, t.sink, epoch)).fetchall()
-        tokens = {int(tok) for _, tok in rows} | {
-            int(token) for m in manifests or () if (token := m.get("token")) is not None}
-        if tokens and t.regclass(conn, t.stage_name):
-            s = _sql()
-            conn.execute(s.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
-                t.ident(t.stage_name), s.Identifier(_TOKEN_COL)), (sorted(tokens),))
+        _unstage(conn, t, rows, manifests or ())
+
+
+def _unstage(conn: psycopg.Connection[Any], t: _Target, records: Sequence[Any],
+             manifests: Sequence[Manifest]) -> None:
+    """Delete the shared stage's rows of the records' (and manifests') tokens and drop
+    their own stage tables (``add_columns``; names not of this sink are left alone)."""
+    s = _sql()
+    own = {str(stage) for stage, _ in records if str(stage) != t.stage_name}
+    own |= {str(m["evolving"]) for m in manifests if m.get("evolving")}
+    drop_stages(conn, t, [name for name in sorted(own) if is_stage(name, t)])
+    tokens = {int(tok) for stage, tok in records if str(stage) == t.stage_name} | {
+        int(token) for m in manifests if (token := m.get("token")) is not None}
+    if tokens and t.regclass(conn, t.stage_name):
+        conn.execute(s.SQL("DELETE FROM {} WHERE {} = ANY(%s)").format(
+            t.ident(t.stage_name), s.Identifier(_TOKEN_COL)), (sorted(tokens),))

@@ -42,6 +42,8 @@ class Validator:
                 self._require_create(f"raysink's table {helper}")
         if self.sink.method == "prepared":
             self._check_prepared()
+        if self.sink.evolving:
+            self._check_evolving()
 
     def _helpers(self) -> list[tuple[str, tuple[str, ...]]]:
         """raysink's tables next to the target, with the privileges their use needs (for
@@ -89,16 +91,30 @@ class Validator:
         existing = self.t.columns(self.conn)
         wanted = self.sink.pg_types()
         problems = [f"{name} ({pg_type}) is missing" for name, pg_type in wanted.items()
-                    if name not in existing]
+                    if name not in existing and not self.sink.evolving]  # else added
         problems += [f"{name} is {existing[name]}, the batches' {dtype} needs {wanted[name]}"
                      for name, dtype in _arrow_types(self.sink).items()
-                     if name in existing and not _compatible(existing[name], wanted[name])]
+                     if name in existing and not compatible(existing[name], wanted[name])]
         problems += [f"key column {k} is missing" for k in self.sink.key or ()
                      if k not in existing]
         if problems:
             raise self.sink._err(SchemaMismatchError, f"table {self.sink.schema}."
                                  f"{self.sink.table} disagrees with the schema: "
                                  + "; ".join(problems))
+
+    def _check_evolving(self) -> None:
+        """``add_columns``: writers create their stage tables in the schema, and the commit
+        alters the target, which only its owner may do."""
+        self._require_create("raysink's stage tables (schema_evolution='add_columns')")
+        if not self.t.regclass(self.conn, self.sink.table):
+            return
+        literal = self.t.ident(self.sink.table).as_string(self.conn)
+        if not self._scalar("SELECT pg_has_role(relowner, 'USAGE') FROM pg_class "
+                            "WHERE oid = to_regclass(%s)", (literal,)):
+            raise self.sink._err(SinkUnavailableError, f"schema_evolution='add_columns' alters "
+                                 f"table {self.sink.schema}.{self.sink.table}, which only its "
+                                 "owner may do; make the sink's role a member of the owner "
+                                 "role, or use schema_evolution='fail'")
 
     def _check_prepared(self) -> None:
         value = int(self._scalar("SELECT current_setting('max_prepared_transactions')::int", ()))
@@ -120,7 +136,7 @@ _FAMILIES = {
 }
 
 
-def _compatible(existing: str, wanted: str) -> bool:
+def compatible(existing: str, wanted: str) -> bool:
     """Whether a column of type ``existing`` accepts values written as ``wanted``."""
     def base(pg_type: str) -> str:
         root = pg_type.split("(")[0].strip()

@@ -9,6 +9,8 @@ prepared, key (upserts)      gathered into chunks; each chunk sorted, deduplicat
                              (``_prepared``)
 staging (either)             COPY into the shared LOGGED stage under the segment's token,
                              with the row order (``_staging``)
+add_columns (either method)  checked against the table, COPYed into the segment's own stage
+                             table, created and widened as its batches need (``_evolve``)
 ===========================  ==================================================================
 
 ``pre_commit`` ends the transaction: ``PREPARE TRANSACTION`` (prepared) or a commit of the
@@ -24,9 +26,10 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal
 
+from raysink import _schema
 from raysink.errors import DataLossError, SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest, SinkWriter
-from raysink.sinks.postgres import _prepared, _staging
+from raysink.sinks.postgres import _evolve, _prepared, _staging
 from raysink.sinks.postgres._common import (
     _ORD_COL,
     _TOKEN_COL,
@@ -47,7 +50,7 @@ __all__ = ["PostgresWriter"]
 
 logger = logging.getLogger("raysink.sinks.postgres")
 
-Path = Literal["append", "upsert", "staging"]
+Path = Literal["append", "upsert", "staging", "evolving"]
 
 
 @dataclass(slots=True)
@@ -58,6 +61,12 @@ class _Segment:
     rows: int = 0
     columns: tuple[str, ...] = ()
     types: dict[str, str] = field(default_factory=dict)
+    # add_columns: the table's columns when the segment began, the union of its batches'
+    # schemas, and its stage table (created at its first row)
+    target: dict[str, str] | None = None
+    required: set[str] = field(default_factory=set)
+    schema: pa.Schema | None = None
+    stage: _evolve.Stage | None = None
 
 
 class PostgresWriter(SinkWriter):
@@ -76,6 +85,8 @@ class PostgresWriter(SinkWriter):
 
     @property
     def _path(self) -> Path:
+        if self.sink.evolving:
+            return "evolving"
         if self.sink.method == "staging":
             return "staging"
         return "upsert" if self.sink.key else "append"
@@ -98,6 +109,8 @@ class PostgresWriter(SinkWriter):
             self._t.lock(conn)
             had_progress = self._t.has_progress(conn)
             self._t.ensure_progress(conn)
+            if self.sink.method == "staging":
+                self._t.ensure_staged(conn)
             if not self._t.regclass(conn, self.sink.table):
                 if had_progress:
                     raise self.sink._err(DataLossError, f"target table {self.sink.schema}."
@@ -112,7 +125,6 @@ class PostgresWriter(SinkWriter):
                 self._t.create_target(conn, wanted, self.sink.key)
             self._types = self._t.columns(conn)
             if self._path == "staging":
-                self._t.ensure_staged(conn)
                 self._t.ensure_stage(conn)
             elif self._path == "upsert":
                 self._t.ensure_upsert_stage(conn, self.writer_id)
@@ -167,6 +179,9 @@ class PostgresWriter(SinkWriter):
         for a full chunk or ``pre_commit``). An empty batch only tells the epoch's schema
         (the commit creates a missing table from it)."""
         self._check_batch(batch)
+        if self._path == "evolving":
+            self._write_evolving(batch)
+            return
         types = self.sink.pg_types(batch.schema)
         if batch.num_rows == 0:
             if self._types:
@@ -192,6 +207,37 @@ class PostgresWriter(SinkWriter):
         with self._guard(), conn.cursor().copy(copy_sql) as cp:
             cp.write(data)
         logger.debug("postgres writer %d staged %d rows", self.writer_id, batch.num_rows)
+
+    def _write_evolving(self, batch: pa.RecordBatch) -> None:
+        """``add_columns``: check the batch against the table as it was when the segment
+        began (refusals name the column; nothing of the segment stays), cast it up to the
+        table's wider types and COPY it into the segment's stage (``_evolve``)."""
+        conn = self._live_conn()  # (the commit creates a missing table, from the union)
+        seg = self._segment
+        where = {"runtime": self.sink.runtime or None, "sink": self.sink.name or None}
+        try:
+            with self._guard():
+                if seg.target is None:
+                    seg.target = self._t.columns(conn)
+                    seg.required = _evolve.required_columns(conn, self._t)
+                current = _evolve.table_schema(seg.target, batch.schema,
+                                               self.sink.evolution_rules(), where,
+                                               seg.required)
+                _schema.evolve(current, batch.schema, self.sink.evolution_rules(),
+                               where=where)
+                _evolve.check_nulls(batch, seg.required, where)
+                batch = _schema.conform(batch, current)
+                seg.schema = _schema.union([batch.schema] if seg.schema is None
+                                           else [seg.schema, batch.schema])
+                if batch.num_rows:
+                    seg.stage = seg.stage or _evolve.Stage(self._t, seg.token)
+                    seg.stage.write(conn, batch)
+        except SchemaMismatchError:
+            self._reset()
+            raise
+        seg.rows += batch.num_rows
+        seg.columns = tuple(seg.schema.names)
+        seg.types = self.sink.pg_types(seg.schema)
 
     def _send_chunk(self) -> None:
         """Upsert the gathered chunk. Only ``write`` and ``pre_commit`` send one, never a
@@ -219,7 +265,8 @@ class PostgresWriter(SinkWriter):
                 raise self.sink._err(SchemaMismatchError,
                                      f"key column {k!r} holds {batch.column(k).null_count} "
                                      "null values; upsert keys must be non-null")
-        if self._segment.columns and tuple(batch.schema.names) != self._segment.columns:
+        if self._path != "evolving" and self._segment.columns \
+                and tuple(batch.schema.names) != self._segment.columns:
             self._reset()
             raise self.sink._err(SchemaMismatchError, f"batch columns {batch.schema.names} "
                                  f"differ from the epoch's {list(self._segment.columns)}")
@@ -228,8 +275,14 @@ class PostgresWriter(SinkWriter):
         unknown = [n for n in batch.schema.names if n not in self._types]
         if unknown:
             self._reset()
-            raise self.sink._err(SchemaMismatchError, f"columns {unknown} are not in table "
-                                 f"{self.sink.schema}.{self.sink.table}")
+            listed = ", ".join(repr(n) for n in unknown)
+            raise SchemaMismatchError(
+                self.sink._redact(
+                    f"column {listed} is not in the table {self.sink.schema}."
+                    f"{self.sink.table}; send the columns it holds (drop the others), or give "
+                    "the sink schema_evolution='add_columns' to add new columns"),
+                column=unknown[0], runtime=self.sink.runtime or None,
+                sink=self.sink.name or None)
 
     def _prefix(self, n: int) -> dict[str, Any]:
         """The staging path's token and row-order columns for ``n`` more rows."""
@@ -262,13 +315,17 @@ class PostgresWriter(SinkWriter):
                               "epoch": epoch, "attempt": attempt, "rows": seg.rows,
                               "columns": list(seg.columns), "types": seg.types or None,
                               "token": None, "gid": None}
+        if self._path == "evolving":
+            manifest["schema"] = None if seg.schema is None else _schema.encode(seg.schema)
+            manifest["evolving"] = None if seg.stage is None else seg.stage.name
         with self._guard(epoch):
             if not seg.rows:
                 conn.rollback()
-            elif self._path == "staging":
+            elif self.sink.method == "staging":
+                stage = self._t.stage_name if seg.stage is None else seg.stage.name
                 _staging.record_staged(conn, self._t, epoch, attempt, self.writer_id,
-                                       seg.token, seg.rows)
-                manifest["token"] = seg.token
+                                       seg.token, seg.rows, stage)
+                manifest["token"] = None if seg.stage is not None else seg.token
                 conn.commit()
             else:
                 if self._chunk:
@@ -291,7 +348,7 @@ class PostgresWriter(SinkWriter):
             with self._guard(epoch):
                 _prepared.finish_prepared(conn, "ROLLBACK", gid(
                     self.sink.runtime, self.sink.name, epoch, attempt, self.writer_id))
-                if self._path == "staging":
+                if self.sink.method == "staging":
                     _staging.drop_staged(conn, self._t, epoch, attempt, self.writer_id)
         finally:
             conn.autocommit = False

@@ -1,0 +1,111 @@
+"""The coordinator's books of producers: ``FeedRegistry`` (closed, failed, lost by lease)
+and ``StreamBook`` (members, one barrier per member per tick, joins, rewinds)."""
+
+from __future__ import annotations
+
+from raysink.actors.mailbox import Mailbox, Verdict
+from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
+from raysink.coordinator.feeds import FeedRegistry
+from raysink.coordinator.stream import StreamBook
+
+
+def test_feeds_close_fail_and_are_lost_when_silent_past_the_lease() -> None:
+    book = FeedRegistry()
+    book.alive(1, 0, 1, now=0.0)
+    book.alive(1, 0, 2, now=0.0)
+    book.closed(1, 0, 1, {0: 3, 1: 2}, now=1.0)
+    book.closed(1, 0, 1, {0: 9}, now=2.0)  # closing again (a retried producer) keeps the first
+    book.failed(1, 0, 3, "ValueError: bad source")
+    state = book.state(1, 0, [1, 2, 3, 4], lease=5.0, now=4.0)
+    assert state.closed == {1: {0: 3, 1: 2}}
+    assert state.lost == {3: "ValueError: bad source"}
+    assert state.waiting == (2, 4) and state.done  # one lost: the attempt is given up
+    late = book.state(1, 0, [1, 2, 4], lease=5.0, now=6.0)
+    assert list(late.lost) == [2] and "no heartbeat" in late.lost[2]
+    assert late.waiting == (4,)  # never heard from: not started yet, not lost
+    assert book.state(1, 1, [1], lease=5.0, now=6.0).waiting == (1,)  # attempts apart
+    book.forget(1)
+    assert book.state(1, 0, [1], lease=5.0, now=6.0).waiting == (1,)
+
+
+def test_a_closed_feed_cannot_fail_afterwards() -> None:
+    book = FeedRegistry()
+    book.closed(2, 0, 1, {}, now=0.0)
+    book.failed(2, 0, 1, "late")
+    assert book.state(2, 0, [1], lease=1.0, now=10.0).closed == {1: {}}
+
+
+def test_each_member_claims_its_barrier_once_and_moves_on() -> None:
+    stream = StreamBook(epoch=5, attempt=0)
+    assert stream.poll(1, committed=4).epoch == 5  # joins the current epoch
+    assert stream.poll(2, committed=4).barrier is None
+    tick = stream.tick(checkpoint_id=7, next_attempt=0, generation=3)
+    assert tick is not None and (tick.epoch, tick.members) == (5, (1, 2))
+    assert tick.generation is None  # the first epoch was opened at the coordinator
+    first = stream.poll(1, committed=4)
+    assert first.barrier == CheckpointBarrier(7, 5) and first.barrier_attempt == 0
+    assert first.epoch == 6
+    assert stream.poll(1, committed=4).barrier is None  # claimed once
+    assert stream.writing(2) == (5, 0)  # not claimed yet: still writes epoch 5
+    assert stream.poll(3, committed=4).epoch == 6  # a late joiner starts at the next
+    second = stream.tick(checkpoint_id=8, next_attempt=0, generation=3)
+    assert second is not None and second.members == (1, 3) and second.generation == 3
+
+
+def test_a_tick_without_members_commits_nothing_and_drain_ends_the_stream() -> None:
+    stream = StreamBook(epoch=1, attempt=0)
+    assert stream.tick(1, 0, 1) is None and stream.epoch == 1
+    stream.poll(1, committed=None)
+    drain = stream.tick(2, 0, 1, drain=True)
+    assert drain is not None and drain.drain
+    claimed = stream.poll(1, committed=None)
+    assert claimed.barrier is not None and claimed.barrier.flags is BarrierFlags.DRAIN
+    assert not claimed.ended  # close the last part first
+    assert stream.poll(1, committed=1).ended
+    assert stream.poll(9, committed=1).ended  # nobody joins a drained stream
+
+
+def test_a_rewind_clears_the_members_and_counts() -> None:
+    stream = StreamBook(epoch=3, attempt=0)
+    stream.poll(1, committed=2)
+    stream.tick(1, 0, 1)
+    stream.rewind(3, 1)
+    position = stream.poll(1, committed=2)
+    assert (position.epoch, position.attempt, position.rewinds) == (3, 1, 1)
+    tick = stream.tick(2, 0, 1)
+    assert tick is not None and tick.generation is None  # reopened at the coordinator
+
+
+def test_a_given_up_epoch_after_the_current_one_does_not_block_its_replay() -> None:
+    box: Mailbox[str] = Mailbox()
+    assert box.offer(3, 0, 1, 0, "a")[0] is Verdict.ACCEPTED
+    assert box.offer(4, 0, 1, 0, "b")[0] is Verdict.ACCEPTED
+    box.cancel(3, 0)
+    box.cancel(4, 0)  # the stream rewinds to epoch 3 and gives up 4 too
+    assert box.offer(3, 1, 1, 0, "a2")[0] is Verdict.ACCEPTED  # the replay
+    assert box.offer(4, 0, 1, 1, "late")[0] is Verdict.STALE
+    assert box.offer(4, 1, 1, 0, "b2")[0] is Verdict.ACCEPTED
+
+
+def test_a_sealed_slot_says_which_feeds_it_waits_for() -> None:
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, 7, 0, "x")
+    box.close_feed(CheckpointBarrier(1, 1), 0, 7, 1)
+    box.seal(1, 0, [7, 8, 9])
+    [slot] = box.slots()
+    assert slot.waiting_for() == [8, 9]
+    box.close_feed(CheckpointBarrier(1, 1), 0, 8, 0)
+    box.close_feed(CheckpointBarrier(1, 1), 0, 9, 0)
+    assert slot.waiting_for() == []
+
+
+def test_a_leaving_member_owes_an_empty_close_for_a_tick_it_did_not_claim() -> None:
+    stream = StreamBook(epoch=1, attempt=0)
+    stream.poll(1, committed=None)
+    stream.poll(2, committed=None)
+    assert stream.leave(2) is None  # nothing ticked for it yet
+    tick = stream.tick(1, 0, 1)
+    assert tick is not None and tick.members == (1,)
+    assert stream.leave(1) == (1, 0)  # ticked, unclaimed: closed empty for it
+    assert stream.poll(1, committed=None).barrier is None  # a late poll does not rejoin
+    assert stream.tick(2, 0, 1) is None
