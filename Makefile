@@ -3,7 +3,8 @@ PY := $(VENV)/bin/python
 SEED ?= 1
 TRIALS ?= 200
 MINUTES ?= 5
-# The default run: unit, integration, spark and a seeded chaos sample; `slow` is left out.
+# The default run: unit, integration, spark, a seeded chaos sample and the cluster layer
+# (a multi-node Ray on this machine, run last); `slow` is left out.
 PYTEST_ARGS ?= -m "not slow"
 
 .PHONY: setup test unit demo chaos bench soak lint typecheck

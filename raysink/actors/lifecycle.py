@@ -13,10 +13,13 @@ Replacing what does not answer (``heal``). Ray declares a lost node dead only af
 health checks time out (15-20 s with the defaults), and until then an actor there is
 neither dead nor answering. The driver does not wait for that: every actor is pinged at
 once, and one that does not answer within ``ping_timeout`` seconds (or is restarting, or
-dead) is killed (``ray.kill(no_restart=True)``, which frees its name at once) and a new
-incarnation is started under the same name (or ``<name>.<n>`` when Ray still holds the
-name), on another node when nothing on the old one answered either. Then the epoch in
-flight is resolved and fed again to the new actors.
+dead) is killed (``ray.kill(no_restart=True)``) and a new incarnation is started under
+the same name (or ``<name>.<n>`` while Ray still holds the name, as it may for an actor
+on a lost node until it declares the node dead). When the node of such an actor does not
+accept a connection to its raylet either, the node is lost: every actor placed there is
+replaced (one may still answer for a moment, its process not yet ended), on other nodes,
+and placement leaves the node out for a while. Then the epoch in flight is resolved and
+fed again to the new actors.
 
 Why a replaced actor that is still running somewhere (a zombie: its node cut off, not
 dead) cannot get anything committed: with the gathered protocol a writer never talks to

@@ -38,8 +38,8 @@ from raysink import _faults
 from raysink._pull import Pull
 from raysink.errors import SinkUnavailableError
 
-__all__ = ["EXECUTOR_CALL_TIMEOUT", "ExecutorPartition", "conform", "cross_language_calls",
-           "decode", "executor_candidates", "fetch_ipc"]
+__all__ = ["EXECUTOR_CALL_TIMEOUT", "UNAVAILABLE_SECONDS", "ExecutorPartition", "conform",
+           "cross_language_calls", "decode", "executor_candidates", "fetch_ipc"]
 
 logger = logging.getLogger(__name__)
 
@@ -103,12 +103,39 @@ def fetch_ipc(located: str, rdd_id: int, index: int, schema_json: str,
         "epoch again", runtime=runtime or None)
 
 
+UNAVAILABLE_SECONDS = 30.0
+"""How long an executor whose actor did not answer (its node lost, its process
+restarting) is asked last by this process."""
+
+_unavailable: dict[str, float] = {}
+
+
 def _candidates(located: str, index: int) -> Iterator[str]:
-    """The located executor first; the others are listed only when it failed."""
+    """The located executor first; the others are listed only when it failed.
+
+    Executors whose actor failed a call of this process lately (``_unavailable``) come
+    last: after a first call to an executor on a lost node failed, Ray queues the next
+    calls to it until it declares the node dead (15-20 s), so asking it first again, for
+    each of its partitions, would wait for that."""
     import ray
 
-    yield located
-    yield from executor_candidates(located, index, ray.util.list_named_actors())[1:]
+    _forget_unavailable(time.monotonic())
+    first = located not in _unavailable  # decided now: asking it may change it
+    if first:
+        yield located
+    later = [] if first else [located]
+    for name in executor_candidates(located, index, ray.util.list_named_actors())[1:]:
+        if name in _unavailable:
+            later.append(name)
+        else:
+            yield name
+    yield from later
+
+
+def _forget_unavailable(now: float) -> None:
+    for name, since in list(_unavailable.items()):
+        if now - since > UNAVAILABLE_SECONDS:
+            _unavailable.pop(name, None)
 
 
 def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url: str,
@@ -121,7 +148,7 @@ def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url:
     handle is looked up on every pull (one GCS call): a cached one would outlive a Spark
     session restarted under the same executor names."""
     import ray
-    from ray.exceptions import RayError
+    from ray.exceptions import RayActorError, RayError
 
     try:
         actor = ray.get_actor(name)
@@ -131,8 +158,12 @@ def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url:
         with cross_language_calls():
             ref: Any = actor.getRDDPartition.remote(rdd_id, index, schema_json,
                                                     driver_agent_url)
-        return ray.get(ref, timeout=timeout)
+        ipc = ray.get(ref, timeout=timeout)
+        _unavailable.pop(name, None)
+        return ipc
     except (ValueError, RayError) as exc:
+        if isinstance(exc, RayActorError):
+            _unavailable[name] = time.monotonic()
         problems.append(f"{name}: {type(exc).__name__}")
         logger.warning("executor %s did not serve partition %s of RDD %s (%s: %s); asking "
                        "the next", name, index, rdd_id, type(exc).__name__,

@@ -30,6 +30,7 @@ import pyarrow as pa
 from raysink import RaySinkError, SinkRuntime
 from raysink.errors import RuntimeInUseError, SinkUnavailableError
 from raysink.testing import arm_fault, disarm_faults
+from tests.chaos import node_loss
 from tests.chaos.checker import Check, check
 from tests.chaos.faults import (
     FiredWatch,
@@ -122,6 +123,8 @@ class _Trial:
                 two_sinks=self.spec.two_sinks, stall=self._stall())
             if self.spec.fault == "driver_kill":
                 self._driver_kill()
+            elif self.spec.fault == "node_loss":  # a cluster of its own, in a child
+                node_loss.run(self.spec, self.specs, self._metastore(), self.dir, self.result)
             else:
                 self._in_process()
             self._check()

@@ -3,8 +3,10 @@
 About 15% of the writer/coordinator kill and stall trials feed their epochs through Spark
 (``rt.write(df)`` on one shared RayDP session); the others through ``write_arrow``.
 
-The mix repeats in blocks of 20 trials, shuffled per block, so any 20 consecutive trials
-cover every fault kind and a 12-trial sample covers most of them:
+The mix repeats in blocks of 20 trials, shuffled per block (21 from the second block on,
+with one ``node_loss``), so each block covers every fault kind and a 12-trial sample
+covers most of the single-node ones; the first 20 trials of a seed are the same as before
+``node_loss`` existed:
 
 =====================  ====  ============================================================
 kind                   /20   what happens
@@ -23,6 +25,11 @@ kind                   /20   what happens
 ``fs_readonly``          1   the Parquet/Delta tmpfs is remounted read-only
 ``fs_full``              1   the Parquet/Delta tmpfs is filled up
 ``stall_commit``         1   the sink's commits stall longer than the flush interval
+``node_loss``           (1)  on a four-node cluster of its own (a child process), the node
+                             of a writer or of the coordinator is removed without grace
+                             mid-epoch (at a protocol point or after a delay); one per
+                             block from the second block on, so the default 12-trial
+                             sample never starts a cluster (``make chaos`` runs them)
 =====================  ====  ============================================================
 """
 
@@ -40,7 +47,8 @@ _BLOCK = (["driver_kill"] * 3 + ["writer_point"] * 3 + ["coordinator_point"] * 3
           + ["point_external"] * 3 + ["random_kill"] * 2 + ["executor_kill"]
           + ["pg_restart"] * 2
           + ["fs_readonly", "fs_full", "stall_commit"])
-FAULT_KINDS = tuple(dict.fromkeys(_BLOCK))
+FAULT_KINDS = (*dict.fromkeys(_BLOCK), "node_loss")
+_FULL_RUN_ONLY = "node_loss"  # one per block, from the second block on
 
 WRITER_POINTS = tuple(p for p in POINTS if p.startswith("writer."))
 COORDINATOR_POINTS = tuple(p for p in POINTS if not p.startswith("writer."))
@@ -93,6 +101,8 @@ def make_plan(seed: int, trials: int) -> list[TrialSpec]:
     while len(kinds) < trials:
         block = list(_BLOCK)
         shuffler.shuffle(block)
+        if kinds:  # every block but the first (the default sample stays on one node)
+            block.insert(shuffler.randrange(len(block) + 1), _FULL_RUN_ONLY)
         kinds.extend(block)
     turns = random.Random(f"{seed}:sinks")
     sink_turns = {k: turns.randrange(4) for k in FAULT_KINDS}
@@ -158,6 +168,16 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         spec.extra = {"stall_seconds": round(spec.flush_interval * rng.uniform(2.0, 4.0), 2),
                       "stall_times": rng.randint(1, 3),
                       "commit_timeout": rng.choice([0.5, 30.0])}
+    elif kind == "node_loss":
+        spec.victim = rng.choice(["writer", "coordinator"])
+        points = (["writer.during_write", "writer.after_pre_commit"]
+                  if spec.victim == "writer" else
+                  ["coordinator.after_open", "coordinator.after_pending", "sink.mid_commit"])
+        spec.point = rng.choice([*points, None])
+        spec.delay = round(rng.uniform(0.0, 0.5 if spec.point else 1.5), 3)
+        spec.pg_metastore = True  # the coordinator may leave the driver's node
+        spec.rows[spec.fault_epoch - 1] = max(300, spec.rows[spec.fault_epoch - 1])
+        spec.pieces[spec.fault_epoch - 1] = 3  # every one of the three writers gets data
     elif kind == "driver_kill":
         spec.point = rng.choice([None, None, "writer.after_pre_commit",
                                  "coordinator.after_pending", "sink.mid_commit"])

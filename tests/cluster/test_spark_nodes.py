@@ -2,8 +2,8 @@
 
 One RayDP session for the module: its app master on the head (the driver's node), three
 executors, one per worker node (``tests.support.cluster.SPARK_CONFIGS``). Each epoch is
-held at ``spark.mid_pull`` as a writer is about to ask the victim executor for a
-partition, and the executor's node is removed: the executor, the partitions Spark cached
+held at ``spark.mid_pull`` (3 s) as a writer is about to ask the victim executor for a
+partition, and the executor's node is removed meanwhile: the executor, the partitions Spark cached
 there and the writers placed there are gone, and Ray still lists the node alive. The pull
 asks the other executors, whose block managers cannot read the lost blocks and have Spark
 compute them again; the writers on the lost node are replaced; the epoch commits exactly
@@ -89,7 +89,8 @@ def _lose_executor_node_mid_pull(nodes: Nodes, name: str, write: object) -> None
     """Run ``write()`` in a thread; once a writer is about to pull a partition from an
     executor (the first pull: whichever executor Spark placed it on), remove that
     executor's node; the epoch must commit."""
-    arm_fault(name, "spark.mid_pull", action="sleep", seconds=120)
+    # held while the node goes, then the writer asks the lost executor, as it would have
+    arm_fault(name, "spark.mid_pull", action="sleep", seconds=3)
     thread, box = run_in_thread(write)  # type: ignore[arg-type]
     wait_fired(name, "spark.mid_pull", timeout=120)
     context = fired_context(name, "spark.mid_pull")

@@ -2,6 +2,11 @@
 
 from __future__ import annotations
 
+import time
+
+import pytest
+
+from raysink.spark import pull
 from raysink.spark.handoff import executor_candidates
 
 NAMED = ["raysink-coordinator", "raydp-executor-1", "raydp-executor-0", "RayDPSparkMaster",
@@ -27,3 +32,54 @@ def test_a_location_without_an_actor_still_leads_to_the_live_ones() -> None:
 def test_no_other_executor_leaves_only_the_located_one() -> None:
     assert executor_candidates("raydp-executor-0", 5, ["raydp-executor-0"]) == [
         "raydp-executor-0"]
+
+
+# ---------------------------------------------------------------- lately unavailable
+
+class _Names:
+    """Stands in for ``ray.util.list_named_actors`` (counts its calls)."""
+
+    def __init__(self) -> None:
+        self.calls = 0
+
+    def __call__(self) -> list[str]:
+        self.calls += 1
+        return NAMED
+
+
+@pytest.fixture
+def names(monkeypatch: pytest.MonkeyPatch) -> _Names:
+    import ray.util
+
+    listing = _Names()
+    monkeypatch.setattr(ray.util, "list_named_actors", listing)
+    monkeypatch.setattr(pull, "_unavailable", {})
+    return listing
+
+
+def test_the_located_executor_alone_is_asked_without_listing_the_others(names: _Names) -> None:
+    candidates = pull._candidates("raydp-executor-0", 0)
+    assert next(candidates) == "raydp-executor-0"
+    assert names.calls == 0
+
+
+def test_an_executor_that_failed_lately_is_asked_last(names: _Names) -> None:
+    pull._unavailable["raydp-executor-0"] = time.monotonic()
+    assert list(pull._candidates("raydp-executor-0", 0)) == [
+        "raydp-executor-1", "raydp-executor-3", "raydp-executor-0"]
+    pull._unavailable["raydp-executor-1"] = time.monotonic()
+    assert list(pull._candidates("raydp-executor-3", 0)) == [
+        "raydp-executor-3", "raydp-executor-0", "raydp-executor-1"]
+
+
+def test_a_failure_while_listing_does_not_ask_the_located_one_twice(names: _Names) -> None:
+    candidates = pull._candidates("raydp-executor-0", 0)
+    assert next(candidates) == "raydp-executor-0"
+    pull._unavailable["raydp-executor-0"] = time.monotonic()  # its call just failed
+    assert list(candidates) == ["raydp-executor-1", "raydp-executor-3"]
+
+
+def test_an_old_failure_is_forgotten(names: _Names) -> None:
+    pull._unavailable["raydp-executor-0"] = time.monotonic() - pull.UNAVAILABLE_SECONDS - 1
+    assert next(pull._candidates("raydp-executor-0", 0)) == "raydp-executor-0"
+    assert pull._unavailable == {}
