@@ -12,14 +12,17 @@ starts with the current writer layout (``rescale`` changes it).
 Replacing what does not answer (``heal``). Ray declares a lost node dead only after its
 health checks time out (15-20 s with the defaults), and until then an actor there is
 neither dead nor answering. The driver does not wait for that: every actor is pinged at
-once, and one that does not answer within ``ping_timeout`` seconds (or is restarting, or
-dead) is killed (``ray.kill(no_restart=True)``) and a new incarnation is started under
-the same name (or ``<name>.<n>`` while Ray still holds the name, as it may for an actor
-on a lost node until it declares the node dead). When the node of such an actor does not
-accept a connection to its raylet either, the node is lost: every actor placed there is
+once. One whose ping fails (dead) is killed for good (``ray.kill(no_restart=True)``) and a
+new incarnation is started under the same name (or ``<name>.<n>`` while Ray still holds
+the name, as it may for an actor on a lost node until it declares the node dead). One that
+does not answer within ``ping_timeout`` seconds is replaced only when its node does not
+accept a connection to its raylet either: the node is lost, and every actor placed there is
 replaced (one may still answer for a moment, its process not yet ended), on other nodes,
-and placement leaves the node out for a while. Then the epoch in flight is resolved and
-fed again to the new actors.
+and placement leaves the node out for a while. Silence on a node that answers is a busy
+actor, or one Ray is restarting there (in a second or two): it is left alone, since
+replacing a healthy writer would fail an epoch whose producers cannot feed it again (a
+Ray Data write, a feed). Then the epoch in flight is resolved and fed again to the new
+actors.
 
 Why a replaced actor that is still running somewhere (a zombie: its node cut off, not
 dead) cannot get anything committed: with the gathered protocol a writer never talks to
@@ -270,12 +273,21 @@ class ActorSet:
         return handles
 
     def _await_answers(self, handles: Mapping[Key, Any], timeout: float) -> list[Key]:
-        """Ping every handle at once; the keys that did not answer within ``timeout``."""
+        """Ping every handle at once; the keys that did not answer within ``timeout``
+        (their ping failed, or is still out)."""
+        failed, quiet = self._ping(handles, timeout)
+        return failed + quiet
+
+    @staticmethod
+    def _ping(handles: Mapping[Key, Any],
+              timeout: float) -> tuple[list[Key], list[Key]]:
+        """Ping every handle at once: the keys whose ping failed (the actor is dead), and
+        those with no answer within ``timeout`` (busy, restarting, or on a lost node)."""
         import ray
         from ray.exceptions import PendingCallsLimitExceeded
 
         refs: dict[Key, Any] = {}
-        silent: list[Key] = []
+        failed: list[Key] = []
         for key, handle in handles.items():
             try:
                 refs[key] = handle.ping.remote()
@@ -283,46 +295,45 @@ class ActorSet:
                 continue  # calls are queued for it: busy, not lost
             except Exception as exc:
                 log.debug("ping of %s: %s", key, exc)
-                silent.append(key)
+                failed.append(key)
         ready: set[Any] = set()
         if refs:
             ready = set(ray.wait(list(refs.values()), num_returns=len(refs),
                                  timeout=timeout)[0])
-        for key, ref in refs.items():
-            if ref not in ready or not _answered(ref):
-                silent.append(key)
-        return silent
+        failed += [key for key, ref in refs.items() if ref in ready and not _answered(ref)]
+        return failed, [key for key, ref in refs.items() if ref not in ready]
 
     def _probe(self) -> list[Key]:
-        """The actors to replace: those that did not answer a ping within
-        ``ping_timeout`` (a restarting or dead one does not either), and every actor on
-        the node of one of them when that node's raylet does not answer either (the node
-        is lost: an actor there may still answer for a moment, its process not yet ended,
-        but it is doomed). Such a node is left out of placement for a while. A result is
-        reused for ``ping_timeout`` seconds."""
+        """The actors to replace: those whose ping failed (dead), and, when one did not
+        answer within ``ping_timeout`` and its node's raylet does not answer either,
+        every actor on that node (the node is lost: an actor there may still answer for
+        a moment, its process not yet ended, but it is doomed). Such a node is left out
+        of placement for a while. An actor that is only silent, on a node that answers,
+        is busy or being restarted by Ray: left alone. A result is reused for
+        ``ping_timeout`` seconds."""
         now = time.monotonic()
         if self._probed is not None and now - self._probed[0] < self.ping_timeout:
             return list(self._probed[1])
         handles = self._handles()
-        silent = self._await_answers(handles, self.ping_timeout)
+        failed, quiet = self._ping(handles, self.ping_timeout)
         view = self._cluster()
-        lost = {node for node in {self.node_of(k) for k in silent}
+        lost = {node for node in {self.node_of(k) for k in failed + quiet}
                 if node is not None and node != view.driver_node and view.lost(node)}
-        silent += [k for k in handles if k not in silent and self.node_of(k) in lost]
-        self._probed = (time.monotonic(), silent)
-        return silent
+        replace = failed + [k for k in handles if k not in failed and self.node_of(k) in lost]
+        self._probed = (time.monotonic(), replace)
+        return replace
 
     def check_responsive(self) -> None:
-        """``RuntimeUnavailableError`` naming the actors that do not answer a ping within
-        ``ping_timeout`` (their node may be lost): the epoch driver's probe while it
-        waits for an attempt, which then fails and is recovered by ``heal``."""
+        """``RuntimeUnavailableError`` naming the actors to replace (dead, or on a lost
+        node: see ``_probe``): the epoch driver's probe while it waits for an attempt,
+        which then fails and is recovered by ``heal``."""
         silent = self._probe()
         if silent:
             names = [self._names.get(k, str(k)) for k in silent]
             raise RuntimeUnavailableError(
-                f"{', '.join(names)} did not answer a ping within {self.ping_timeout:g} s "
-                "(restarting, dead, or on a lost node): the attempt is given up and the "
-                "actor replaced", runtime=self.runtime)
+                f"{', '.join(names)} did not answer a ping (dead, or silent for "
+                f"{self.ping_timeout:g} s on a node whose raylet does not answer either): "
+                "the attempt is given up and the actor replaced", runtime=self.runtime)
 
     def watching(self) -> AbstractContextManager[None]:
         """Within the block, waits of the epoch driver end with ``RuntimeUnavailableError``
@@ -330,9 +341,9 @@ class ActorSet:
         return watched(self.check_responsive)
 
     def heal(self, timeout: float = 60.0) -> list[str]:
-        """Replace every actor that does not answer a ping within ``ping_timeout`` (dead,
-        restarting, or on a lost node) by a new incarnation, and wait (up to
-        ``timeout``) until the new ones answer. Returns the names of what was replaced."""
+        """Replace every dead actor, and every actor of a lost node, by a new
+        incarnation, and wait (up to ``timeout``) until the new ones answer. Returns the
+        names of what was replaced."""
         silent = self._probe()
         if not silent:
             return []
