@@ -216,6 +216,7 @@ class CoordinatorActor:
             try:
                 outcome = await self._watched(
                     sink, step.epoch, asyncio.to_thread(self._core.run_commit, step))
+                self._remember_skipped(outcome)  # before a waiter can see the epoch done
                 await self._locked(functools.partial(self._core.record_commit, outcome))
             except FencedError:
                 raise
@@ -260,14 +261,18 @@ class CoordinatorActor:
             log.warning("%s: could not record sink states (%s); the commits go on",
                         self._config.runtime, exc)
 
+    def _remember_skipped(self, outcome: CommitOutcome) -> None:
+        """Note a sink whose marker already held the epoch (the report's
+        ``skipped_sinks``)."""
+        recent = self._recent.setdefault(outcome.epoch, ())
+        if outcome.skipped and outcome.sink not in recent:
+            self._recent[outcome.epoch] = (*recent, outcome.sink)
+        while len(self._recent) > _RECENT_EPOCHS:
+            self._recent.popitem(last=False)
+
     def _after_commit(self, outcome: CommitOutcome, started: float) -> None:
         epoch = outcome.epoch
         self._health.committed(outcome.sink)
-        recent = self._recent.setdefault(epoch, ())
-        if outcome.skipped:
-            self._recent[epoch] = (*recent, outcome.sink)
-        while len(self._recent) > _RECENT_EPOCHS:
-            self._recent.popitem(last=False)
         if self._core.last_committed is not None and self._core.last_committed >= epoch:
             log.info("%s: epoch %s committed (%.3fs in commit)", self._config.runtime, epoch,
                      time.monotonic() - started)
