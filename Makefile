@@ -13,7 +13,7 @@ setup:
 	@bash scripts/setup.sh
 
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS) -p no:cacheprovider
+	$(PY) -m pytest $(PYTEST_ARGS) -p no:cacheprovider --durations=25
 
 unit: setup
 	$(PY) -m pytest -m unit -q

@@ -38,8 +38,9 @@ from raysink import _faults
 from raysink._pull import Pull
 from raysink.errors import SinkUnavailableError
 
-__all__ = ["EXECUTOR_CALL_TIMEOUT", "UNAVAILABLE_SECONDS", "ExecutorPartition", "conform",
-           "cross_language_calls", "decode", "executor_candidates", "fetch_ipc"]
+__all__ = ["EXECUTORS_BACK_SECONDS", "EXECUTOR_CALL_TIMEOUT", "UNAVAILABLE_SECONDS",
+           "ExecutorPartition", "conform", "cross_language_calls", "decode",
+           "executor_candidates", "fetch_ipc"]
 
 logger = logging.getLogger(__name__)
 
@@ -82,20 +83,35 @@ class ExecutorPartition(Pull):
         return f"ExecutorPartition(rdd {self.rdd_id}, partition {self.index}, {self.located})"
 
 
+EXECUTORS_BACK_SECONDS = 30.0
+"""How long a pull that no executor served keeps asking again, a round a second: after
+a node loss RayDP starts the lost executors' replacements, and the survivors may be
+unavailable for a moment (seen: every executor failing one round, 13 s after the loss)."""
+
+
 def fetch_ipc(located: str, rdd_id: int, index: int, schema_json: str,
               driver_agent_url: str, *, runtime: str = "", timeout: float = 300.0) -> Any:
-    """Ask the executors for a cached partition's Arrow IPC stream, in order."""
-    problems: list[str] = []
-    deadline = time.monotonic() + timeout
-    for name in _candidates(located, index):
-        left = deadline - time.monotonic()
-        if left <= 0:
-            problems.append(f"no time left for the others after {timeout:g} s")
+    """Ask the executors for a cached partition's Arrow IPC stream, in order; when none
+    served it, ask them all again for up to ``EXECUTORS_BACK_SECONDS``."""
+    started = time.monotonic()
+    deadline = started + timeout
+    again_until = min(deadline, started + EXECUTORS_BACK_SECONDS)
+    while True:
+        problems: list[str] = []
+        for name in _candidates(located, index):
+            left = deadline - time.monotonic()
+            if left <= 0:
+                problems.append(f"no time left for the others after {timeout:g} s")
+                break
+            ipc = _ask(name, rdd_id, index, schema_json, driver_agent_url, runtime,
+                       problems, min(EXECUTOR_CALL_TIMEOUT, left))
+            if ipc is not None:
+                return ipc
+        if time.monotonic() + 1.0 > again_until:
             break
-        ipc = _ask(name, rdd_id, index, schema_json, driver_agent_url, runtime, problems,
-                   min(EXECUTOR_CALL_TIMEOUT, left))
-        if ipc is not None:
-            return ipc
+        logger.warning("no executor served partition %s of RDD %s (%s); asking again",
+                       index, rdd_id, "; ".join(problems) or "no executor actor alive")
+        time.sleep(1.0)
     raise SinkUnavailableError(
         f"no RayDP executor served partition {index} of Spark RDD {rdd_id} "
         f"({'; '.join(problems) or 'no executor actor alive'}); the Spark app master may "
