@@ -289,15 +289,16 @@ class ParquetSink(Sink):
                              "Parquet directory")
 
     def table_schema(self) -> pa.Schema | None:
-        """The directory's schema: the newest commit log entry's (every entry records the
-        schema after its epoch), else the ``schema`` option, else ``None``."""
+        """The directory's schema: the newest readable commit log entry's (every entry
+        records the schema after its epoch, ``null`` while no epoch had one), else the
+        ``schema`` option, else ``None``. One entry read, not the whole log: this runs in
+        every commit."""
         for epoch in sorted(self._logged_epochs(), reverse=True):
             try:
                 text = self._read_commit_entry(epoch).get("schema")
             except SinkUnavailableError:
                 continue  # pruned meanwhile, or unreadable: an older entry tells
-            if isinstance(text, str):
-                return _schema.decode(text)
+            return self._schema if text is None else _schema.decode(text)
         return self._schema
 
     def _error_fields(self, epoch: int | None = None) -> dict[str, Any]:
@@ -538,7 +539,7 @@ class ParquetSink(Sink):
             names = os.listdir(self.layout.commits)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return [int(m.group(1)) for n in names if (m := _COMMIT_ENTRY.fullmatch(n))]
+        return [int(n[:12]) for n in names if _COMMIT_ENTRY.fullmatch(n)]
 
     def target_exists(self) -> bool:
         """Whether the directory exists (probed by the coordinator before it re-creates a

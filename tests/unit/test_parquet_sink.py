@@ -131,6 +131,30 @@ def test_commit_log_is_pruned_to_the_newest_entries(sink: ParquetSink,
     assert _visible(sink) == [10, 20, 30, 40, 50, 60, 70]
 
 
+def test_a_commit_reads_one_log_entry_however_long_the_log(
+        sink: ParquetSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The directory's schema comes from the newest entry alone (each records the schema
+    after its epoch, null while none had one): a run of empty epochs used to read every
+    kept entry in every commit, a cost that grew with the log."""
+    for epoch in range(1, 41):
+        sink.commit(epoch, [])
+    reads: list[int] = []
+    real = ParquetSink._read_commit_entry
+
+    def counted(self: ParquetSink, epoch: int) -> dict[str, object]:
+        reads.append(epoch)
+        return real(self, epoch)
+
+    monkeypatch.setattr(ParquetSink, "_read_commit_entry", counted)
+    sink.commit(41, [])
+    assert reads == [40]
+    assert sink.table_schema() is None
+    sink.commit(42, _stage(sink, 42, 0, [[1, 2]]))
+    sink.commit(43, [])
+    assert sink.table_schema() == _batch([1]).schema
+    assert sink.committed_epoch() == 43
+
+
 def _crash_mid_move(sink: ParquetSink, manifests: list[Manifest],
                     monkeypatch: pytest.MonkeyPatch) -> None:
     # the first staged file was renamed into place, the others not
