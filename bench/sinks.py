@@ -7,14 +7,14 @@ The data is built once and put in the object store as 64 Ki-row tables. Per sink
 round, alternating (library first in odd rounds, raysink first in even ones):
 
 * raysink: one epoch ``write_arrow(refs)`` into a runtime with 2 writers (started once per
-  sink, SQLite meta store), split into *feed* (data to the writers, pre-commit, PENDING)
-  and *commit* (the coordinator's sink commit until the epoch is visible);
+  sink, SQLite meta store), until the epoch is visible; its report must say every row;
 * library: ``ray.get`` of the same refs in the driver, then ``write_deltalake(...,
   mode="append")`` (with zstd, DeltaSink's codec; its default is snappy), pyiceberg
   ``table.append(table)`` (zstd by default, as IcebergSink), or a plain ``COPY`` through
   psycopg (CSV rendered by pyarrow, the encoding the sink uses).
 
-Each side appends to its own table. Then the commit overhead of an empty epoch through
+Each side appends to its own table; at the end both tables must hold every row written
+(counted back from the target), or the run stops. Then the commit overhead of an empty epoch through
 the runtime (``write_arrow([])``), p50 and p90. Targets: raysink/library >= 1.0x for Delta
 and Iceberg, >= 0.8x for PostgreSQL, empty-epoch p50 < 100 ms. Ratios are printed, never
 asserted. PostgreSQL runs on a throwaway server from ``tests/support/postgres.py``.
@@ -40,7 +40,6 @@ import pyarrow as pa
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raysink import SinkRuntime
-from raysink.actors.lifecycle import ActorSet
 from raysink.sinks.base import Sink
 from tests.support.postgres import PostgresServer
 
@@ -60,29 +59,6 @@ def make_data(rows: int) -> pa.Table:
     })
 
 
-class TimedRuntime(SinkRuntime):
-    """A runtime that records how long each epoch spent feeding and committing."""
-
-    feed_seconds: float = 0.0
-    commit_seconds: float = 0.0
-
-    def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: Any) -> tuple[int, Any]:
-        started = time.perf_counter()
-        try:
-            return super()._feed_and_commit(actors, epoch, attempt, plan)
-        finally:
-            self.feed_seconds = time.perf_counter() - started
-
-    def _finish(self, actors: ActorSet, epoch: int, rows: int, attempts: int,
-                started: float, wait: bool = True, waiting: Any = None) -> Any:
-        begun = time.perf_counter()
-        try:
-            return super()._finish(actors, epoch, rows, attempts, started, wait, waiting)
-        finally:
-            self.commit_seconds = time.perf_counter() - begun
-
-
 @dataclass(kw_only=True)
 class Case:
     """One sink kind: the raysink sink and the library's own bulk append."""
@@ -90,14 +66,13 @@ class Case:
     kind: str
     sink: Sink
     library: Callable[[pa.Table], None]
+    count: Callable[[str], int]  # rows in the "raysink" or the "library" table
     raysink_s: list[float] = field(default_factory=list)
-    feed_s: list[float] = field(default_factory=list)
-    commit_s: list[float] = field(default_factory=list)
     library_s: list[float] = field(default_factory=list)
 
 
 def delta_case(root: Path) -> Case:
-    from deltalake import WriterProperties, write_deltalake
+    from deltalake import DeltaTable, WriterProperties, write_deltalake
 
     from raysink.sinks import DeltaSink
 
@@ -106,7 +81,9 @@ def delta_case(root: Path) -> Case:
     props = WriterProperties(compression="ZSTD")
     return Case(kind="delta", sink=DeltaSink(str(root / "delta-raysink")),
                 library=lambda t: write_deltalake(target, t, mode="append",
-                                                  writer_properties=props))
+                                                  writer_properties=props),
+                count=lambda side: DeltaTable(str(root / f"delta-{side}")).to_pyarrow_dataset(
+                ).count_rows())
 
 
 def iceberg_case(root: Path) -> Case:
@@ -125,8 +102,12 @@ def iceberg_case(root: Path) -> Case:
             state["table"] = catalog.create_table("bench.library", schema=table.schema)
         state["table"].append(table)
 
+    def count(side: str) -> int:
+        table = load_catalog("raysink", **props).load_table(f"bench.{side}")
+        return int(table.scan().to_arrow().num_rows)
+
     return Case(kind="iceberg", sink=IcebergSink("bench.raysink", catalog=props),
-                library=append)
+                library=append, count=count)
 
 
 def postgres_case(server: PostgresServer) -> Case:
@@ -145,16 +126,21 @@ def postgres_case(server: PostgresServer) -> Case:
                 cp.write(buf.getvalue())
             conn.commit()
 
-    return Case(kind="postgres", sink=PostgresSink(server.dsn(), "raysink_copy"), library=copy)
+    def count(side: str) -> int:
+        with psycopg.connect(server.dsn()) as conn:
+            row = conn.execute(f"SELECT count(*) FROM {side}_copy").fetchone()
+            return int(row[0]) if row else 0
+
+    return Case(kind="postgres", sink=PostgresSink(server.dsn(), "raysink_copy"), library=copy,
+                count=count)
 
 
-def run_raysink(case: Case, rt: TimedRuntime, refs: list[Any]) -> None:
+def run_raysink(case: Case, rt: SinkRuntime, refs: list[Any], rows: int) -> None:
     started = time.perf_counter()
     report = rt.write_arrow(refs)
-    assert report.committed
     case.raysink_s.append(time.perf_counter() - started)
-    case.feed_s.append(rt.feed_seconds)
-    case.commit_s.append(rt.commit_seconds)
+    if not report.committed or report.skipped or report.rows != rows:
+        raise SystemExit(f"{case.kind}: the epoch did not commit {rows} rows: {report}")
 
 
 def run_library(case: Case, refs: list[Any]) -> None:
@@ -179,8 +165,8 @@ def bench_case(case: Case, refs: list[Any], warm: list[Any], rows: int, args: An
                meta: str) -> None:
     import ray
 
-    rt = TimedRuntime(f"bench-{case.kind}", case.sink, writers=2, metastore=meta,
-                      progress=False)
+    rt = SinkRuntime(f"bench-{case.kind}", case.sink, writers=2, metastore=meta,
+                     progress=False)
     rt.start()
     try:
         rt.write_arrow(warm)  # warm-up: tables created, connections open
@@ -191,15 +177,17 @@ def bench_case(case: Case, refs: list[Any], warm: list[Any], rows: int, args: An
                 if side == "library":
                     run_library(case, refs)
                 else:
-                    run_raysink(case, rt, refs)
+                    run_raysink(case, rt, refs, rows)
             ratio = case.library_s[-1] / case.raysink_s[-1]
-            print(f"{case.kind:8s} round {round_no + 1}: raysink {case.raysink_s[-1]:6.2f} s "
-                  f"(feed+pre-commit {case.feed_s[-1]:5.2f} s, commit "
-                  f"{case.commit_s[-1]:5.3f} s), library {case.library_s[-1]:6.2f} s, "
-                  f"ratio {ratio:4.2f}x", flush=True)
+            print(f"{case.kind:8s} round {round_no + 1}: raysink {case.raysink_s[-1]:6.2f} s, "
+                  f"library {case.library_s[-1]:6.2f} s, ratio {ratio:4.2f}x", flush=True)
         empty = empty_epochs(rt, args.empty)
     finally:
         rt.close()
+    expected = sum(t.num_rows for t in ray.get(warm)) + args.rounds * rows
+    counted = {side: case.count(side) for side in ("raysink", "library")}
+    if set(counted.values()) != {expected}:
+        raise SystemExit(f"{case.kind}: expected {expected} rows in each table, {counted}")
     med_r, med_l = statistics.median(case.raysink_s), statistics.median(case.library_s)
     q = statistics.quantiles(empty, n=10)
     print(f"{case.kind:8s} median: raysink {rows / med_r / 1e6:5.2f} M rows/s, library "
