@@ -3,12 +3,19 @@ writers (not a test).
 
 Part 1, real actors: one ``SinkRuntime`` per writer count (default 1, 2, 4, 8, 16, 32, 64)
 into a ``ParquetSink``, writer actors reserving no CPU, Ray started with ``--cpus``
-logical CPUs. After ``--warmup`` epochs, ``--epochs`` empty epochs (``rt.write_arrow([])``:
-every writer gets its barrier, pre-commits nothing, sends its commit request; the
-coordinator records OPEN and PENDING and commits the sink) are timed one by one from the
+logical CPUs. After ``--warmup`` epochs, ``--epochs`` epochs are timed one by one from the
 driver; p50, p99 and the mean per writer count, and the growth per added writer between
-the first and last count. Targets (issue 11): 2 writers p50/p99 <= 6/12 ms, 16 writers
-<= 15/30 ms, 64 writers <= 60/120 ms.
+the first and last count, for two kinds of epoch:
+
+* empty (``rt.write_arrow([])``), the issue's measure: no writer received anything, so no
+  writer is called (the driver answers for them); the coordinator records OPEN and PENDING
+  in one durable transaction, records the sink's commit (no marker, nothing to take to
+  the target) and answers. Targets (issue 11): 2 writers p50/p99 <= 6/12 ms, 16 writers
+  <= 15/30 ms, 64 writers <= 60/120 ms.
+* one row per writer (``rt.write_arrow([row] * writers)``): every writer gets a data
+  message and its barrier, writes and fsyncs a Parquet file and answers with its commit
+  request; the sink's commit moves every file into place and writes its marker. What
+  grows with the writers here is the work each does, not a protocol step.
 
 Part 2, simulation: the coordinator's epoch logic (``EpochCoordinator``) with
 ``--sim-writers`` (1,000) fake writers in this process, no Ray: open, the gathered commit
@@ -18,7 +25,7 @@ coordinator's own CPU time per epoch (``time.process_time``; target <= 50 ms) an
 split between the in-memory requests and the meta store.
 
     .venv/bin/python bench/epoch_cost.py [--counts 1,2,4,8,16,32,64] [--epochs 100]
-                                         [--warmup 10] [--sim-writers 1000] [--sim-only]
+        [--warmup 10] [--rows-per-writer 1] [--sim-writers 1000] [--sim-only]
 """
 
 from __future__ import annotations
@@ -53,26 +60,33 @@ def _percentile(values: Sequence[float], q: float) -> float:
 # ----------------------------------------------------------------------------- part 1
 
 
-def empty_epochs(counts: Sequence[int], epochs: int, warmup: int, root: Path) -> None:
+def timed_epochs(counts: Sequence[int], epochs: int, warmup: int, root: Path, *,
+                 rows_per_writer: int) -> None:
+    import pyarrow as pa
+
     from raysink import SinkRuntime
     from raysink.sinks import ParquetSink
 
-    print(f"empty epochs: {epochs} per writer count after {warmup} warm-up epochs "
+    kind = (f"epochs of {rows_per_writer} row(s) per writer" if rows_per_writer
+            else "empty epochs")
+    print(f"{kind}: {epochs} per writer count after {warmup} warm-up epochs "
           "(0-CPU writer actors)")
     p50s: dict[int, float] = {}
     for count in counts:
-        name = f"cost-{count}"
+        name = f"cost-{count}-{rows_per_writer}"
+        piece = pa.table({"id": pa.array(range(rows_per_writer), pa.int64())})
+        data = [piece] * count if rows_per_writer else []
         with SinkRuntime(name, ParquetSink(str(root / name)), writers=count,
                          metastore=f"sqlite:///{root / 'meta.db'}", progress=False) as rt:
             for _ in range(warmup):
-                rt.write_arrow([])
+                rt.write_arrow(data)
             samples = []
             for _ in range(epochs):
                 started = time.perf_counter()
-                report = rt.write_arrow([])
+                report = rt.write_arrow(data)
                 samples.append(time.perf_counter() - started)
-                if not report.committed:
-                    raise SystemExit(f"empty epoch not committed: {report}")
+                if not report.committed or report.rows != rows_per_writer * count:
+                    raise SystemExit(f"epoch not committed whole: {report}")
         p50, p99 = _percentile(samples, 0.5), _percentile(samples, 0.99)
         p50s[count] = p50
         print(f"  {count:3d} writer(s): p50 {_ms(p50)}  p99 {_ms(p99)}  mean "
@@ -81,7 +95,8 @@ def empty_epochs(counts: Sequence[int], epochs: int, warmup: int, root: Path) ->
     if last > first:
         per = (p50s[last] - p50s[first]) / (last - first)
         print(f"  growth of p50 per added writer ({first} -> {last}): {per * 1000:.3f} ms")
-    print("  targets: 2 writers <= 6/12 ms, 16 <= 15/30 ms, 64 <= 60/120 ms (p50/p99)")
+    if not rows_per_writer:
+        print("  targets: 2 writers <= 6/12 ms, 16 <= 15/30 ms, 64 <= 60/120 ms (p50/p99)")
 
 
 # ----------------------------------------------------------------------------- part 2
@@ -161,6 +176,8 @@ def main() -> None:
     parser.add_argument("--sim-writers", type=int, default=1000)
     parser.add_argument("--sim-epochs", type=int, default=50)
     parser.add_argument("--sim-only", action="store_true")
+    parser.add_argument("--rows-per-writer", type=int, default=1,
+                        help="rows each writer gets in the second kind of epoch (0: skip it)")
     args = parser.parse_args()
     root = Path(tempfile.mkdtemp(prefix="raysink-epoch-cost-"))
     try:
@@ -170,8 +187,11 @@ def main() -> None:
 
             ray.init(num_cpus=args.cpus, include_dashboard=False, log_to_driver=False)
             try:
-                empty_epochs([int(c) for c in args.counts.split(",")], args.epochs,
-                             args.warmup, root)
+                counts = [int(c) for c in args.counts.split(",")]
+                timed_epochs(counts, args.epochs, args.warmup, root, rows_per_writer=0)
+                if args.rows_per_writer:
+                    timed_epochs(counts, args.epochs, args.warmup, root,
+                                 rows_per_writer=args.rows_per_writer)
             finally:
                 ray.shutdown()
     finally:

@@ -699,8 +699,10 @@ class InMemoryMetaStore:
         committed = [e for (rt, s, e), row in self._epochs.items()
                      if rt == runtime and s == sink and row["state"] == EpochState.COMMITTED]
         newest = max(committed)
+        marked = max((e for e in committed if self._epochs[(runtime, sink, e)]["marked"]),
+                     default=None)
         for epoch in committed:
-            if epoch < newest:
+            if epoch not in (newest, marked):
                 del self._epochs[(runtime, sink, epoch)]
 
     def put_aborted(self, runtime: str, generation: int, epoch: int, attempt: int) -> None:

@@ -214,8 +214,9 @@ class CoordinatorActor:
                 continue
             started = time.monotonic()
             try:
-                outcome = await self._watched(
+                outcome = (await self._watched(
                     sink, step.epoch, asyncio.to_thread(self._core.run_commit, step))
+                    if not step.carries_nothing else self._core.run_commit(step))  # no I/O
                 self._remember_skipped(outcome)  # before a waiter can see the epoch done
                 await self._locked(functools.partial(self._core.record_commit, outcome))
             except FencedError:
@@ -347,10 +348,13 @@ class CoordinatorActor:
         ``StaleAttemptError`` for an attempt that can no longer commit. ``generation``:
         the coordinator generation the driver began an unopened attempt under."""
         await self._until_recovered()
+
+        def decide() -> bool:  # one hop to the worker thread for both steps
+            self._core.gather(epoch, attempt, requests, generation)
+            return self._core.persist_pending(epoch, attempt)
+
         try:
-            await self._retrying_backpressure(
-                lambda: self._core.gather(epoch, attempt, requests, generation), timeout)
-            decided = await self._locked(lambda: self._core.persist_pending(epoch, attempt))
+            decided = await self._retrying_backpressure(decide, timeout)
         except (StaleAttemptError, BackpressureError, FencedError):
             raise
         except Exception:

@@ -98,6 +98,14 @@ class CommitStep:
     epoch: int
     sink: str
     manifests: tuple[Manifest, ...]
+    attempt: int = 0
+
+    @property
+    def carries_nothing(self) -> bool:
+        """The decided attempt staged nothing in this sink (no manifest: every writer of
+        it idle) and is the epoch's first, so no failed attempt may have left anything
+        for the commit to clear away: the target need not be called."""
+        return not self.manifests and self.attempt == 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -677,13 +685,23 @@ class EpochCoordinator:
             done = set(entry.committed)
             for name in [sink] if sink is not None else list(self.sinks):
                 if name not in done:
-                    return CommitStep(epoch=epoch, sink=name,
+                    return CommitStep(epoch=epoch, sink=name, attempt=entry.attempt,
                                       manifests=tuple(entry.manifests.get(name, [])))
         return None
 
     def run_commit(self, step: CommitStep) -> CommitOutcome:
         """The sink's I/O of ``step`` (marker check, then ``Sink.commit``), under the sink's
-        own lock and nothing else: it may run beside other sinks' commits. Idempotent."""
+        own lock and nothing else: it may run beside other sinks' commits. Idempotent.
+
+        An epoch that carried nothing to the sink (no writer of it staged anything, not
+        even a schema, in its first and only attempt) is not taken to the target at all:
+        there is nothing to make visible, and a marker of its own would cost a durable
+        write per sink and, in Delta and Iceberg, an empty table version. It is recorded
+        committed without a marker (as an epoch with nothing to create a missing target
+        with already was)."""
+        if step.carries_nothing:
+            return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=False,
+                                 marked=False)
         target = self.sinks[step.sink]
         with self._io[step.sink]:
             marker = target.committed_epoch()

@@ -228,6 +228,21 @@ def test_committed_records_say_whether_the_marker_was_left(store: MetaStore, rt:
                                                                              "b": True}
 
 
+def test_the_newest_marked_commit_outlives_the_pruning(store: MetaStore, rt: str) -> None:
+    """Epochs that carried nothing leave no marker: the newest epoch whose marker the
+    target must hold is kept beside the newest, whatever came between."""
+    gen = store.claim(rt, SINKS).generation
+    for epoch, marked in [(1, True), (2, True), (3, False), (4, False), (5, False)]:
+        store.put_open(rt, gen, epoch, 0, ["a"], {})
+        store.put_pending(rt, gen, epoch, 0, {"a": []})
+        store.put_committed(rt, gen, epoch, "a", marked=marked)
+    assert [(r.epoch, r.marked) for r in store.records(rt)] == [(2, True), (5, False)]
+    store.put_open(rt, gen, 6, 0, ["a"], {})
+    store.put_pending(rt, gen, 6, 0, {"a": []})
+    store.put_committed(rt, gen, 6, "a")
+    assert [(r.epoch, r.marked) for r in store.records(rt)] == [(6, True)]
+
+
 def test_a_store_from_before_the_marked_column_is_brought_up_to_date(
         backend: Backend, store: MetaStore, rt: str) -> None:
     gen = store.claim(rt, SINKS).generation

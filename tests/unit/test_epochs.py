@@ -350,6 +350,62 @@ def test_empty_epoch_before_the_target_exists_is_committed_without_a_marker() ->
         h.core.reconcile_markers()
 
 
+def _idle_epoch(h: Harness, epoch: int) -> int:
+    """Epoch ``epoch`` with every writer of every sink idle (the driver answers for them);
+    returns its attempt."""
+    decision = h.core.open_epoch(epoch)
+    idle = [CommitRequest(sink=name, writer=k, epoch=epoch, attempt=decision.attempt,
+                          manifest=None)
+            for name in h.core.sinks for k in range(h.writers)]
+    h.core.gather(epoch, decision.attempt, idle)
+    assert h.core.persist_pending(epoch, decision.attempt)
+    h.commit_all()
+    return decision.attempt
+
+
+def test_an_epoch_that_carried_nothing_is_committed_without_calling_the_sink() -> None:
+    """No manifest in any writer: recorded committed, unmarked, the target untouched (no
+    marker write, no empty version); the marker of the last epoch that carried something
+    is still expected of the target after a restart, so its loss is still caught. (The
+    first epochs after a start have their attempt 0 spent by the start's sweep.)"""
+    h = Harness(sinks=("a",))
+    target = h.targets["a"]
+    for epoch in (1, 2, 3):
+        h.write_epoch(epoch)
+    for epoch in (4, 5):
+        assert _idle_epoch(h, epoch) == 0
+    assert target.commits == 3 and target.marker == 3 and h.core.last_committed == 5
+    assert [(r.epoch, r.marked) for r in h.store.records(RUNTIME)] == [(3, True), (5, False)]
+    h.crash()
+    assert h.core.last_committed == 5 and h.core.open_epoch(None).epoch == 6
+    h.crash()
+    target.marker = 1  # behind the meta store: epoch 3's marker is re-created
+    h.core.reconcile_markers()
+    assert target.marker == 3
+    h.crash()
+    target.exists, target.marker = False, None  # the target deleted: a loss, not "new"
+    with pytest.raises(DataLossError):
+        h.core.reconcile_markers()
+
+
+def test_a_later_attempt_that_carried_nothing_still_calls_the_sink() -> None:
+    """After a failed attempt (or a start, which spends attempt 0 of the next epochs on
+    its sweep) the commit also clears what may be left (a PostgreSQL writer's
+    transaction prepared after the abort): the sink is called."""
+    h = Harness(sinks=("a",))
+    target = h.targets["a"]
+    assert _idle_epoch(h, 1) == 1  # attempt 0 spent by the start
+    for epoch in (2, 3):
+        h.write_epoch(epoch)
+    first = h.core.open_epoch(4)
+    assert first.attempt == 0
+    h.core.gather(4, first.attempt, h.requests(4, first.attempt))
+    assert h.core.resolve(4, first.attempt) is Resolution.ABORTED
+    assert _idle_epoch(h, 4) == 1
+    assert target.commits == 4 and target.marker == 4
+    assert sorted({e for e, _, _ in target.visible}) == [2, 3]
+
+
 # ----------------------------------------------------------------------------- markers
 
 

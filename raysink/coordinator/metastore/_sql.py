@@ -428,11 +428,17 @@ class SqlMetaStore(abc.ABC):
                      sink, epoch, pruned)
 
     def _prune_committed(self, tx: Tx, runtime: str, sink: str) -> int:
+        """Delete the sink's COMMITTED rows but the newest and the newest marked one (the
+        epoch whose marker the target must still hold, when epochs without a marker came
+        after it)."""
         committed = EpochState.COMMITTED.value
+        newest = (f"SELECT MAX(epoch) FROM {EPOCHS} "
+                  "WHERE runtime = ? AND sink = ? AND state = ?")
         return tx.run(f"DELETE FROM {EPOCHS} WHERE runtime = ? AND sink = ? AND state = ? "
-                      f"AND epoch < (SELECT MAX(epoch) FROM {EPOCHS} "
-                      "WHERE runtime = ? AND sink = ? AND state = ?)",
-                      runtime, sink, committed, runtime, sink, committed)
+                      f"AND epoch < ({newest}) "
+                      f"AND epoch <> COALESCE(({newest} AND marked = 1), -1)",
+                      runtime, sink, committed, runtime, sink, committed,
+                      runtime, sink, committed)
 
     def put_aborted(self, runtime: str, generation: int, epoch: int, attempt: int) -> None:
         """Record every sink's OPEN ``(epoch, attempt)`` ABORTED; refuse a decided epoch."""

@@ -12,9 +12,11 @@ One meta store may hold many runtimes; every record is keyed by runtime name. Re
 * PENDING: every writer pre-committed; the decision to commit is durable. Written for all
   sinks of the runtime in one transaction. Always rolls forward.
 * COMMITTED: the sink made the epoch visible. Older COMMITTED rows are pruned; the newest
-  one per sink is kept as the high-water mark. ``marked`` says whether the commit left the
-  sink's progress marker in the target: it did not only when there was no target yet and
-  the epoch carried nothing to create one with (an empty epoch whose schema nobody saw).
+  one per sink is kept as the high-water mark, and the newest marked one with it.
+  ``marked`` says whether the commit left the sink's progress marker in the target: it did
+  not when the epoch carried nothing to the sink (no writer of it staged anything, not
+  even a schema), which the coordinator records committed without calling the sink, and
+  when there was no target yet and nothing to create one with.
 * ABORTED: the attempt will never commit; staging is swept, then the row is deleted.
 
 Every write names the coordinator ``generation`` that makes it; a write from an older
@@ -177,8 +179,9 @@ class MetaStore(Protocol):
                       marked: bool = True) -> None:
         """Record one sink's epoch COMMITTED and prune that sink's older COMMITTED rows.
 
-        ``marked=False``: the commit left no marker in the target (it had no target and
-        nothing to create one with)."""
+        ``marked=False``: the commit left no marker in the target (the epoch carried
+        nothing to it, or it had no target and nothing to create one with). The newest
+        marked row is kept through the pruning: the target must still hold its marker."""
         ...
 
     def put_aborted(self, runtime: str, generation: int, epoch: int, attempt: int) -> None:
