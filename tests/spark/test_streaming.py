@@ -2,7 +2,13 @@
 
 The driver (``tests/spark/streaming_driver.py``) runs in its own process with its own local
 Ray and RayDP, over a Parquet file source (one file per micro-batch, ``availableNow``).
-Four runs share one checkpoint location, runtime name and meta store:
+The runs of a test share one checkpoint location, runtime name and meta store.
+
+In the default run, two runs: the first is killed once batch 1's epoch is PENDING, before
+any sink commit and before Spark recorded the batch; the second rolls the epoch forward at
+its start, is handed batch 1 again by Spark (the runtime must skip it) and runs to the end.
+
+The full sequence (``slow``, four runs):
 
 1. killed after ``foreach_batch`` wrote batch 1, before Spark recorded it (Spark replays
    it: the runtime must skip it);
@@ -12,9 +18,9 @@ Four runs share one checkpoint location, runtime name and meta store:
    the replay is skipped);
 4. (two more files added) runs to the end.
 
-The table then holds every input row exactly once. A killed driver that started its own
-Ray leaves orphans (raylet, GCS, agents, workers, the Java executors): every process of
-the driver's tree, and any process carrying the run's marker in its environment, is
+Either way the table then holds every input row exactly once. A killed driver that started
+its own Ray leaves orphans (raylet, GCS, agents, workers, the Java executors): every process
+of the driver's tree, and any process carrying the run's marker in its environment, is
 SIGKILLed by pid and waited for.
 """
 
@@ -191,6 +197,42 @@ def _batches(driver: Driver) -> dict[int, tuple[int, int, bool]]:
     return out
 
 
+def _assert_every_row_once(table: str, files: int) -> None:
+    ids = Counter(ds.dataset(table, format="parquet").to_table(columns=["id"])
+                  .column("id").to_pylist())
+    expected = Counter(i * 1000 + r for i in range(files) for r in range(ROWS))
+    assert ids == expected, (
+        f"doubled: {sorted(k for k, v in ids.items() if v > 1)[:10]}, "
+        f"missing: {sorted(set(expected) - set(ids))[:10]}")
+
+
+def test_driver_killed_with_a_micro_batch_pending_resumes_it_once(
+        layout: dict[str, Any], tmp_path: Path) -> None:
+    source = Path(layout["input"])
+    for index in range(3):
+        _feed(source, index)
+    log = tmp_path / "driver.log"
+
+    # batch 1 (epoch 2) decided PENDING, no sink committed, Spark has not recorded it
+    arm_fault(NAME, "coordinator.after_pending", action="sleep", seconds=600,
+              when={"epoch": 2})
+    first = Driver(layout, log)
+    wait_fired(NAME, "coordinator.after_pending", timeout=240)
+    first.kill()
+    assert _batches(first) == {0: (1, ROWS, False)}
+
+    # rolled forward at the start; Spark's replay of batch 1 is skipped; one more file
+    disarm_faults(NAME)
+    _feed(source, 3)
+    second = Driver(layout, log)
+    done = second.wait_for(lambda line: line.startswith("DONE"))
+    second.finish()
+    assert done == "DONE 4"
+    assert _batches(second) == {1: (2, 0, True), 2: (3, ROWS, False), 3: (4, ROWS, False)}
+    _assert_every_row_once(layout["table"], files=4)
+
+
+@pytest.mark.slow
 def test_driver_killed_between_and_inside_micro_batches(layout: dict[str, Any],
                                                         tmp_path: Path) -> None:
     source = Path(layout["input"])
@@ -234,9 +276,4 @@ def test_driver_killed_between_and_inside_micro_batches(layout: dict[str, Any],
     assert _batches(fourth) == {4: (5, 0, True), 5: (6, ROWS, False), 6: (7, ROWS, False),
                                 7: (8, ROWS, False)}
 
-    ids = Counter(ds.dataset(layout["table"], format="parquet").to_table(columns=["id"])
-                  .column("id").to_pylist())
-    expected = Counter(i * 1000 + r for i in range(8) for r in range(ROWS))
-    assert ids == expected, (
-        f"doubled: {sorted(k for k, v in ids.items() if v > 1)[:10]}, "
-        f"missing: {sorted(set(expected) - set(ids))[:10]}")
+    _assert_every_row_once(layout["table"], files=8)
