@@ -18,6 +18,12 @@ Each side appends to its own table; at the end both tables must hold every row w
 the runtime (``write_arrow([])``), p50 and p90. Targets: raysink/library >= 1.0x for Delta
 and Iceberg, >= 0.8x for PostgreSQL, empty-epoch p50 < 100 ms. Ratios are printed, never
 asserted. PostgreSQL runs on a throwaway server from ``tests/support/postgres.py``.
+
+``--pin`` (Linux, 2 or more cores) separates the data work from Ray's own: the writer
+actors run on the last core, and so does the driver while it does the library's write;
+everything else (GCS, raylet, agents, the coordinator, idle workers, the driver while
+raysink writes) runs on the other cores. Each side then encodes on one core, and the
+writers do not compete with the raylet.
 """
 
 from __future__ import annotations
@@ -135,6 +141,38 @@ def postgres_case(server: PostgresServer) -> Case:
                 count=count)
 
 
+class Pinning:
+    """CPU affinity of this run's processes, every thread of each (``--pin``)."""
+
+    def __init__(self, rt: SinkRuntime) -> None:
+        import psutil
+        import ray
+
+        cpus = list(range(os.cpu_count() or 1))
+        if len(cpus) < 2:
+            raise SystemExit("--pin needs at least 2 cores")
+        self.data, self.ray = {cpus[-1]}, set(cpus[:-1])
+        ours = psutil.Process().children(recursive=True)
+        writers = {ray.get(w.ping.remote()) for w in rt._actors.all_writers()}
+        for proc in ours:
+            pin(proc.pid, self.data if proc.pid in writers else self.ray)
+        print(f"pinned: {len(writers)} writers on CPU {sorted(self.data)}, "
+              f"{len(ours) - len(writers)} Ray processes on CPU {sorted(self.ray)}",
+              flush=True)
+
+    def driver_does(self, side: str) -> None:
+        pin(os.getpid(), self.data if side == "library" else self.ray)
+
+
+def pin(pid: int, cpus: set[int]) -> None:
+    """Every thread of ``pid`` on ``cpus`` (a thread's affinity is its own)."""
+    for tid in os.listdir(f"/proc/{pid}/task"):
+        try:
+            os.sched_setaffinity(int(tid), cpus)
+        except (ProcessLookupError, FileNotFoundError):
+            continue
+
+
 def run_raysink(case: Case, rt: SinkRuntime, refs: list[Any], rows: int) -> None:
     started = time.perf_counter()
     report = rt.write_arrow(refs)
@@ -171,9 +209,12 @@ def bench_case(case: Case, refs: list[Any], warm: list[Any], rows: int, args: An
     try:
         rt.write_arrow(warm)  # warm-up: tables created, connections open
         case.library(pa.concat_tables(ray.get(warm)))
+        pinning = Pinning(rt) if args.pin else None
         for round_no in range(args.rounds):
             library_first = round_no % 2 == 0
             for side in ("library", "raysink") if library_first else ("raysink", "library"):
+                if pinning is not None:
+                    pinning.driver_does(side)
                 if side == "library":
                     run_library(case, refs)
                 else:
@@ -204,6 +245,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--empty", type=int, default=30)
     parser.add_argument("--sinks", nargs="+", choices=SINKS, default=list(SINKS))
+    parser.add_argument("--pin", action="store_true",
+                        help="writers (and the library's write) on the last core, Ray's "
+                             "processes on the others")
     args = parser.parse_args()
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
     data = make_data(args.rows)

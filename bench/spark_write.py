@@ -369,15 +369,19 @@ def main() -> None:
                         help="also time rt.write through fetch tasks and object refs (the "
                              "handoff before writers pulled from the executors)")
     parser.add_argument("--dir", default=None, help="output root (default: a temp dir)")
+    parser.add_argument("--conf", action="append", default=[], metavar="KEY=VALUE",
+                        help="an extra Spark setting (repeatable)")
     args = parser.parse_args()
+    extra = dict(item.split("=", 1) for item in args.conf)
 
     from raysink.spark import init_spark, stop_spark
 
     root = Path(args.dir or tempfile.mkdtemp(prefix="raysink-bench-write-"))
     root.mkdir(parents=True, exist_ok=True)
     ray.init(num_cpus=8, include_dashboard=False, log_to_driver=False)
+    configs = {"spark.ui.showConsoleProgress": "false", **extra}
     spark = init_spark("raysink-bench-write", executors=2, executor_cores=1,
-                       executor_memory="2g", configs={"spark.ui.showConsoleProgress": "false"})
+                       executor_memory="2g", configs=configs)
     bench: Bench | None = None
     try:
         spark.sparkContext.setLogLevel("ERROR")
