@@ -98,7 +98,7 @@ class CommitStep:
     epoch: int
     sink: str
     manifests: tuple[Manifest, ...]
-    attempt: int = 0
+    attempt: int
 
     @property
     def carries_nothing(self) -> bool:

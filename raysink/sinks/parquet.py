@@ -539,7 +539,7 @@ class ParquetSink(Sink):
             names = os.listdir(self.layout.commits)
         except (FileNotFoundError, NotADirectoryError):
             return []
-        return [int(n[:12]) for n in names if _COMMIT_ENTRY.fullmatch(n)]
+        return [int(found.group(1)) for found in map(_COMMIT_ENTRY.fullmatch, names) if found]
 
     def target_exists(self) -> bool:
         """Whether the directory exists (probed by the coordinator before it re-creates a
