@@ -54,6 +54,17 @@ class Nodes:
         if lost:
             log.info("%s worker(s) added in %.1f s", len(lost), time.monotonic() - started)
 
+    def wait_lost_declared_dead(self, timeout: float = 60.0) -> None:
+        """Wait until Ray has declared every removed worker dead (its health checks time
+        out 15-20 s after the loss); what Ray does then can reach far beyond that node."""
+        import ray
+
+        lost = {n for n in self._labels if n not in self.cluster.workers()}
+        deadline = time.monotonic() + timeout
+        while lost & {str(n["NodeID"]) for n in ray.nodes() if n["Alive"]}:
+            assert time.monotonic() < deadline, f"Ray still lists removed nodes alive: {lost}"
+            time.sleep(0.5)
+
     def labelled(self, labels: Mapping[str, str]) -> list[str]:
         return [n for n, have in self._labels.items()
                 if n in self.cluster.workers() and dict(have) == dict(labels)]

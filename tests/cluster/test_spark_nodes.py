@@ -1,6 +1,6 @@
 """Spark on the cluster: the node of a RayDP executor removed while a writer pulls from it.
 
-One RayDP session for the module: its app master on the head (the driver's node), three
+One RayDP session per test: its app master on the head (the driver's node), three
 executors, one per worker node (``tests.support.cluster.SPARK_CONFIGS``). Each epoch is
 held at ``spark.mid_pull`` (3 s) as a writer is about to ask the victim executor for a
 partition, and the executor's node is removed meanwhile: the executor, the partitions Spark cached
@@ -9,7 +9,13 @@ asks the other executors, whose block managers cannot read the lost blocks and h
 compute them again; the writers on the lost node are replaced; the epoch commits exactly
 once. First through ``rt.write(df)``, then through ``foreach_batch`` of a Structured
 Streaming query (a Parquet file source, one file per micro-batch), each losing a node of
-its own; the lost workers come back only after the module.
+its own.
+
+After each test Spark stops, Ray declares the removed node dead, and only then a worker
+is added back. Measured here: when Ray declared a node dead (15-20 s after its loss, once
+the test had passed), every other executor of the session was lost with it, so a session
+shared with the next test had none left. A worker added while Spark runs lets RayDP
+restart the lost executor there under an id Spark may schedule to and never start.
 """
 
 from __future__ import annotations
@@ -50,16 +56,16 @@ def _executors(nodes: Nodes) -> dict[str, str]:
     return {name: node for name, node in found.items() if node in workers}
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def nodes(cluster: Nodes) -> Iterator[Nodes]:
-    """The cluster, restored only after the module (after Spark stopped): a worker added
-    while Spark runs would let RayDP restart the lost executor there, under a new id
-    Spark may schedule tasks to and never start (RayDP 1.6.5)."""
+    """The cluster, restored after the test's Spark stopped and Ray declared the removed
+    node dead (see the module's docstring)."""
     yield cluster
+    cluster.wait_lost_declared_dead()
     cluster.restore()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def spark(nodes: Nodes) -> Iterator[SparkSession]:
     session = init_spark("raysink-test-cluster", executors=EXECUTORS, executor_cores=1,
                          executor_memory="512m", configs=SPARK_CONFIGS)
