@@ -9,6 +9,7 @@ most ``credits`` unacknowledged writes per writer, then sends each writer its ba
 
 from __future__ import annotations
 
+import functools
 import logging
 import random
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
@@ -236,15 +237,22 @@ def _split_remote(ref: Any, key: list[str], bitmaps_hex: list[str]) -> list[Any]
     """One task fetches ``ref`` (or pulls it) and cuts it by writer. A pull whose source
     failed (``SinkUnavailableError``) is tried again by the task: the epoch's retries
     re-send these same pieces, so a failure kept in them would fail every attempt."""
-    import ray
-
     from raysink.errors import SinkUnavailableError
 
-    task = ray.remote(_split_task).options(num_returns=len(bitmaps_hex), num_cpus=0,
+    task = _split_task_remote().options(num_returns=len(bitmaps_hex), num_cpus=0,
                                            max_retries=3,
                                            retry_exceptions=[SinkUnavailableError])
     result: Any = task.remote([ref], key, bitmaps_hex)
     return [result] if len(bitmaps_hex) == 1 else list(result)
+
+
+@functools.cache
+def _split_task_remote() -> Any:
+    """``_split_task`` as a Ray remote function, made once per process (Ray disassembles a
+    function again for each new ``ray.remote`` of it)."""
+    import ray
+
+    return ray.remote(_split_task)
 
 
 def _split_task(refs: list[Any], key: list[str], bitmaps_hex: list[str]) -> Any:

@@ -41,6 +41,7 @@ idempotent by the target's marker).
 from __future__ import annotations
 
 import dataclasses
+import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -81,7 +82,11 @@ def writer_name(runtime: str, sink: str, index: int) -> str:
     return f"{runtime}.{sink}.writer-{index}"
 
 
+@functools.cache
 def _remote_writer_class() -> Any:
+    """The writer as a Ray actor class, made once per process: Ray exports a class to the
+    cluster once per job, but disassembles it again for each new ``ray.remote`` of it
+    (about half a second for the writer, on the driver, before each actor starts)."""
     import ray
 
     for method in _WRITER_METHODS:
@@ -89,6 +94,14 @@ def _remote_writer_class() -> Any:
         ray.method(concurrency_group=group)(getattr(SinkWriterActor, method))
     remote = ray.remote(concurrency_groups=_WRITER_GROUPS)  # type: ignore[call-overload]
     return remote(SinkWriterActor)
+
+
+@functools.cache
+def _remote_coordinator_class() -> Any:
+    """The coordinator as a Ray actor class, made once per process (see the writer's)."""
+    import ray
+
+    return ray.remote(CoordinatorActor)
 
 
 def _exists(name: str) -> bool:
@@ -221,8 +234,6 @@ class ActorSet:
 
     def _start_coordinator(self) -> Any:
         """A new coordinator (a new generation: it claims the runtime in the meta store)."""
-        import ray
-
         options_node: dict[str, Any] = {}
         if not self._user_schedules():
             node, hard = coordinator_node(self._cluster(), self.placement,
@@ -237,7 +248,7 @@ class ActorSet:
                 options["max_restarts"] = 0  # the driver re-creates it with the current layout
             options["max_concurrency"] = 1000
             options.update(options_node)
-            return ray.remote(CoordinatorActor).options(**options).remote(
+            return _remote_coordinator_class().options(**options).remote(
                 self.coordinator_config)
 
         self._names[COORDINATOR], handle = _create(coordinator_name(self.runtime), make)
