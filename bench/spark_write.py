@@ -23,14 +23,16 @@ Spark and raysink use the same compression (``--compression``, default snappy: S
 default). Each round prints seconds and rows/s; the end prints medians and the ratios
 raysink / handoff (target >= 0.9) and raysink / spark (target >= 1.3).
 
-``--phases`` first times the steps of raysink's handoff one after the other in this
-process (Spark prepare = cache + count of the Arrow RDD; fetch of every partition's IPC
-bytes from its executor; decode; Parquet write of the decoded tables by one sink writer),
-so the rounds can be read against them. ``--profile`` adds one more raysink epoch, timed
-phase by phase from the driver, with the Ray timeline and, when ``py-spy`` is installed,
-a sampled profile of the writer actors grouped by what they were doing.
+``--phases``, after the rounds (the JIT warm), times the steps of raysink's handoff one
+after the other in this process (Spark prepare = cache + count of the Arrow RDD; fetch of
+every partition's IPC bytes from its executor; decode; Parquet write of the decoded tables
+by one sink writer), wall and busy CPU seconds, and prints the CPU floor of raysink's path
+(prepare + fetch + Parquet encoding) against Spark's write.
+``--profile`` adds one more raysink epoch, timed phase by phase from the driver, with the
+Ray timeline and, when ``py-spy`` is installed, a sampled profile of the writer actors
+grouped by what they were doing.
 
-    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--phases]
+    .venv/bin/python bench/spark_write.py [--rows 5000000] [--rounds 3] [--warmup 1] [--phases]
         [--profile] [--with-refs] [--with-tasks] [--key k]
 """
 
@@ -250,49 +252,75 @@ def _timeline(since: float, out: Path) -> dict[str, tuple[int, float, float]]:
     return {n: (len(v), sum(v), max(v)) for n, v in stats.items()}
 
 
-def phases(df: Any, rows: int, root: Path, compression: str) -> None:
+class _Stopwatch:
+    """Wall seconds and the machine's busy CPU seconds of consecutive steps."""
+
+    def __init__(self) -> None:
+        self.steps: dict[str, tuple[float, float]] = {}
+        self._mark = (time.perf_counter(), busy_cpu_seconds())
+
+    def lap(self, label: str) -> None:
+        now = (time.perf_counter(), busy_cpu_seconds())
+        self.steps[label] = (now[0] - self._mark[0], now[1] - self._mark[1])
+        self._mark = now
+
+    def skip(self) -> None:
+        """Leave out what ran since the last lap."""
+        self._mark = (time.perf_counter(), busy_cpu_seconds())
+
+
+#: The steps ``phases`` times; the first and the last are the floor of raysink's path.
+PREPARE = "Spark prepare (toArrowBatchRdd, persist, count)"
+FETCH = "fetch IPC bytes from the executors (serial)"
+DECODE = "decode"
+ENCODE = "Parquet write of every table by one sink writer"
+
+
+def _phase_run(df: Any, root: Path, compression: str) -> tuple[_Stopwatch, dict[str, Any]]:
     """raysink's handoff step by step, one after the other in this process."""
     from raysink.sinks import ParquetSink
     from raysink.spark import SparkPartitions
     from raysink.spark.pull import ExecutorPartition, decode
 
-    cpu = busy_cpu_seconds()
-    started = time.perf_counter()
+    watch = _Stopwatch()
     with SparkPartitions.open(df) as parts:
-        prepared = time.perf_counter()
-        cpu = busy_cpu_seconds() - cpu
+        watch.lap(PREPARE)
         items = [item for item in parts.pulls() if isinstance(item, ExecutorPartition)]
-        fetched: list[Any] = []
-        for item in items:
-            fetched.append(item.fetch_ipc())
-        got = time.perf_counter()
-        raw = [pa.ipc.open_stream(pa.py_buffer(ipc)).read_all() for ipc in fetched]
+        fetched = [item.fetch_ipc() for item in items]
+        watch.lap(FETCH)
         tables = [decode(ipc, parts.schema) for ipc in fetched]
-        decoded = time.perf_counter()
+        watch.lap(DECODE)
+        first = pa.ipc.open_stream(pa.py_buffer(fetched[0])).read_all()
+        facts = {"partitions": len(items), "ipc_bytes": sum(len(ipc) for ipc in fetched),
+                 "batches": len(first.to_batches()),
+                 "casts": not first.replace_schema_metadata().schema.equals(parts.schema)}
     sink = ParquetSink(str(root / "phases"), compression=compression)  # type: ignore[arg-type]
     writer = sink.bind("bench-phases", "main").create_writer(0)
     writer.open()
-    write_start = time.perf_counter()
+    watch.skip()
     for table in tables:
         for batch in table.to_batches():
             writer.write(batch)
     writer.flush()
-    written = time.perf_counter()
+    watch.lap(ENCODE)
     writer.close()
-    nbytes = sum(len(ipc) for ipc in fetched)
-    casts = "no" if raw[0].replace_schema_metadata().schema.equals(parts.schema) else "YES"
+    shutil.rmtree(root / "phases", ignore_errors=True)
+    return watch, facts
+
+
+def phases(df: Any, rows: int, root: Path, compression: str) -> dict[str, float]:
+    """Times raysink's handoff step by step (a warm-up run, then the one reported) and
+    returns each step's busy CPU seconds."""
+    _phase_run(df, root, compression)  # JIT and first-use costs
+    watch, facts = _phase_run(df, root, compression)
     print(f"\nphases of raysink's handoff, one after the other ({rows:,} rows, "
-          f"{len(items)} partitions, {nbytes / 2**20:.0f} MiB of Arrow IPC):")
-    for label, seconds in (
-            ("Spark prepare (toArrowBatchRdd, persist, count)", prepared - started),
-            ("fetch IPC bytes from the executors (serial)", got - prepared),
-            (f"decode (x2: plain, then normalised; schema cast: {casts})", decoded - got),
-            ("Parquet write of every table by one sink writer", written - write_start)):
-        print(f"  {label:<58} {seconds:6.2f} s  {rate(rows, seconds)}")
-    print(f"  the machine was busy {cpu:.2f} CPU-s during the prepare "
-          f"({cpu / (prepared - started):.1f} of {os.cpu_count()} cores)")
-    print(f"  batches per partition: {raw[0].to_batches().__len__()} "
-          f"(Spark's spark.sql.execution.arrow.maxRecordsPerBatch)")
+          f"{facts['partitions']} partitions, {facts['ipc_bytes'] / 2**20:.0f} MiB of Arrow "
+          f"IPC, {facts['batches']} batches per partition, schema cast: "
+          f"{'YES' if facts['casts'] else 'no'}); the second of two runs:")
+    for label, (seconds, cpu) in watch.steps.items():
+        print(f"  {label:<50} {seconds:6.2f} s  {rate(rows, seconds)}  "
+              f"{cpu:5.2f} CPU-s ({cpu / seconds:.1f} of {os.cpu_count()} cores)")
+    return {label: cpu for label, (_, cpu) in watch.steps.items()}
 
 
 def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
@@ -362,7 +390,7 @@ def main() -> None:
     parser.add_argument("--profile", action="store_true",
                         help="after the rounds, profile one more raysink epoch")
     parser.add_argument("--phases", action="store_true",
-                        help="before the rounds, time the handoff's steps one by one")
+                        help="after the rounds, time the handoff's steps one by one")
     parser.add_argument("--with-tasks", action="store_true",
                         help="also time from_spark + Ray tasks writing Parquet")
     parser.add_argument("--with-refs", action="store_true",
@@ -389,8 +417,6 @@ def main() -> None:
         df = build_frame(spark, args.rows, args.partitions)
         print(f"cached {args.rows:,} rows in {args.partitions} partitions "
               f"({time.perf_counter() - started:.1f} s); output under {root}")
-        if args.phases:
-            phases(df, args.rows, root, args.compression)
         bench = Bench(df, root, args.compression, args.writers,
                       key=[args.key] if args.key else None)
         variants: dict[str, Callable[[int], int]] = {
@@ -400,6 +426,7 @@ def main() -> None:
         if args.with_refs:
             variants["raysink-refs"] = bench.raysink_refs
         times: dict[str, list[float]] = {name: [] for name in variants}
+        cpus: dict[str, list[float]] = {name: [] for name in variants}
         for round_no in range(args.warmup + args.rounds):
             order = list(variants)
             if round_no % 2:
@@ -413,6 +440,7 @@ def main() -> None:
                 cpu = busy_cpu_seconds() - cpu
                 if not warmup:
                     times[name].append(seconds)
+                    cpus[name].append(cpu)
                 if rows not in (-1, args.rows):
                     raise RuntimeError(f"{name} wrote {rows} rows, expected {args.rows}")
                 print(f"{'warm-up' if warmup else 'round'} {round_no} {name:>16}: "
@@ -420,6 +448,8 @@ def main() -> None:
                       f"{cpu:5.2f} CPU-s ({cpu / seconds:.1f} of {os.cpu_count()} cores)",
                       flush=True)
         summarise(times, args.rows)
+        if args.phases:  # after the rounds: the JVMs' JIT is warm by then
+            cpu_floor(cpus, phases(df, args.rows, root, args.compression))
         if args.profile:
             profile_raysink_epoch(bench.rt, df, args.rows, root)
     finally:
@@ -448,6 +478,22 @@ def summarise(times: dict[str, list[float]], rows: int) -> None:
         print(f"raysink / {other + ':':<17} {median[other] / median['raysink']:.2f}x of medians, "
               f"{statistics.median(per_round):.2f}x median per round"
               + (f" (target {target})" if target else ""))
+
+
+def cpu_floor(cpus: dict[str, list[float]], phase_cpu: dict[str, float]) -> None:
+    """What 1.3x Spark asks of raysink's CPU when every variant keeps the cores busy: the
+    steps raysink cannot leave out (RayDP's prepare in the executors' JVMs, the fetch of
+    the Arrow bytes out of them, Parquet encoding of every row) against Spark's write."""
+    median = {name: statistics.median(values) for name, values in cpus.items()}
+    steps = {"prepare": PREPARE, "fetch": FETCH, "Parquet encoding": ENCODE}
+    floor = sum(phase_cpu[label] for label in steps.values())
+    print("\nbusy CPU per round (median): "
+          + ", ".join(f"{name} {cpu:.2f} CPU-s" for name, cpu in median.items()))
+    print("floor of raysink's path: "
+          + " + ".join(f"{short} {phase_cpu[label]:.2f}" for short, label in steps.items())
+          + f" = {floor:.2f} CPU-s (fsyncs, Ray messages and the commit come on top)")
+    print(f"1.3x Spark on busy cores needs raysink <= {median['spark'] / 1.3:.2f} CPU-s; "
+          f"at the floor alone raysink / spark would be {median['spark'] / floor:.2f}x")
 
 
 if __name__ == "__main__":
