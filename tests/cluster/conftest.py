@@ -44,9 +44,13 @@ class Nodes:
         ``restore`` runs. Returns the seconds the removal took."""
         return self.cluster.remove(node)
 
+    def _lost(self) -> list[str]:
+        """The workers removed since the cluster was last whole."""
+        return [n for n in self._labels if n not in self.cluster.workers()]
+
     def restore(self) -> None:
         """Add workers until there are three again, with the labels of the ones lost."""
-        lost = [n for n in self._labels if n not in self.cluster.workers()]
+        lost = self._lost()
         started = time.monotonic()
         for node in lost:
             labels = self._labels.pop(node)
@@ -59,7 +63,7 @@ class Nodes:
         out 15-20 s after the loss); what Ray does then can reach far beyond that node."""
         import ray
 
-        lost = {n for n in self._labels if n not in self.cluster.workers()}
+        lost = set(self._lost())
         deadline = time.monotonic() + timeout
         while lost & {str(n["NodeID"]) for n in ray.nodes() if n["Alive"]}:
             assert time.monotonic() < deadline, f"Ray still lists removed nodes alive: {lost}"
