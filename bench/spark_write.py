@@ -269,7 +269,7 @@ class _Stopwatch:
         self._mark = (time.perf_counter(), busy_cpu_seconds())
 
 
-#: The steps ``phases`` times; the first and the last are the floor of raysink's path.
+#: The steps ``phases`` times; all but the decode are the floor of raysink's path.
 PREPARE = "Spark prepare (toArrowBatchRdd, persist, count)"
 FETCH = "fetch IPC bytes from the executors (serial)"
 DECODE = "decode"

@@ -240,8 +240,8 @@ def _split_remote(ref: Any, key: list[str], bitmaps_hex: list[str]) -> list[Any]
     from raysink.errors import SinkUnavailableError
 
     task = _split_task_remote().options(num_returns=len(bitmaps_hex), num_cpus=0,
-                                           max_retries=3,
-                                           retry_exceptions=[SinkUnavailableError])
+                                        max_retries=3,
+                                        retry_exceptions=[SinkUnavailableError])
     result: Any = task.remote([ref], key, bitmaps_hex)
     return [result] if len(bitmaps_hex) == 1 else list(result)
 
