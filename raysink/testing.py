@@ -502,6 +502,9 @@ class FailingSink(Sink):
     def committed_epoch(self) -> int | None:
         return self._inner.committed_epoch()
 
+    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        return self._inner.holds(epoch, manifests)
+
     def recreate_marker(self, epoch: int) -> None:
         self._inner.recreate_marker(epoch)
 

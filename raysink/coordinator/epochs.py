@@ -110,8 +110,10 @@ class CommitStep:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitOutcome:
-    """One sink commit step done: skipped by its marker or committed; ``marked``: the
-    commit left the marker in the target."""
+    """One sink commit step done: committed, or ``skipped``: the target held the epoch
+    already and its data is not known to be this decision's (another driver's, with a
+    meta store of its own, or one the target cannot tell); ``marked``: the commit left the
+    marker in the target."""
 
     epoch: int
     sink: str
@@ -715,6 +717,13 @@ class EpochCoordinator:
                 skipped = result is CommitResult.ALREADY
                 log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
                           time.monotonic() - started, "" if marked else " (no target, no marker)")
+            if skipped:  # unless this decision's own commit landed before (a re-run)
+                held = target.holds(step.epoch, list(step.manifests))
+                skipped = held is not True
+                if held is False:
+                    log.warning("sink %s holds another decision of epoch %s (a driver of %s "
+                                "with a meta store of its own?): this one's rows are not "
+                                "written", step.sink, step.epoch, self.runtime)
             _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
                         sink=step.sink)
         return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=skipped, marked=marked)

@@ -27,6 +27,8 @@ Lifecycle, and where each call runs::
                  sink.commit(epoch, manifests)   make the epoch visible with its marker;
                                                  idempotent, safe to re-run after a crash;
                                                  -> CommitResult
+                 sink.holds(epoch, manifests)    whether the epoch the marker holds is this
+                                                 decision (after a skip by the marker)
                  sink.abort(epoch, manifests)    remove staged data; ``None`` sweeps by epoch;
                                                  idempotent; never removes committed data
                  sink.recreate_marker(epoch)     a deleted marker, nothing pending
@@ -54,6 +56,17 @@ evolves the schemas of the epochs decided before it (by the same rules), and ``c
 applies the change in the same commit as the data. A writer never changes the target's
 schema itself.
 
+One decision per epoch. Two drivers of one runtime with meta stores of their own (so
+neither's lease sees the other) can decide the same epoch with different data. ``commit``
+lets exactly one decision of an epoch land: the target's marker is set atomically with
+the data (Delta's app transaction, Iceberg's compare-and-swap, PostgreSQL's progress row
+in the data's transaction), or, where making the data visible takes several steps (a
+Parquet directory's renames, PostgreSQL's ``COMMIT PREPARED`` per writer), the decision
+first claims the epoch in the target (``decision_id``) and only the claimant moves data.
+A commit that finds another decision holding its epoch returns ``ALREADY`` and makes
+nothing of its own visible; ``holds`` then says whose data the epoch is, so the report of
+the decision that did not land says so.
+
 Staged data is named by ``(epoch, attempt, writer)`` so that an old attempt never mixes
 with a new one. A manifest is small and JSON-serialisable (paths, row counts, schema); the
 meta store keeps it as JSON, never pickle. A writer that received nothing in an attempt
@@ -64,6 +77,8 @@ from __future__ import annotations
 
 import copy
 import enum
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
@@ -73,7 +88,7 @@ from raysink._schema import Rules, SchemaEvolution
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["CommitResult", "Manifest", "Sink", "SinkWriter", "staged_name"]
+__all__ = ["CommitResult", "Manifest", "Sink", "SinkWriter", "decision_id", "staged_name"]
 
 
 class _ManifestRequired(TypedDict):
@@ -111,12 +126,22 @@ class CommitResult(enum.Enum):
     COMMITTED = "committed"
     """The epoch is visible now, with its marker."""
     ALREADY = "already"
-    """The epoch was in the target already (its marker said so): nothing changed."""
+    """The epoch was in the target already (its marker said so, or another decision's
+    claim of it): nothing of this call's manifests was made visible by it."""
     NO_TARGET = "no_target"
     """There is no target, and the epoch carried nothing to create one with (an empty
     epoch whose schema no writer saw): nothing was written, not even the marker."""
 
 SinkT = TypeVar("SinkT", bound="Sink")
+
+
+def decision_id(epoch: int, manifests: Sequence[Manifest]) -> str:
+    """A digest naming one decision of ``epoch``: its manifests, as the meta store keeps
+    them (the same after a JSON round trip, so a restarted coordinator names it alike).
+    Staged names are unique per writer file, so two decisions never share one."""
+    text = json.dumps({"epoch": epoch, "manifests": list(manifests)}, sort_keys=True,
+                      separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def staged_name(epoch: int, attempt: int, writer_id: int, unique: str) -> str:
@@ -232,6 +257,13 @@ class Sink(ABC):
     @abstractmethod
     def committed_epoch(self) -> int | None:
         """The highest epoch whose marker is in the target, or ``None``."""
+
+    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the data the target holds as ``epoch`` is the decision ``manifests``
+        (``True``: a commit of it landed before, say before a crash) or another's
+        (``False``); ``None``: the target cannot tell. Asked when the marker skipped a
+        commit: only ``True`` makes the epoch's report count its rows as written."""
+        return None
 
     def target_exists(self) -> bool:
         """Whether the target is there. Checked before a missing marker is re-created: a

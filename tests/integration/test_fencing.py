@@ -1,4 +1,5 @@
-"""Two drivers of one runtime: fenced at start.
+"""Two drivers of one runtime: fenced at start, and at the target when they cannot see
+each other.
 
 * A driver elsewhere holds the runtime's lease: a start is refused, naming it, until the
   lease expires (it stopped renewing); then the start takes it over.
@@ -6,6 +7,11 @@
   the other gets ``RuntimeInUseError`` (with one meta store the lease refuses it; with two,
   the actors' names). Both start checks are passed together on purpose (a barrier after
   the actor-name check), the window in which both used to succeed.
+* Two drivers with meta stores of their own (so neither lease sees the other) number the
+  same epoch and commit different data as it: the target keeps exactly one of them, and
+  the driver whose data did not land reports the epoch skipped with no rows. The other
+  driver is played by the test itself: a writer of the same sink stages its rows and its
+  ``commit`` runs while this runtime's coordinator is held at a protocol point.
 """
 
 from __future__ import annotations
@@ -15,7 +21,9 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
+import pyarrow as pa
 import pytest
 import ray
 
@@ -23,11 +31,15 @@ from raysink import RuntimeInUseError, SinkRuntime
 from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.coordinator.metastore import open_metastore
 from raysink.sinks import ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table, run_in_thread
+from raysink.sinks.base import CommitResult
+from raysink.testing import arm_fault
+from tests.integration.helpers import assert_exactly, epoch_table, run_in_thread, wait_fired
+from tests.integration.real_targets import Target, assert_ids_exact, make_target
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
 ROWS = 200
+PAUSE = 4.0  # seconds the runtime's coordinator is held while the other driver commits
 
 
 # --------------------------------------------------------------------------- starts
@@ -114,3 +126,70 @@ def test_a_live_lease_elsewhere_refuses_the_start_until_it_expires(
     store.close()
     assert released is not None and not released.live
     assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+# --------------------------------------------------------------------------- the target
+
+
+def _commit_elsewhere(target: Target, name: str, epoch: int, table: pa.Table,
+                      options: dict[str, Any]) -> CommitResult:
+    """Another driver of the runtime, with a meta store of its own, stages ``table`` with a
+    writer of its own and commits it as ``epoch`` (attempt 5: staged names of its own)."""
+    sink = target.sink(**options).bind(name, "main")
+    writer = sink.create_writer(0)
+    writer.open()
+    for batch in table.to_batches():
+        writer.write(batch)
+    manifest = writer.pre_commit(epoch, 5)
+    writer.close()
+    try:
+        return sink.commit(epoch, [manifest])
+    finally:
+        sink.close()
+
+
+# (target kind, sink options, where this runtime's coordinator is held for epoch 2)
+CASES = [
+    # held before its commit: the other commits first, this one is skipped by the marker
+    ("parquet", {}, "coordinator.after_pending"),
+    # held inside its commit (files moved, commit log entry not written): one must win
+    ("parquet", {}, "sink.mid_commit"),
+    # held inside its commit (before the Delta commit): the app transaction decides
+    ("delta", {}, "sink.mid_commit"),
+    # held inside its commit (before the snapshot): the catalog's compare-and-swap decides
+    ("iceberg", {}, "sink.mid_commit"),
+    # held after COMMIT PREPARED of its writers, before the epoch's progress row
+    ("postgres", {"method": "prepared"}, "sink.mid_commit"),
+    # held inside its one transaction, the epoch's progress row inserted: the other waits
+    ("postgres", {"method": "staging"}, "sink.mid_commit"),
+]
+
+
+@pytest.mark.parametrize(("kind", "options", "point"), CASES,
+                         ids=[f"{k}-{o.get('method', '')}-{p.split('.')[1]}".replace("--", "-")
+                              for k, o, p in CASES])
+def test_two_decisions_of_one_epoch(kind: str, options: dict[str, Any], point: str,
+                                    name: str, meta: str, tmp_path: Path,
+                                    request: pytest.FixtureRequest,
+                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Epoch 2 is decided by this runtime and, with other rows, by another driver with a
+    meta store of its own; the other commits while this runtime's coordinator is held at
+    ``point``. The target holds exactly one of the two, and only the driver whose rows
+    landed says so: the other reports the epoch skipped, with no rows."""
+    target = make_target(kind, tmp_path, request, monkeypatch)
+    with SinkRuntime(name, target.sink(**options), writers=1, metastore=meta,
+                     progress=False, retry_cap=0.5) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        arm_fault(name, point, action="sleep", seconds=PAUSE, when={"epoch": 2})
+        thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(2, ROWS)))
+        wait_fired(name, point)
+        result = _commit_elsewhere(target, name, 2, epoch_table(20, ROWS), options)
+        thread.join(120)
+        report = box["result"]
+    assert result in (CommitResult.COMMITTED, CommitResult.ALREADY)
+    elsewhere = result is CommitResult.COMMITTED  # whose rows epoch 2 holds
+    assert_ids_exact(target.ids(), [1, 20] if elsewhere else [1, 2], ROWS)
+    assert target.commit_epochs(name) == [1, 2]
+    assert report.epoch == 2 and report.committed
+    assert (report.skipped, report.rows, report.skipped_sinks) == (
+        (True, 0, ("main",)) if elsewhere else (False, ROWS, ()))

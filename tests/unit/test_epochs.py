@@ -306,6 +306,25 @@ def test_commit_is_skipped_when_the_marker_is_there() -> None:
     assert h.core.skipped_sinks(1) == () or h.core.last_committed == 1
 
 
+def test_a_marker_of_the_epochs_own_decision_is_no_skip() -> None:
+    """Epoch 1 reached the target, then the coordinator crashed before recording it: the
+    next one finds the marker, and the target says the data is this decision's
+    (``holds``): not a skip. Epoch 2's marker holds another decision's rows (another
+    driver's, with a meta store of its own): a skip."""
+    h = Harness(sinks=("a",))
+    assert h.precommit_all(1, h.core.open_epoch(1).attempt)
+    step = h.core.next_commit("a")
+    assert step is not None and not h.core.run_commit(step).skipped  # never recorded
+    h.crash()
+    assert not commit_sink(h.core, 1, "a").skipped
+    assert h.targets["a"].commits == 1
+    assert h.precommit_all(2, h.core.open_epoch(2).attempt)
+    h.targets["a"].marker = 2
+    h.targets["a"].visible.append((2, 99, 0))  # another decision's row
+    assert commit_sink(h.core, 2, "a").skipped
+    assert h.targets["a"].commits == 1
+
+
 def test_deleted_marker_while_pending_is_data_loss() -> None:
     h = Harness(sinks=("a",))
     h.write_epoch(1)
