@@ -51,7 +51,8 @@ class Harness:
     """A coordinator over two memory sinks, with what survives a crash kept outside it: the
     targets, and the meta store (``self.store``, an ``InMemoryMetaStore`` by default). With
     ``open_store``, the store is opened by it, and closed and opened again at every crash
-    (a SQLite file: what survives is what reached the file)."""
+    (a SQLite file: what survives is what reached the file). The driver (``holder``)
+    holds the runtime's lease; ``replace_driver`` hands it to a successor."""
 
     def __init__(self, sinks: tuple[str, ...] = ("a", "b"), max_pending: int = 2,
                  open_store: Callable[[], MetaStore] | None = None,
@@ -63,13 +64,17 @@ class Harness:
         self.epoch_offset: int | None = None
         self.evolution = dict(evolution or {})  # a sink's schema_evolution, "fail" if absent
         self.writers = WRITERS  # the layout a (re)started coordinator gets (rescale)
+        self.holder = "driver-1"
         self.core = self.boot()
 
     def boot(self) -> EpochCoordinator:
         sinks = {n: MemorySink(t).bind(RUNTIME, n) for n, t in self.targets.items()}
         for name, sink in sinks.items():
             sink.schema_evolution = self.evolution.get(name, "fail")
-        record = self.store.claim(RUNTIME, {n: "memory" for n in sinks})
+        lease = self.store.acquire_lease(RUNTIME, self.holder, {"driver": self.holder},
+                                         3600.0)  # the driver's, at its start
+        assert lease.holder == self.holder
+        record = self.store.claim(RUNTIME, {n: "memory" for n in sinks}, holder=self.holder)
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
                                 bitmaps={n: assign(self.writers) for n in sinks},
@@ -83,6 +88,20 @@ class Harness:
         if self.open_store is not None:  # the coordinator's process and connection are gone
             self.store.close()
             self.store = self.open_store()
+        self.core = self.boot()
+
+    def replace_driver(self) -> None:
+        """The driver is gone (killed); a successor takes its lease over and starts a
+        coordinator of its own (a new generation). The old coordinator object is left as
+        it was (a zombie, for the caller to try)."""
+        old = self.holder
+        number = int(old.rsplit("-", 1)[1]) + 1
+        self.holder = f"driver-{number}"
+        if self.open_store is not None:
+            self.store = self.open_store()  # the successor's own connection
+        lease = self.store.acquire_lease(RUNTIME, self.holder, {"driver": self.holder},
+                                         3600.0, replace=old)
+        assert lease.holder == self.holder
         self.core = self.boot()
 
     def requests(self, epoch: int, attempt: int, rows: int = 3) -> list[CommitRequest]:
