@@ -1,44 +1,41 @@
-"""A decision's claim of an epoch, as one file created exclusively (``ParquetSink``).
+"""A decision's claim of an epoch, as one name created exclusively (``ParquetSink``).
 
 Where making an epoch visible takes several steps (a directory's renames), two commits of
 the same epoch from different decisions (two drivers with meta stores of their own) could
-both move their data in. So a commit first claims the epoch: it writes the claim under a
-name of its own (fsynced), then ``os.link``s it to the epoch's claim name, which fails
-when the name exists: of two claims exactly one is created, whole, and the loser reads
-whose it is. A decision re-running its commit (after a crash) finds its own claim.
+both move their data in. So a commit first claims the epoch: a symbolic link at the
+epoch's claim name whose target is the decision (``decision_id``), created with
+``os.symlink``, which fails when the name exists. Of two claims exactly one is created,
+whole (the decision is the link itself: nothing is written before or after it), and the
+loser reads whose it is. The claim is made durable (its directory fsynced) before any data
+moves. A decision re-running its commit (after a crash) finds its own claim.
 """
 
 from __future__ import annotations
 
-import contextlib
-import json
 import os
-import uuid
 from pathlib import Path
-from typing import Any
 
-__all__ = ["claim"]
+__all__ = ["claim", "claimant"]
 
 
-def claim(path: Path, body: dict[str, Any]) -> dict[str, Any]:
-    """Create ``path`` holding ``body`` unless it exists; returns the claim ``path`` holds
-    afterwards (``body``, or the earlier claim that won)."""
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex}.tmp")
-    with open(tmp, "w", encoding="utf-8") as handle:
-        json.dump(body, handle, sort_keys=True)
-        handle.flush()
-        os.fsync(handle.fileno())
+def claim(path: Path, decision: str) -> str:
+    """Claim ``path`` for ``decision`` unless it is claimed already; returns the decision
+    that holds it afterwards (``decision``, or the earlier claim's)."""
     try:
-        os.link(tmp, path)
+        os.symlink(decision, path)
     except FileExistsError:
-        found: dict[str, Any] = json.loads(path.read_text(encoding="utf-8"))
-        return found
-    finally:
-        with contextlib.suppress(FileNotFoundError):
-            tmp.unlink()
+        return os.readlink(path)
     fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
-    return body
+    return decision
+
+
+def claimant(path: Path) -> str | None:
+    """The decision that claimed ``path``, or ``None``."""
+    try:
+        return os.readlink(path)
+    except (FileNotFoundError, OSError):
+        return None

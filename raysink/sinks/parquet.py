@@ -9,7 +9,7 @@ Layout of one sink directory (it belongs to one runtime's sink)::
           _writing/w0003-<session>/<uuid>.parquet         flushed, not yet pre-committed
           000000000012/0001/e000000000012-a0001-w0003-<uuid>.parquet    pre-committed
         commits/000000000012.json                          commit log entry: the marker
-        commits/000000000013.claim                         a commit under way (see commit)
+        commits/000000000013.claim -> <decision>           a commit under way (see commit)
 
 ``pyarrow.dataset`` and Spark skip names starting with ``_`` or ``.``, so ``_raysink`` and
 temporary files (``.<name>.tmp``) are never read as data.
@@ -34,7 +34,8 @@ and never followed.
 Coordinator side (``ParquetSink``):
 
 * ``commit(epoch, manifests)`` first claims the epoch for its decision
-  (``commits/<epoch>.claim``, created exclusively: ``raysink.sinks._claims``), renames
+  (``commits/<epoch>.claim``, a symbolic link created exclusively, its directory fsynced:
+  ``raysink.sinks._claims``), renames
   every staged file to ``part-<staged name>`` in the directory, fsyncs it, writes the
   commit log entry (temporary file, fsync, rename, fsync; it names the decision), drops
   the claim, then removes the epoch's staging. Idempotent: with the entry present (or a
@@ -68,7 +69,6 @@ import logging
 import os
 import re
 import shutil
-import socket
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -88,7 +88,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks._claims import claim
+from raysink.sinks._claims import claim, claimant
 from raysink.sinks._staging import dictionary_columns
 from raysink.sinks.base import (
     CommitResult,
@@ -413,7 +413,7 @@ class ParquetSink(Sink):
         result = CommitResult.ALREADY
         if not self._is_committed(epoch):
             decision = decision_id(epoch, manifests)
-            if not self._claim(epoch, decision, entries):
+            if not self._claim(epoch, decision):
                 for entry in entries:  # this decision's, never moved: another one holds it
                     entry.staged.unlink(missing_ok=True)
                 return CommitResult.ALREADY
@@ -433,18 +433,14 @@ class ParquetSink(Sink):
         _rmtree(self.layout.epoch_dir(epoch))
         return result
 
-    def _claim(self, epoch: int, decision: str, entries: Sequence[_StagedEntry]) -> bool:
+    def _claim(self, epoch: int, decision: str) -> bool:
         """Claim ``epoch`` for ``decision``; ``False`` when another decision holds it."""
         _makedirs(self.layout.commits)
-        body = {"epoch": epoch, "runtime": self.runtime, "sink": self.name,
-                "decision": decision, "files": [e.final_name for e in entries],
-                "host": socket.gethostname(), "pid": os.getpid(), "claimed_at": time.time()}
-        holder = claim(self.layout.claim(epoch), body)
-        if holder.get("decision") == decision:
+        holder = claim(self.layout.claim(epoch), decision)
+        if holder == decision:
             return True
-        logger.warning("parquet sink %r: epoch %d is claimed by another decision (%s, pid %s "
-                       "on %s): this one's rows are not written", self.name, epoch,
-                       holder.get("decision"), holder.get("pid"), holder.get("host"))
+        logger.warning("parquet sink %r: epoch %d is claimed by another decision (%s): this "
+                       "one's rows are not written", self.name, epoch, holder)
         return False
 
     def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
@@ -452,14 +448,12 @@ class ParquetSink(Sink):
         under way) names the decision ``manifests``; ``None`` when neither is there or
         names one (an entry pruned, re-created, or written by an older raysink)."""
         decision = decision_id(epoch, manifests)
-        for path in (self.layout.commit_entry(epoch), self.layout.claim(epoch)):
-            try:
-                found = json.loads(path.read_text()).get("decision")
-            except (OSError, ValueError, AttributeError):
-                continue
-            if found is not None:
-                return bool(found == decision)
-        return None
+        try:
+            found = json.loads(self.layout.commit_entry(epoch).read_text()).get("decision")
+        except (OSError, ValueError, AttributeError):
+            found = None
+        found = found or claimant(self.layout.claim(epoch))
+        return None if found is None else bool(found == decision)
 
     def _epoch_schema(self, epoch: int, manifests: Sequence[Manifest],
                       entries: Sequence[_StagedEntry]) -> pa.Schema | None:
