@@ -81,7 +81,8 @@ class LeaseKeeper:
                 continue
             if _alive_here(lease.owner) or lease.expires_at - lease.now > self.seconds \
                     or (first is not None and lease.expires_at > first.expires_at):
-                raise _leases.in_use(self.runtime, lease)
+                here = _alive_here(lease.owner) and lease.owner.get("pid") == os.getpid()
+                raise _leases.in_use(self.runtime, lease, here=here)
             if first is None:
                 first = lease
                 log.warning("%s: waiting for the lease held by %s (a killed driver's lease "

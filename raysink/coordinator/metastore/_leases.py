@@ -84,14 +84,16 @@ def check_holder(tx: Tx, runtime: str, holder: str, now: float, lock: str = "") 
     raise in_use(runtime, current)
 
 
-def in_use(runtime: str, lease: Lease | None) -> RuntimeInUseError:
-    """The error for a start refused by ``lease`` (``None``: this driver holds none)."""
+def in_use(runtime: str, lease: Lease | None, *, here: bool = False) -> RuntimeInUseError:
+    """The error for a start refused by ``lease`` (``None``: this driver holds none);
+    ``here``: its holder is the calling process itself."""
     if lease is None:
         return RuntimeInUseError(
             "this driver holds no lease of the runtime (its lease row is gone); close the "
             "runtime and start it again", runtime=runtime)
+    where = ("this very process: close the other SinkRuntime of this name first" if here
+             else "close it there, or pick another runtime name (a driver that was killed "
+                  "loses the lease when it expires; a new start then takes it over)")
     return RuntimeInUseError(
-        f"the runtime is open in another driver: its lease is held by {lease.describe()}. "
-        "Close it there, or pick another runtime name (a driver that was killed loses the "
-        "lease when it expires; a new start then takes it over)",
-        runtime=runtime, holder=lease.owner, until=lease.expires_at)
+        f"the runtime is open in another driver: its lease is held by {lease.describe()}; "
+        f"{where}", runtime=runtime, holder=lease.owner, until=lease.expires_at)
