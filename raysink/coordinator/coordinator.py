@@ -428,6 +428,13 @@ class CoordinatorActor:
         record = await self._locked(lambda: self._store.load(self._config.runtime))
         return record.epoch_source if record else None
 
+    async def check_alignment(self, numbering: str, epoch_offset: int | None) -> None:
+        """Refuse (``ConfigError``) numbering epochs from this meta store when the targets
+        hold epochs it does not know (``markers.refuse_unknown_epochs``): before a
+        streaming query is bound here for the first time."""
+        await self._until_recovered()
+        await self._locked(lambda: self._core.check_alignment(numbering, epoch_offset))
+
     async def bind_source(self, source: dict[str, Any]) -> None:
         """Bind the runtime to ``source`` (the caller checked it)."""
         await self._until_recovered()

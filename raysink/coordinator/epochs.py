@@ -43,7 +43,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from raysink import _faults, _schema
-from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
+from raysink.coordinator.markers import TargetMarks, refuse_unknown_epochs
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore.base import EpochRecord, EpochState, MetaStore
 from raysink.coordinator.vnodes import Bitmap, CoverageTracker
@@ -384,8 +384,11 @@ class EpochCoordinator:
                   if e is not None]
         return max(known, default=None)
 
-    def _check_alignment(self) -> None:
-        """Before numbering an implicit epoch: every marker read, none unexplained."""
+    def check_alignment(self, numbering: str = "implicit",
+                        epoch_offset: int | None = None) -> None:
+        """Before numbering epochs from this meta store (an implicit epoch, or a
+        streaming query bound here for the first time with ``epoch_offset``): every
+        marker read, none unexplained (``markers.refuse_unknown_epochs``)."""
         if self._marks.unread:
             self.reconcile_markers(list(self._marks.unread))
         if self._marks.unread:
@@ -394,18 +397,18 @@ class EpochCoordinator:
                 f"cannot read the progress marker of sink {sink!r} ({error}), so the next "
                 "epoch cannot be numbered safely; retry once the target is reachable",
                 runtime=self.runtime, sink=sink)
-        refuse_implicit_epoch(
+        refuse_unknown_epochs(
             runtime=self.runtime, store_url=self.store.url, known=self._store_knows(),
-            ahead=self._marks.ahead_of(self._store_knows()),
-            describe={n: repr(s) for n, s in self.sinks.items()},
-            epoch_offset=self.epoch_offset)
+            marks=self._marks.marks, describe={n: repr(s) for n, s in self.sinks.items()},
+            epoch_offset=self.epoch_offset if numbering == "implicit" else epoch_offset,
+            numbering=numbering)
 
     # ------------------------------------------------------------------ phase one
 
     def open_epoch(self, requested: int | None) -> OpenDecision:
         """Decide what the driver's write of ``requested`` (or the next epoch) does."""
         if requested is None:
-            self._check_alignment()
+            self.check_alignment()
         epoch = self._next_epoch() if requested is None else requested
         if epoch < 0:
             raise EpochRegressionError(f"epochs are non-negative; got {epoch}",

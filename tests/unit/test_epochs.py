@@ -477,6 +477,48 @@ def test_markers_ahead_of_an_old_metastore_copy(tmp_path: Path) -> None:
     h.store.close()
 
 
+@pytest.mark.parametrize("offset", [None, 2, 5])
+def test_a_lagging_sink_over_a_fresh_store_is_named_and_refused(offset: int | None) -> None:
+    """'a' committed epochs 1-2 while 'b' stalled after epoch 1 (its epoch 2 still
+    pending), then the meta store was lost. A fresh store cannot roll 'b' forward: going
+    on after epoch 2 (``epoch_offset=2``, the highest marker) would leave 'b' without epoch
+    2 for good. Refused whatever the offset, naming 'b'; nothing is numbered."""
+    h = Harness()
+    h.write_epoch()
+    decision = h.core.open_epoch(None)
+    assert h.precommit_all(decision.epoch, decision.attempt)
+    commit_sink(h.core, 2, "a")
+    h.store = InMemoryMetaStore()
+    h.epoch_offset = offset
+    h.crash()
+    with pytest.raises(ConfigError, match="sink 'b' holds epoch 1") as refused:
+        h.core.open_epoch(None)
+    assert refused.value.sink == "b"
+    assert "metastore=" in str(refused.value), refused.value
+    with pytest.raises(ConfigError, match="sink 'b' holds epoch 1"):
+        h.core.check_alignment("query", epoch_offset=offset)
+    assert sorted({e for e, _, _ in h.targets["a"].visible}) == [1, 2]
+    assert sorted({e for e, _, _ in h.targets["b"].visible}) == [1]
+
+
+def test_a_new_query_over_a_fresh_store_is_refused_below_the_markers() -> None:
+    """A streaming query bound for the first time in a fresh store: its batch ids would
+    number epochs from 1, each skipped as committed. Refused unless ``epoch_offset``
+    is at least the targets' epoch; the message names both ways on."""
+    h = Harness()
+    for _ in range(3):
+        h.write_epoch()
+    h.store = InMemoryMetaStore()
+    h.crash()
+    for offset in (None, 0, 2):
+        with pytest.raises(ConfigError, match="epoch_offset=3") as refused:
+            h.core.check_alignment("query", epoch_offset=offset)
+        if offset is None:
+            assert "metastore=" in str(refused.value), refused.value
+            assert "streaming query" in str(refused.value), refused.value
+    h.core.check_alignment("query", epoch_offset=3)  # acknowledged
+
+
 def test_unreadable_marker_is_read_again_before_numbering() -> None:
     h = Harness()
     h.write_epoch()
