@@ -258,17 +258,9 @@ class EpochCoordinator:
         for record in self.store.records(self.runtime):
             if record.sink in self.sinks:
                 by_epoch.setdefault(record.epoch, []).append(record)
-        # Sinks commit on their own, and the store keeps only each sink's newest COMMITTED
-        # row: a sink that went on past an epoch still pending for another sink has no row
-        # for it any more, and that epoch is committed for it.
-        high: dict[str, int] = {}
-        for records in by_epoch.values():
-            for record in records:
-                if record.state is EpochState.COMMITTED:
-                    high[record.sink] = max(high.get(record.sink, record.epoch), record.epoch)
         aborted: list[int] = []
         for epoch in sorted(by_epoch):
-            if self._recover_epoch(epoch, by_epoch[epoch], high):
+            if self._recover_epoch(epoch, by_epoch[epoch]):
                 aborted.append(epoch)
         self._sweep_unrecorded(max(by_epoch, default=0))
         return aborted
@@ -309,8 +301,8 @@ class EpochCoordinator:
         entry = self._epochs.get(epoch)
         used = max(self._aborted.get(epoch, -1), -1 if entry is None else entry.attempt)
         return used + 1
-    def _recover_epoch(self, epoch: int, records: list[EpochRecord],
-                       high: Mapping[str, int]) -> bool:
+
+    def _recover_epoch(self, epoch: int, records: list[EpochRecord]) -> bool:
         states = {r.state for r in records}
         for record in records:
             if record.state is EpochState.COMMITTED:
@@ -327,9 +319,12 @@ class EpochCoordinator:
                     # the store keeps the JSON the sinks' writers made: their manifests
                     entry.manifests[record.sink] = cast(list[Manifest],
                                                         list(record.manifests or []))
+            # a sink without a record of the epoch either went on past it (its rows were
+            # pruned: committed) or was not a sink of the runtime when the epoch was
+            # decided (added since, or dropped and added back): the decision wrote a row
+            # for every sink it covered, so the epoch is none of its business
             recorded = {r.sink for r in records}
-            entry.committed |= {s for s in self.sinks
-                                if s not in recorded and high.get(s, -1) >= epoch}
+            entry.committed |= set(self.sinks) - recorded
             self._epochs[epoch] = entry
             self._note_decided_schemas(_manifest_schemas(entry.manifests))
             return False

@@ -63,13 +63,16 @@ class Harness:
         self.epoch_offset: int | None = None
         self.evolution = dict(evolution or {})  # a sink's schema_evolution, "fail" if absent
         self.writers = WRITERS  # the layout a (re)started coordinator gets (rescale)
+        self.add: tuple[str, ...] = ()  # sinks a (re)start adds or drops on purpose
+        self.drop: tuple[str, ...] = ()
         self.core = self.boot()
 
     def boot(self) -> EpochCoordinator:
         sinks = {n: MemorySink(t).bind(RUNTIME, n) for n, t in self.targets.items()}
         for name, sink in sinks.items():
             sink.schema_evolution = self.evolution.get(name, "fail")
-        record = self.store.claim(RUNTIME, {n: "memory" for n in sinks})
+        record = self.store.claim(RUNTIME, {n: "memory" for n in sinks}, add=self.add,
+                                  drop=self.drop)
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
                                 bitmaps={n: assign(self.writers) for n in sinks},
@@ -549,6 +552,37 @@ def test_a_sink_ahead_of_a_stalled_one_survives_a_crash() -> None:
     assert h.core.last_committed == 2
     _visible_once(h, [1, 2])
     assert h.targets["a"].commits == 2 and h.targets["b"].commits == 2
+
+
+@pytest.mark.parametrize("readded", [False, True])
+def test_a_sink_added_while_an_epoch_is_pending_is_not_part_of_it(readded: bool) -> None:
+    """Epoch 2 is decided while 'a' cannot commit; the runtime restarts with sink 'b'
+    added (new, or dropped earlier and added back). 'b' was not part of epoch 2's
+    decision and has no record of it: epoch 2 rolls forward into 'a' alone (it used to
+    wedge: 'b''s commit worker found no record to mark COMMITTED and retried forever,
+    and backpressure then failed every write), and epoch 3 reaches both."""
+    h = Harness(sinks=("a", "b") if readded else ("a",))
+    h.write_epoch()
+    if readded:
+        b = h.targets.pop("b")
+        h.drop = ("b",)
+        h.crash()
+    h.targets["a"].fail_commits = 1_000
+    decision = h.core.open_epoch(None)
+    assert h.precommit_all(decision.epoch, decision.attempt)
+    with pytest.raises(ConnectionError):
+        commit_sink(h.core, 2, "a")
+    h.targets["b"] = b if readded else MemoryTarget()
+    h.add, h.drop = ("b",), ()
+    h.targets["a"].fail_commits = 0
+    h.crash()
+    assert h.core.pending_epochs() == [2]
+    assert h.core.next_commit("b") is None  # nothing of epoch 2 is 'b''s
+    h.commit_all()
+    assert h.core.last_committed == 2
+    assert h.write_epoch() == 3
+    assert sorted({e for e, _, _ in h.targets["a"].visible}) == [1, 2, 3]
+    assert sorted({e for e, _, _ in h.targets["b"].visible}) == ([1, 3] if readded else [3])
 
 
 # --------------------------------------------------------------------------- schemas
