@@ -61,11 +61,6 @@ class TargetMarks:
             return None
         return min(m for m in found if m is not None)
 
-    def ahead_of(self, known: int | None) -> dict[str, int]:
-        """The sinks whose marker is above ``known`` (the highest epoch the meta store
-        knows of the runtime, ``None``: none), with their markers."""
-        return {s: m for s, m in self.marks.items()
-                if m is not None and (known is None or m > known)}
 
 
 def refuse_unknown_epochs(*, runtime: str, store_url: str, known: int | None,
