@@ -314,10 +314,18 @@ class SinkWriterActor:
             return
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         poison = slot.poison if slot else None
+        lost = slot.incomplete() if slot is not None and outcome == "lost" else []
         self._rollback_writer(epoch, attempt)
         self._mailbox.finish(epoch, attempt)
         if isinstance(poison, RaySinkError):
             raise poison
+        if lost:
+            raise EpochFailedError(
+                f"writer {self._config.writer_id} was restarted after feeds {lost} sent it "
+                "their data: what they sent went with its previous process, so this "
+                "attempt cannot pre-commit; it is given up (nothing of it is visible) and "
+                "the epoch must be fed again", runtime=self._config.runtime,
+                sink=self._config.sink_name, epoch=epoch)
         raise EpochFailedError(
             f"writer {self._config.writer_id} could not pre-commit: {outcome}"
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
