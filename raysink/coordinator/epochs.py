@@ -163,6 +163,8 @@ class EpochCoordinator:
         self.epoch_offset = epoch_offset
         self._marks = TargetMarks()
         self._io = {name: threading.Lock() for name in self.sinks}
+        # (epoch, sink) commits this process took to the target and has not recorded yet
+        self._tried: set[tuple[int, str]] = set()
         self._unswept: set[int] = set()
         self._bitmaps = {name: list(maps) for name, maps in bitmaps.items()}
         self._epochs: dict[int, _Epoch] = {}
@@ -701,16 +703,22 @@ class EpochCoordinator:
             return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=False,
                                  marked=False)
         target = self.sinks[step.sink]
+        key = (step.epoch, step.sink)
         with self._io[step.sink]:
+            # an earlier try of this commit in this process may have landed (its answer
+            # lost, or its record failed): the marker then shows this epoch's own rows,
+            # which is no skip
+            ours = key in self._tried
             marker = target.committed_epoch()
             self._check_marker_for_pending(step.sink, marker, step.epoch)
-            skipped = marker is not None and marker >= step.epoch
-            marked = True
-            if not skipped:
+            landed = marker is not None and marker >= step.epoch
+            skipped, marked = landed and not ours, True
+            if not landed:
+                self._tried.add(key)
                 started = time.monotonic()
                 result = target.commit(step.epoch, list(step.manifests))
                 marked = result is not CommitResult.NO_TARGET
-                skipped = result is CommitResult.ALREADY
+                skipped = result is CommitResult.ALREADY and not ours
                 log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
                           time.monotonic() - started, "" if marked else " (no target, no marker)")
             _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
@@ -722,6 +730,7 @@ class EpochCoordinator:
         epoch, sink = outcome.epoch, outcome.sink
         self.store.put_committed(self.runtime, self.generation, epoch, sink,
                                  marked=outcome.marked)
+        self._tried.discard((epoch, sink))
         entry = self._epochs.get(epoch)
         self._note_sink_committed(sink, epoch, marked=outcome.marked)
         if entry is None:

@@ -22,6 +22,7 @@ class MemoryTarget:
     visible: list[tuple[int, int, int]] = field(default_factory=list)  # (epoch, attempt, row)
     marker: int | None = None
     fail_commits: int = 0
+    fail_after_commits: int = 0  # commits that land, then fail on the client's side
     commits: int = 0
     exists: bool = True  # False: created by the first commit that carries rows
     unreachable: bool = False  # True: reading the marker fails (the target is down)
@@ -75,6 +76,9 @@ class MemorySink(Sink):
             self.target.visible.extend((epoch, key[1], row) for row in rows)
         self.target.marker = epoch
         self.target.commits += 1
+        if self.target.fail_after_commits > 0:
+            self.target.fail_after_commits -= 1
+            raise ConnectionError("the commit landed, its answer was lost (injected)")
         return CommitResult.COMMITTED
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:

@@ -27,6 +27,7 @@ from raysink.errors import (
     DataLossError,
     EpochRegressionError,
     FencedError,
+    MetaStoreError,
     SchemaMismatchError,
     SinkUnavailableError,
 )
@@ -583,6 +584,49 @@ def test_a_sink_added_while_an_epoch_is_pending_is_not_part_of_it(readded: bool)
     assert h.write_epoch() == 3
     assert sorted({e for e, _, _ in h.targets["a"].visible}) == [1, 2, 3]
     assert sorted({e for e, _, _ in h.targets["b"].visible}) == ([1, 3] if readded else [3])
+
+
+class _StoreFailingCommitRecords(InMemoryMetaStore):
+    """Refuses the next ``failures`` COMMITTED records (a meta store that was down)."""
+
+    failures = 0
+
+    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str, *,
+                      marked: bool = True) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise MetaStoreError("meta store unreachable (injected)", runtime=runtime)
+        super().put_committed(runtime, generation, epoch, sink, marked=marked)
+
+
+@pytest.mark.parametrize("failure", ["answer_lost", "record_failed"])
+def test_a_commit_retried_after_it_landed_is_no_skip(failure: str) -> None:
+    """The sink's commit of epoch 1 landed, but its answer was lost (or recording it
+    COMMITTED failed): the retry finds the epoch's marker. Those are this epoch's own
+    rows, committed once: the outcome is not *skipped* (``skipped_sinks`` used to name
+    the sink, as if its rows had not landed)."""
+    h = Harness(sinks=("a",))
+    store = _StoreFailingCommitRecords()
+    h.store = store
+    h.crash()
+    decision = h.core.open_epoch(None)
+    assert h.precommit_all(decision.epoch, decision.attempt)
+    step = h.core.next_commit("a")
+    assert step is not None
+    if failure == "answer_lost":
+        h.targets["a"].fail_after_commits = 1
+        with pytest.raises(ConnectionError):
+            h.core.run_commit(step)
+    else:
+        store.failures = 1
+        with pytest.raises(MetaStoreError):
+            h.core.record_commit(h.core.run_commit(step))
+    outcome = h.core.run_commit(step)
+    assert not outcome.skipped
+    h.core.record_commit(outcome)
+    assert h.core.skipped_sinks(1) == () and h.core.last_committed == 1
+    assert h.targets["a"].commits == 1
+    _visible_once(h, [1])
 
 
 # --------------------------------------------------------------------------- schemas
