@@ -120,6 +120,15 @@ class EpochSlot(Generic[T]):
             return []
         return [feed for feed in self.sealed if not self.lane(feed).complete]
 
+    def unsealed_senders(self) -> list[Feed]:
+        """Feeds that sent this attempt data but are not among its sealed feeds (a commit
+        over a subset of the feeds handed out): their rows may already be in the sink
+        writer, and a writer cannot take rows of one feed back out of an attempt."""
+        if self.sealed is None:
+            return []
+        return [feed for feed, lane in self.lanes.items() if feed not in self.sealed
+                and (lane.next_seq or lane.claimed or lane.waiting)]
+
 
 class Mailbox(Generic[T]):
     """Sequencing of one writer's data messages; thread-safe.
@@ -296,9 +305,10 @@ class Mailbox(Generic[T]):
     def wait_sealed(self, epoch: int, attempt: int, timeout: float) -> str:
         """Block until the sealed ``(epoch, attempt)`` is the current slot, aligned, with
         every message before its feeds' barriers applied. Returns ``"ready"``,
-        ``"poisoned"``, ``"cancelled"``, ``"stale"``, ``"timeout"``, or ``"lost"`` at once
+        ``"poisoned"``, ``"cancelled"``, ``"stale"``, ``"timeout"``; at once ``"lost"``
         when a sealed feed's barrier or messages went to a previous process of this
-        writer (``EpochSlot.incomplete``): waiting would only run into the timeout."""
+        writer (``EpochSlot.incomplete``: waiting would only run into the timeout), or
+        ``"unsealed"`` when a feed outside the seal sent data (``unsealed_senders``)."""
         key = (epoch, attempt)
 
         def state() -> str | None:
@@ -311,6 +321,8 @@ class Mailbox(Generic[T]):
                 return "cancelled"
             if slot.incomplete():
                 return "lost"
+            if slot.unsealed_senders():
+                return "unsealed"
             ready = (slot.aligned and slot is self._current() and not self._applying
                      and all(slot.lane(f).done for f in slot.sealed or ()))
             return "ready" if ready else None

@@ -315,6 +315,7 @@ class SinkWriterActor:
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         poison = slot.poison if slot else None
         lost = slot.incomplete() if slot is not None and outcome == "lost" else []
+        outside = slot.unsealed_senders() if slot is not None else []
         self._rollback_writer(epoch, attempt)
         self._mailbox.finish(epoch, attempt)
         if isinstance(poison, RaySinkError):
@@ -326,6 +327,13 @@ class SinkWriterActor:
                 "attempt cannot pre-commit; it is given up (nothing of it is visible) and "
                 "the epoch must be fed again", runtime=self._config.runtime,
                 sink=self._config.sink_name, epoch=epoch)
+        if outcome == "unsealed":
+            raise EpochFailedError(
+                f"feeds {outside} sent writer {self._config.writer_id} data of this "
+                "attempt but the commit leaves them out (ep.commit(feeds=...)): their rows "
+                "cannot be taken back out, so nothing of the attempt is committed. Abort "
+                "it and feed the epoch again with only the feeds to commit", attempts=1,
+                runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         raise EpochFailedError(
             f"writer {self._config.writer_id} could not pre-commit: {outcome}"
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),

@@ -58,6 +58,20 @@ def test_a_seal_missing_what_its_feeds_sent_is_lost_at_once(missing: str) -> Non
     assert slot.incomplete() == ["b"]
 
 
+def test_a_seal_over_a_subset_of_the_senders_is_refused() -> None:
+    """Feed "b" sent data but the seal names only "a" (``ep.commit(feeds=[a])``): "b"'s
+    rows were applied with "a"'s and cannot be taken back out, so the seal refuses."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, "a", 0, "a0")
+    box.offer(1, 0, "b", 0, "b0")
+    box.close_feed(_barrier(1), 0, "a", 1)
+    box.close_feed(_barrier(1), 0, "b", 1)
+    assert _apply_all(box) == ["a0", "b0"]
+    box.seal(1, 0, ["a"])
+    assert box.wait_sealed(1, 0, timeout=30.0) == "unsealed"
+    assert box.slots()[0].unsealed_senders() == ["b"]
+
+
 def test_a_seal_is_not_lost_while_its_messages_are_being_applied() -> None:
     """Messages claimed for applying are neither waiting nor counted yet: still here."""
     box: Mailbox[str] = Mailbox()
