@@ -646,11 +646,18 @@ class EpochCoordinator:
     def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None,
                recorded: bool = True) -> None:
         """Sweep every sink's staging of ``epoch`` (``recorded``: with its records ABORTED
-        first and deleted after)."""
+        first and deleted after).
+
+        An epoch the store has no record of is swept by its number alone, and so never in
+        a sink whose marker holds it: that epoch was committed there (by a meta store this
+        one is not), and its staged files are the table's own files, which versions of
+        the table other than the current one may still reference (time travel)."""
         if recorded:
             self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
         for name, sink in self.sinks.items():
             with self._io[name]:
+                if not recorded and _holds(sink, epoch):
+                    continue
                 sink.abort(epoch, None if manifests is None else manifests.get(name))
         if recorded:
             self.store.delete_aborted(self.runtime, self.generation, epoch)
@@ -792,6 +799,13 @@ def _manifest_schemas(manifests: Mapping[str, Sequence[Manifest]]) -> dict[str, 
 
 def _digest(bitmaps: Sequence[Bitmap]) -> str:
     return hashlib.sha256("".join(b.to_hex() for b in bitmaps).encode()).hexdigest()[:16]
+
+
+def _holds(sink: Sink, epoch: int) -> bool:
+    """Whether the sink's marker holds ``epoch`` (a marker that cannot be read raises:
+    the sweep is tried again later)."""
+    marker = sink.committed_epoch()
+    return marker is not None and marker >= epoch
 
 
 def _target_exists(sink: Sink) -> bool:

@@ -27,6 +27,7 @@ from raysink.sinks.base import Sink
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import (
     DeltaTarget,
+    IcebergTarget,
     ParquetTarget,
     Target,
     assert_ids_exact,
@@ -179,3 +180,55 @@ def test_a_lagging_sink_over_a_fresh_metastore_is_named(tmp_path: Path, name: st
                 rt._bind_source("query-2")
     assert_ids_exact(files.ids(), [1, 2, 3, 4], ROWS)
     assert_ids_exact(lake.ids(), [1, 2], ROWS)
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_fresh_metastore_keeps_what_older_versions_reference(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Epochs 1-2 committed, then the table rewritten by another writer (a delete): the
+    current version no longer references epoch 1's files, older versions still do. A
+    runtime opened with a fresh meta store sweeps, at its start, the staging of the
+    epochs it does not know: it used to delete epoch 1's files, and time travel to the
+    version holding epoch 1 failed. An epoch the target's marker holds is not swept."""
+    target = make_target(kind, tmp_path, request, monkeypatch)
+    _three_epochs(name, target.sink(), f"sqlite:///{tmp_path / 'original.db'}")
+    old_version = _rewrite_without_epoch_1(kind, target)
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with _runtime(name, target.sink(), fresh, epoch_offset=3) as rt:
+        assert rt.write_arrow(epoch_table(4, ROWS)).committed
+    assert_ids_exact(target.ids(), [2, 3, 4], ROWS)
+    assert_ids_exact(_ids_at(kind, target, old_version), [1, 2, 3], ROWS)
+
+
+def _rewrite_without_epoch_1(kind: str, target: Target) -> int:
+    """Delete epoch 1's rows as another writer would; returns the version before it."""
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        assert isinstance(target, DeltaTarget)
+        table = DeltaTable(str(target.path))
+        version = table.version()
+        table.delete("id < 2000000")
+        return int(version)
+    from pyiceberg.expressions import LessThan
+
+    assert isinstance(target, IcebergTarget)
+    loaded = target._load()
+    assert loaded is not None and loaded.current_snapshot() is not None
+    snapshot = loaded.current_snapshot().snapshot_id
+    loaded.delete(LessThan("id", 2_000_000))
+    return int(snapshot)
+
+
+def _ids_at(kind: str, target: Target, version: int) -> list[int]:
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        assert isinstance(target, DeltaTarget)
+        return DeltaTable(str(target.path), version=version).to_pyarrow_table()[
+            "id"].to_pylist()
+    assert isinstance(target, IcebergTarget)
+    loaded = target._load()
+    assert loaded is not None
+    return loaded.scan(snapshot_id=version).to_arrow()["id"].to_pylist()
