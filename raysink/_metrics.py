@@ -202,10 +202,15 @@ class _GaugeBook:
         self._thread: threading.Thread | None = None
 
     def set(self, gauge: Any, value: float, tags: Mapping[str, str]) -> None:
+        """Set ``gauge`` now unless it holds ``value`` already (the refresh sets it again:
+        a status snapshot sets every gauge of every sink, mostly unchanged)."""
         if gauge is None:
             return
         key = (id(gauge), tuple(sorted(tags.items())))
         with self._lock:
+            known = self._values.get(key)
+            if known is not None and known[1] == value:
+                return
             self._values[key] = (gauge, value, dict(tags))
             if self._thread is None and self._refreshing:
                 self._thread = threading.Thread(target=self._run, daemon=True,
