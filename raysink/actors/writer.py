@@ -97,7 +97,8 @@ class SinkWriterActor:
         self._mailbox: Mailbox[pa.Table] = Mailbox(config.max_buffer_bytes)
         self._rows_total = 0
         self._refused = 0
-        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
+        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id,
+                                      config.max_buffer_bytes)
         for target, name in ((self._flush_timer, "raysink-flush"),
                              (lambda: self._watchdog.run(self._closed), "raysink-watchdog")):
             threading.Thread(target=target, daemon=True, name=name).start()
@@ -162,6 +163,7 @@ class SinkWriterActor:
         self._roll_back(replaced)
         if verdict is Verdict.FULL:
             self._refused += 1
+            self._metrics.refused()
             raise BackpressureError(
                 f"writer {self._config.writer_id}'s mailbox is full "
                 f"({self._config.max_buffer_bytes:,} bytes of early messages); message "
@@ -169,7 +171,6 @@ class SinkWriterActor:
                 runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         if verdict is not Verdict.ACCEPTED:
             return 0
-        self._metrics.depth(sum(s.waiting_count() for s in self._mailbox.slots()))
         self._drain()
         return int(table.num_rows)
 
@@ -196,6 +197,8 @@ class SinkWriterActor:
         while True:
             claimed = self._mailbox.take_ready()
             if claimed is None:
+                self._metrics.mailbox(sum(s.waiting_count() for s in self._mailbox.slots()),
+                                      self._mailbox.waiting_bytes)
                 return
             (epoch, attempt), run = claimed
             slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
@@ -302,7 +305,8 @@ class SinkWriterActor:
         if barrier.is_drain:
             self._close_writer()
         request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
-                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
+                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema,
+                                rows=rows)
         return BarrierAck(rows=rows, request=request)
 
     def _await_feeds(self, barrier: CheckpointBarrier, attempt: int) -> None:
