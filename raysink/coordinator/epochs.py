@@ -284,19 +284,19 @@ class EpochCoordinator:
         self._sweep_left(raising=False)
 
     def _sweep_left(self, raising: bool = True, epoch: int | None = None) -> None:
-        """Sweep what ``_sweep_unrecorded`` could not yet (all, or only ``epoch``)."""
+        """Sweep, by epoch, the staging no sweep could reach yet (all, or only ``epoch``:
+        before it is opened again). ``raising``: a target still unreachable is
+        ``SinkUnavailableError`` (the epoch cannot be written before it is swept)."""
         for left in sorted(self._unswept if epoch is None else self._unswept & {epoch}):
-            try:
-                self._sweep(left, 0, manifests=None, recorded=False)
-            except (FencedError, MetaStoreError):
-                raise
-            except Exception as exc:
-                if raising:
-                    raise
-                log.warning("could not sweep epoch %s yet (%s); it is swept before it is "
-                            "written", left, exc)
-                continue
-            self._unswept.discard(left)
+            failed = self._sweep(left, 0, manifests=None, recorded=False)
+            if not failed:
+                self._unswept.discard(left)
+            elif raising:
+                sink, error = next(iter(failed.items()))
+                raise SinkUnavailableError(
+                    f"the staging of epoch {left} in sink {sink!r} could not be swept "
+                    f"({error}); the epoch is written again once it is, so retry when the "
+                    "target is reachable", runtime=self.runtime, sink=sink, epoch=left)
 
     def next_attempt(self, epoch: int) -> int:
         """The attempt number ``epoch`` would be opened with now."""
@@ -644,9 +644,15 @@ class EpochCoordinator:
         del self._epochs[epoch]
 
     def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None,
-               recorded: bool = True) -> None:
+               recorded: bool = True) -> dict[str, str]:
         """Sweep every sink's staging of ``epoch`` (``recorded``: with its records ABORTED
-        first and deleted after).
+        first and deleted after). Returns the sinks that could not be swept, with why.
+
+        The attempt number counts as used whatever the sweep does (an attempt number is
+        never staged twice). A sink that cannot be swept now (its target unreachable)
+        leaves the epoch *unswept*: it is swept by its number before the epoch is opened
+        again (``_sweep_left``), and its ABORTED records stay until then. What an aborted
+        attempt staged is never part of a decision, so until then it is only garbage.
 
         An epoch the store has no record of is swept by its number alone, and so never in
         a sink whose marker holds it: that epoch was committed there (by a meta store this
@@ -654,14 +660,24 @@ class EpochCoordinator:
         the table other than the current one may still reference (time travel)."""
         if recorded:
             self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
+        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+        failed: dict[str, str] = {}
         for name, sink in self.sinks.items():
             with self._io[name]:
-                if not recorded and _holds(sink, epoch):
-                    continue
-                sink.abort(epoch, None if manifests is None else manifests.get(name))
-        if recorded:
+                try:
+                    if recorded or not _holds(sink, epoch):
+                        sink.abort(epoch, None if manifests is None else manifests.get(name))
+                except (FencedError, MetaStoreError):
+                    raise
+                except Exception as exc:
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+        if failed:
+            self._unswept.add(epoch)
+            log.warning("could not sweep the staging of epoch %s in %s yet; it is swept "
+                        "before the epoch is written again", epoch, failed)
+        elif recorded:
             self.store.delete_aborted(self.runtime, self.generation, epoch)
-        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+        return failed
 
     def resolve(self, epoch: int, attempt: int | None = None) -> Resolution:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an OPEN attempt is aborted first, and

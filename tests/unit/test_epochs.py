@@ -629,6 +629,26 @@ def test_a_commit_retried_after_it_landed_is_no_skip(failure: str) -> None:
     _visible_once(h, [1])
 
 
+def test_a_sweep_that_fails_never_reuses_the_attempt() -> None:
+    """The writers' attempt of an epoch failed and its sweep cannot reach a target: the
+    attempt still resolves ABORTED and its number counts as used (the epoch opened again
+    used to get the same attempt number, whose messages its writers drop as stale, so
+    every later write of it failed); the epoch is swept before it is opened again, and
+    while the target refuses that, opening it is a ``SinkUnavailableError``."""
+    h = Harness()
+    h.write_epoch()
+    decision = h.core.open_epoch(None)
+    h.targets["b"].fail_aborts = 2
+    assert h.core.resolve(decision.epoch) is Resolution.ABORTED
+    with pytest.raises(SinkUnavailableError, match="could not be swept"):
+        h.core.open_epoch(decision.epoch)
+    again = h.core.open_epoch(decision.epoch)
+    assert again.attempt > decision.attempt
+    assert h.precommit_all(again.epoch, again.attempt)
+    h.commit_all()
+    _visible_once(h, [1, 2])
+
+
 # --------------------------------------------------------------------------- schemas
 
 
