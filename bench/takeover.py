@@ -14,7 +14,10 @@ run:
   tell whether it lives), so the start waits for the lease to expire.
 
 Prints p50 and the maximum of each, and their ratio. Every epoch is checked at the end
-(every id exactly once).
+(every id exactly once). Measured here (5 kills each, lease_timeout 10 s, a shared 2-core
+machine at load 20-30): the lease taken 0.09 s p50 (max 0.19 s) after the kill on the same
+machine, 8.4 s p50 (max 9.4 s) when it had to expire; ``start()`` itself (actors started,
+recovery) took 6-12 s more either way at that load.
 
     .venv/bin/python bench/takeover.py [--trials 5] [--lease-timeout 10]
 """
