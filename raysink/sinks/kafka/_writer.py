@@ -1,9 +1,11 @@
 """``KafkaWriter``: one writer slot's transactional producer, inside its writer actor.
 
-``open`` makes the slot's producer (transactional id ``<prefix>.<runtime>.<sink>.w<k>``)
-and runs ``init_transactions``: the broker then fences every earlier producer of the slot
-(a dead incarnation, or a zombie still running on a lost node) and aborts the transaction
-it left open. ``write`` encodes each batch (``_encode``) and keeps the records until the
+The first ``pre_commit`` of a process makes the slot's producer (transactional id
+``<prefix>.<runtime>.<sink>.w<k>``) and runs ``init_transactions``: the broker then fences
+every earlier producer of the slot (a dead incarnation, or a zombie still running on a
+lost node) and aborts the transaction it left open (not at ``open``: an actor restarted
+after a crash must answer at once, and taking an id over waits for that abort). ``write``
+encodes each batch (``_encode``) and keeps the records until the
 epoch ends. ``pre_commit`` begins a transaction, produces them, flushes, and keeps the
 transaction open: the records are durable in the data topic, invisible to
 ``read_committed`` readers. Its manifest names the transactional id, this actor, and per
@@ -96,11 +98,6 @@ class KafkaWriter(SinkWriter):
         self._state = threading.Lock()
 
     # -- the producer ------------------------------------------------------------------
-
-    def open(self) -> None:
-        """Make the slot's producer and take its transactional id over (fencing every
-        earlier holder). ``SinkUnavailableError`` when the brokers do not answer."""
-        self._ensure_producer()
 
     def _ensure_producer(self) -> Any:
         if self._producer is not None:
