@@ -226,10 +226,15 @@ class KafkaBroker:
         return AdminClient({"bootstrap.servers": self.bootstrap, "log_level": 0})
 
     def create_topic(self, name: str, partitions: int = 3, **config: str) -> str:
-        from confluent_kafka.admin import NewTopic
+        return self.create_on(self.bootstrap, name, partitions, **config)
 
-        admin = self.admin()  # kept: a client that is collected cancels its futures
-        futures = admin.create_topics(
+    @staticmethod
+    def create_on(bootstrap: str, name: str, partitions: int = 3, **config: str) -> str:
+        """Create topic ``name`` on the brokers at ``bootstrap`` (replication 1)."""
+        from confluent_kafka.admin import AdminClient, NewTopic
+
+        admin = AdminClient({"bootstrap.servers": bootstrap, "log_level": 0})
+        futures = admin.create_topics(  # the client is kept until the future is done
             [NewTopic(name, num_partitions=partitions, replication_factor=1, config=config)])
         futures[name].result(timeout=60)
         return name

@@ -11,7 +11,7 @@ from typing import Any
 
 from raysink.errors import ConfigError, SinkUnavailableError
 
-__all__ = ["KafkaSettings", "check_client_config", "kafka_module"]
+__all__ = ["FatalWatch", "KafkaSettings", "check_client_config", "kafka_module"]
 
 _INSTALL_HINT = ("the Kafka sink needs confluent-kafka: pip install 'raysink[kafka]' "
                  "(or pip install confluent-kafka)")
@@ -199,6 +199,32 @@ class KafkaSettings:
 
     def admin_config(self) -> dict[str, Any]:
         return self.base()
+
+
+class FatalWatch:
+    """A producer's error callback that keeps its fatal error (fenced: another producer
+    took the transactional id over), so a flush can stop waiting for records that will
+    never be sent."""
+
+    def __init__(self) -> None:
+        self.error: Any = None
+
+    def __call__(self, error: Any) -> None:
+        if error.fatal() and self.error is None:
+            self.error = error
+
+    def flush(self, producer: Any, timeout: float) -> int:
+        """Flush in short slices until nothing is left, the timeout, or a fatal error
+        (raised as ``KafkaException``); returns the records left."""
+        import time
+
+        deadline = time.monotonic() + timeout
+        while True:
+            left = int(producer.flush(min(0.5, max(0.0, deadline - time.monotonic()))))
+            if self.error is not None:
+                raise kafka_module().KafkaException(self.error)
+            if not left or time.monotonic() >= deadline:
+                return left
 
 
 def unavailable(settings: KafkaSettings, what: str, exc: BaseException, **where: Any

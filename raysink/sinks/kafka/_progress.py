@@ -220,8 +220,9 @@ class ProgressReader:
             request_timeout=self.settings.timeout)
         return int(futures[tp].result(timeout=self.settings.timeout).offset)
 
-    def committed_epoch(self, *, strict: bool = False) -> int | None:
-        record = self.read(strict=strict).get(self.prefix)
+    def committed_epoch(self, *, strict: bool = False, cached: bool = False) -> int | None:
+        """The epoch record's epoch: read on first, unless ``cached`` (what was read last)."""
+        record = (self.latest if cached else self.read(strict=strict)).get(self.prefix)
         return None if record is None else int(record["epoch"])
 
     def part_committed(self, writer: int, epoch: int) -> bool:

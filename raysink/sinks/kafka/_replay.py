@@ -55,10 +55,10 @@ def fence(sink: KafkaSink, txn: str) -> None:
     log.info("kafka sink %s/%s: fenced %s", sink.runtime, sink.name, txn)
 
 
-def replay(sink: KafkaSink, committer: Any, epoch: int, attempt: int,
+def replay(sink: KafkaSink, epoch: int, attempt: int,
            parts: Sequence[tuple[Manifest, Held]]) -> bool:
     """Write ``parts`` of ``epoch`` again with the progress records, in one transaction of
-    ``committer``. Returns ``False`` when the progress topic says the epoch is in."""
+    the sink's committer. Returns ``False`` when the progress topic says the epoch is in."""
     started = time.monotonic()
     for manifest, held in parts:
         if held is Held.UNKNOWN:
@@ -69,7 +69,7 @@ def replay(sink: KafkaSink, committer: Any, epoch: int, attempt: int,
         return False
     todo = [m for m, _ in parts if not reader.part_committed(int(m["writer"]), epoch)]
     records = 0
-    committer.begin_transaction()
+    committer = sink.begin_committer_transaction(epoch)
     for manifest in todo:
         records += _copy(sink, committer, manifest, epoch)
         committer.produce(sink.settings.progress_topic,

@@ -30,6 +30,7 @@ from raysink.errors import ConfigError, DataLossError, FencedError, SinkUnavaila
 from raysink.sinks.base import CommitResult, Held, Manifest, Sink
 from raysink.sinks.kafka import _replay
 from raysink.sinks.kafka._config import (
+    FatalWatch,
     KafkaSettings,
     check_client_config,
     check_producer_config,
@@ -45,7 +46,7 @@ __all__ = ["KafkaSink"]
 
 log = logging.getLogger("raysink.sinks.kafka")
 
-_LIVE = ("_topics", "_reader", "_committer", "_read_at")
+_LIVE = ("_topics", "_reader", "_committer", "_watch", "_read_at", "_in_txn")
 
 
 class KafkaSink(Sink):
@@ -111,7 +112,10 @@ class KafkaSink(Sink):
         self._topics: Topics | None = None
         self._reader: ProgressReader | None = None
         self._committer: Any = None
+        self._watch = FatalWatch()
         self._read_at = 0.0
+        self._in_txn = False
+        self._ready = False  # both topics seen by this process's last commit
 
     # -- description ----------------------------------------------------------------
 
@@ -124,7 +128,9 @@ class KafkaSink(Sink):
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
         for name in _LIVE:
-            state[name] = 0.0 if name == "_read_at" else None
+            state[name] = None
+        state["_read_at"], state["_in_txn"], state["_ready"] = 0.0, False, False
+        state["_watch"] = FatalWatch()
         return state
 
     def _where(self, epoch: int | None = None) -> dict[str, Any]:
@@ -164,16 +170,17 @@ class KafkaSink(Sink):
         if self._committer is None:
             ck = kafka_module()
             txn = self.settings.committer_txn(self.runtime, self.name)
-            producer = ck.Producer(self.settings.producer_config(txn))
+            watch = FatalWatch()
+            producer = ck.Producer({**self.settings.producer_config(txn), "error_cb": watch})
             try:
                 producer.init_transactions(self.settings.timeout)
             except ck.KafkaException as exc:
                 raise unavailable(self.settings, f"could not take {txn!r} over", exc) from exc
-            self._committer = producer
+            self._committer, self._watch = producer, watch
         return self._committer
 
     def _fenced(self, exc: Exception, epoch: int) -> FencedError:
-        self._committer = None
+        self._committer, self._in_txn = None, False
         txn = self.settings.committer_txn(self.runtime, self.name)
         return FencedError(
             f"the committer of sink {self.name!r} (transactional id {txn!r}) was fenced: "
@@ -186,12 +193,11 @@ class KafkaSink(Sink):
         """Begin the committer's transaction with the epoch record, flushed: fails with
         ``FencedError`` when another coordinator took the committer over."""
         ck = kafka_module()
-        committer = self._claim()
+        committer = self.begin_committer_transaction(epoch)
         try:
-            committer.begin_transaction()
             committer.produce(self.settings.progress_topic, record_value(epoch, attempt),
                               epoch_key(self.runtime, self.name))
-            if committer.flush(self.settings.timeout):
+            if self._watch.flush(committer, self.settings.timeout):
                 raise SinkUnavailableError("the epoch record was not delivered in time")
         except ck.KafkaException as exc:
             raise self._committer_error(exc, epoch) from exc
@@ -204,9 +210,25 @@ class KafkaSink(Sink):
         if error is not None and error.txn_requires_abort() and self._committer is not None:
             try:
                 self._committer.abort_transaction(self.settings.timeout)
+                self._in_txn = False
             except Exception:
-                self._committer = None
+                self._committer, self._in_txn = None, False
         return unavailable(self.settings, "refused the epoch's commit", exc)
+
+    def begin_committer_transaction(self, epoch: int) -> Any:
+        """The committer in a new transaction; one a failed commit left open is aborted
+        first (what it held is written again by this commit)."""
+        ck = kafka_module()
+        committer = self._claim()
+        try:
+            if self._in_txn:
+                committer.abort_transaction(self.settings.timeout)
+                self._in_txn = False
+            committer.begin_transaction()
+        except ck.KafkaException as exc:
+            raise self._committer_error(exc, epoch) from exc
+        self._in_txn = True
+        return committer
 
     def end_committer_transaction(self, committer: Any, epoch: int) -> None:
         ck = kafka_module()
@@ -214,40 +236,59 @@ class KafkaSink(Sink):
             committer.commit_transaction(self.settings.timeout)
         except ck.KafkaException as exc:
             raise self._committer_error(exc, epoch) from exc
+        self._in_txn = False
 
     def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Make ``epoch`` visible with its progress records (see the module docstring)."""
         started = time.monotonic()
         parts = [m for m in manifests if m.get("txn")]
+        try:
+            if not self._ready and not self._topics_ready(epoch, parts):
+                return CommitResult.NO_TARGET
+            done = self._committed_recently()
+            if done is not None and done >= epoch:
+                return CommitResult.ALREADY
+            replayed = self._commit_parts(epoch, parts)
+        except BaseException:
+            self._ready = False  # a topic deleted meanwhile shows at the next try
+            raise
+        if replayed is None:
+            return CommitResult.ALREADY
+        log.info("kafka sink %s/%s committed epoch %d (%d records, %d of %d parts replayed) "
+                 "in %.3fs", self.runtime, self.name, epoch,
+                 sum(int(m.get("rows", 0)) for m in parts), replayed, len(parts),
+                 time.monotonic() - started)
+        return CommitResult.COMMITTED
+
+    def _topics_ready(self, epoch: int, parts: Sequence[Manifest]) -> bool:
+        """The data topic is there (else: ``False`` for an epoch without records, a
+        ``DataLossError`` for one with), and the progress topic (created if missing)."""
         topics = self.topics()
         if not topics.exists(self.settings.topic):
             if parts:
                 raise DataLossError(f"the data topic {self.settings.topic!r} was deleted "
                                     "while the epoch was pending", **self._where(epoch))
-            return CommitResult.NO_TARGET
+            return False
         if not topics.exists(self.settings.progress_topic):
             topics.create_progress()
             self.progress().reset()
-        done = self._committed_recently()
-        if done is not None and done >= epoch:
-            return CommitResult.ALREADY
+        self._ready = True
+        return True
+
+    def _commit_parts(self, epoch: int, parts: Sequence[Manifest]) -> int | None:
+        """Steps 1-3 of the module docstring: the number of parts replayed, ``None`` when
+        the progress topic showed the epoch in."""
         attempt = int(parts[0].get("attempt", 0)) if parts else 0
         committer = self._begin(epoch, attempt)
         outcomes = self._finish(epoch, parts, commit=True)
         lost = [(m, held) for m, held in zip(parts, outcomes, strict=True)
                 if held is not Held.COMMITTED]
         _faults.hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
-        if lost:
-            self._abort_committer(committer, epoch)
-            if not _replay.replay(self, self._claim(), epoch, attempt, lost):
-                return CommitResult.ALREADY
-        else:
+        if not lost:
             self.end_committer_transaction(committer, epoch)
-        log.info("kafka sink %s/%s committed epoch %d (%d records, %d of %d parts replayed) "
-                 "in %.3fs", self.runtime, self.name, epoch,
-                 sum(int(m.get("rows", 0)) for m in parts), len(lost), len(parts),
-                 time.monotonic() - started)
-        return CommitResult.COMMITTED
+            return 0
+        self._abort_committer(committer, epoch)
+        return len(lost) if _replay.replay(self, epoch, attempt, lost) else None
 
     def _abort_committer(self, committer: Any, epoch: int) -> None:
         ck = kafka_module()
@@ -255,13 +296,14 @@ class KafkaSink(Sink):
             committer.abort_transaction(self.settings.timeout)
         except ck.KafkaException as exc:
             raise self._committer_error(exc, epoch) from exc
+        self._in_txn = False
 
     def _committed_recently(self) -> int | None:
         """The epoch record as read by ``committed_epoch()`` just before (the coordinator
         reads it before each commit), or read now."""
         if time.monotonic() - self._read_at > 1.0:
             return self.committed_epoch()
-        return self.progress().committed_epoch(strict=False)
+        return self.progress().committed_epoch(cached=True)
 
     def _finish(self, epoch: int, parts: Sequence[Manifest], *, commit: bool) -> list[Held]:
         """Ask each part's writer actor to end its transaction; ``UNKNOWN`` where no

@@ -92,20 +92,24 @@ class KafkaWriter(SinkWriter):
         self._buffer: list[Encoded] = []
         self._rows = 0
         self._held: tuple[int, int] | None = None
+        self._marked = False  # the held transaction has its progress record
         self._sealed: tuple[int, int] | None = None
         self._committed: list[tuple[int, int]] = []
         self._topic_checked = False
         self._state = threading.Lock()
+        self._watch: Any = None
 
     # -- the producer ------------------------------------------------------------------
 
     def _ensure_producer(self) -> Any:
         if self._producer is not None:
             return self._producer
-        from raysink.sinks.kafka._config import kafka_module
+        from raysink.sinks.kafka._config import FatalWatch, kafka_module
 
         ck = kafka_module()
-        producer = ck.Producer(self.settings.producer_config(self.txn_id))
+        self._watch = FatalWatch()
+        producer = ck.Producer({**self.settings.producer_config(self.txn_id),
+                                "error_cb": self._watch})
         try:
             producer.init_transactions(self.settings.timeout)
         except ck.KafkaException as exc:
@@ -152,7 +156,7 @@ class KafkaWriter(SinkWriter):
         producer = self._ensure_producer()
         deliveries = self._produce(producer, buffer, epoch)
         with self._state:
-            self._held = (epoch, attempt)
+            self._held, self._marked = (epoch, attempt), False
         manifest.update({"txn": self.txn_id, "actor": _actor_name(),
                          "topic": self.settings.topic, "runs": deliveries.manifest_runs(),
                          "bytes": sum(e.nbytes for e in buffer)})
@@ -167,7 +171,7 @@ class KafkaWriter(SinkWriter):
             producer.begin_transaction()
             for encoded in buffer:
                 _produce_all(producer, self.settings.topic, encoded, deliveries.report)
-            left = producer.flush(self.settings.timeout)
+            left = self._watch.flush(producer, self.settings.timeout)
         except ck.KafkaException as exc:
             raise self._failed(producer, "could not produce", exc, epoch) from exc
         if left or deliveries.error is not None:
@@ -251,9 +255,11 @@ class KafkaWriter(SinkWriter):
 
         ck = kafka_module()
         try:
-            producer.produce(self.settings.progress_topic,
-                             record_value(epoch, attempt, writer=self.writer_id),
-                             part_key(self.sink.runtime, self.sink.name, self.writer_id))
+            if not self._marked:  # a commit asked again after a timeout has it already
+                producer.produce(self.settings.progress_topic,
+                                 record_value(epoch, attempt, writer=self.writer_id),
+                                 part_key(self.sink.runtime, self.sink.name, self.writer_id))
+                self._marked = True
             producer.commit_transaction(self.settings.timeout)
         except ck.KafkaException as exc:
             error = exc.args[0]
