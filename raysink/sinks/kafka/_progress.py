@@ -212,7 +212,17 @@ class ProgressReader:
     def _ends(self, strict: bool) -> tuple[int, int]:
         """The partition's start (asked only when the end is below what was read: the
         topic was re-created) and its end: with ``strict``, open transactions included
-        (the high watermark), else the last stable offset."""
+        (the high watermark), else the last stable offset. A failure is tried once more
+        with a new admin client: after a broker restart the old one kept answering
+        ``FENCED_LEADER_EPOCH`` from stale metadata for minutes."""
+        try:
+            return self._ask_ends(strict)
+        except Exception as exc:
+            log.info("progress topic offsets: %s; asking again with a new client", exc)
+            self._admin = None
+            return self._ask_ends(strict)
+
+    def _ask_ends(self, strict: bool) -> tuple[int, int]:
         ck = kafka_module()
         admin_mod = ck.admin
         if self._admin is None:
