@@ -280,6 +280,7 @@ class KafkaSink(Sink):
         the progress topic showed the epoch in."""
         attempt = int(parts[0].get("attempt", 0)) if parts else 0
         committer = self._begin(epoch, attempt)
+        _faults.hit("kafka.before_finish", runtime=self.runtime, sink=self.name, epoch=epoch)
         outcomes = self._finish(epoch, parts, commit=True)
         lost = [(m, held) for m, held in zip(parts, outcomes, strict=True)
                 if held is not Held.COMMITTED]
