@@ -312,6 +312,7 @@ class EpochDriver:
         """After a failure: heal the actors and resolve the attempt. True: it was decided
         (it rolls forward); False: it was aborted, swept and cancelled at the writers, so
         it may be fed again."""
+        actors.metrics.attempt_failed()
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
                                actors.coordinator_call("resolve", epoch, attempt))
@@ -344,6 +345,7 @@ class EpochDriver:
 
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """Bad data: abort the attempt everywhere; nothing of it is written."""
+        actors.metrics.attempt_failed()
         self._predicted = None
         self._ask(actors, f"resolving epoch {epoch}",
                   actors.coordinator_call("resolve", epoch, attempt))

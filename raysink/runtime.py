@@ -497,6 +497,11 @@ class SinkRuntime:
         offset = source_offset(self.name, current, query_id, self._options.epoch_offset, last)
         source = {"kind": "query", "id": query_id, "offset": offset}
         if source != current:
+            # the targets may hold epochs this meta store does not know (a fresh store):
+            # the query's batches would be skipped as committed
+            self._ask(actors, "checking the targets' markers",
+                      actors.coordinator_call("check_alignment", "query",
+                                              self._options.epoch_offset))
             self._ask(actors, "binding the epoch source",
                       actors.coordinator_call("bind_source", source))
             log.info("%s: bound to streaming query %s (epoch = batch_id + 1 + %s)", self.name,

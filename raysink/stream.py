@@ -285,6 +285,7 @@ class StreamController:
         log.warning("stream epoch %s failed (%s); rewinding: producers replay from the "
                     "last committed epoch", tick.epoch, why)
         self.failures.append(f"epoch {tick.epoch}: {why}")
+        self._actors.metrics.rewound()
         self._driver.give_up(self._actors, tick.epoch, tick.attempt)
         self._driver.give_up(self._actors, tick.epoch + 1, tick.next_attempt)
         if tick.drain:

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Set up what raysink's demo and tests need on a fresh machine: a virtual environment with
-# the package and its extras, Java 17+ for RayDP, PostgreSQL server binaries for the tests.
+# the package and its extras, Java 17+ for RayDP, PostgreSQL server binaries and Prometheus
+# (with promtool) for the tests.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=${VENV:-.venv}
@@ -21,6 +22,18 @@ if [ ${#need_apt[@]} -gt 0 ]; then
     DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${need_apt[@]}" >/dev/null
   else
     echo "setup: please install ${need_apt[*]} (needed by RayDP / the PostgreSQL tests)" >&2
+  fi
+fi
+
+# Prometheus for the dashboard test; without recommends (no node exporter service).
+if ! command -v prometheus >/dev/null 2>&1 || ! command -v promtool >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing prometheus with apt-get"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends \
+      prometheus >/dev/null
+  else
+    echo "setup: please install prometheus and promtool (needed by the dashboard test)" >&2
   fi
 fi
 

@@ -50,6 +50,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysink._calls import watched
+from raysink._metrics import DriverMetrics
 from raysink.actors.placement import ClusterView, Placement, affinity, coordinator_node
 from raysink.actors.writer import NAMESPACE, SinkWriterActor, WriterConfig
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
@@ -138,7 +139,7 @@ class ActorSet:
 
     ``placement`` says where they may run and ``ping_timeout`` how long an actor may take
     to answer a ping before ``heal`` replaces it. ``view`` (tests) replaces the cluster
-    view ``start`` makes."""
+    view ``start`` makes. ``metrics``: the driver's, for this runtime."""
 
     coordinator_config: CoordinatorConfig
     writer_configs: dict[str, list[WriterConfig]]
@@ -154,6 +155,10 @@ class ActorSet:
     _coordinator_node: str | None = None
     _probed: tuple[float, list[Key]] | None = None
     _retired_names: list[str] = field(default_factory=list)
+    metrics: DriverMetrics = field(init=False, repr=False)
+
+    def __post_init__(self) -> None:
+        self.metrics = DriverMetrics(self.runtime)
 
     @property
     def runtime(self) -> str:
@@ -359,6 +364,7 @@ class ActorSet:
         if not silent:
             return []
         self._retire(silent)
+        self.metrics.replaced("coordinator" if key == COORDINATOR else "writer" for key in silent)
         if COORDINATOR in silent:
             self.coordinator = self._start_coordinator()
         writers = [key for key in silent if key != COORDINATOR]

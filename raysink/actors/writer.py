@@ -105,7 +105,8 @@ class SinkWriterActor:
         self._mailbox: Mailbox[pa.Table] = Mailbox(config.max_buffer_bytes)
         self._rows_total = 0
         self._refused = 0
-        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
+        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id,
+                                      config.max_buffer_bytes)
         for target, name in ((self._flush_timer, "raysink-flush"),
                              (lambda: self._watchdog.run(self._closed), "raysink-watchdog")):
             threading.Thread(target=target, daemon=True, name=name).start()
@@ -170,6 +171,7 @@ class SinkWriterActor:
         self._roll_back(replaced)
         if verdict is Verdict.FULL:
             self._refused += 1
+            self._metrics.refused()
             raise BackpressureError(
                 f"writer {self._config.writer_id}'s mailbox is full "
                 f"({self._config.max_buffer_bytes:,} bytes of early messages); message "
@@ -177,7 +179,6 @@ class SinkWriterActor:
                 runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         if verdict is not Verdict.ACCEPTED:
             return 0
-        self._metrics.depth(sum(s.waiting_count() for s in self._mailbox.slots()))
         self._drain()
         return int(table.num_rows)
 
@@ -204,6 +205,8 @@ class SinkWriterActor:
         while True:
             claimed = self._mailbox.take_ready()
             if claimed is None:
+                self._metrics.mailbox(sum(s.waiting_count() for s in self._mailbox.slots()),
+                                      self._mailbox.waiting_bytes)
                 return
             (epoch, attempt), run = claimed
             slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
@@ -312,7 +315,8 @@ class SinkWriterActor:
         if barrier.is_drain:
             self._close_writer()
         request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
-                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
+                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema,
+                                rows=rows)
         return BarrierAck(rows=rows, request=request)
 
     def _await_feeds(self, barrier: CheckpointBarrier, attempt: int) -> None:
@@ -324,10 +328,26 @@ class SinkWriterActor:
             return
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         poison = slot.poison if slot else None
+        lost = slot.incomplete() if slot is not None and outcome == "lost" else []
+        outside = slot.unsealed_senders() if slot is not None else []
         self._rollback_writer(epoch, attempt)
         self._mailbox.finish(epoch, attempt)
         if isinstance(poison, RaySinkError):
             raise poison
+        if lost:
+            raise EpochFailedError(
+                f"writer {self._config.writer_id} was restarted after feeds {lost} sent it "
+                "their data: what they sent went with its previous process, so this "
+                "attempt cannot pre-commit; it is given up (nothing of it is visible) and "
+                "the epoch must be fed again", runtime=self._config.runtime,
+                sink=self._config.sink_name, epoch=epoch)
+        if outcome == "unsealed":
+            raise EpochFailedError(
+                f"feeds {outside} sent writer {self._config.writer_id} data of this "
+                "attempt but the commit leaves them out (ep.commit(feeds=...)): their rows "
+                "cannot be taken back out, so nothing of the attempt is committed. Abort "
+                "it and feed the epoch again with only the feeds to commit", attempts=1,
+                runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         raise EpochFailedError(
             f"writer {self._config.writer_id} could not pre-commit: {outcome}"
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),

@@ -113,7 +113,7 @@ class CoordinatorActor:
                                        last_committed_epoch=None, pending_epochs=[])
         self._history: dict[str, list[dict[str, Any]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._metrics = CoordinatorMetrics(config.runtime)
+        self._metrics = CoordinatorMetrics(config.runtime, config.sinks, config.max_pending_epochs)
         log.info("coordinator of %s: generation %s on %s", config.runtime,
                  record.generation, self._store.url)
 
@@ -232,7 +232,7 @@ class CoordinatorActor:
                 backoff = min(backoff * 2, self._config.retry_cap)
                 continue
             backoff = _BACKOFF_START
-            self._metrics.committed(sink, time.monotonic() - started)
+            self._metrics.committed(outcome, time.monotonic() - started)
             self._after_commit(outcome, started)
             await self._record_health()
             await self._notify()
@@ -297,7 +297,6 @@ class CoordinatorActor:
         return self._core.generation
 
     async def pid(self) -> int:
-
         return os.getpid()
 
     async def open_epoch(self, requested: int | None, timeout: float) -> OpenedEpoch:
@@ -353,6 +352,7 @@ class CoordinatorActor:
             self._core.gather(epoch, attempt, requests, generation)
             return self._core.persist_pending(epoch, attempt)
 
+        self._metrics.decided(epoch, requests)
         try:
             decided = await self._retrying_backpressure(decide, timeout)
         except (StaleAttemptError, BackpressureError, FencedError):
@@ -427,6 +427,13 @@ class CoordinatorActor:
         await self._until_recovered()
         record = await self._locked(lambda: self._store.load(self._config.runtime))
         return record.epoch_source if record else None
+
+    async def check_alignment(self, numbering: str, epoch_offset: int | None) -> None:
+        """Refuse (``ConfigError``) numbering epochs from this meta store when the targets
+        hold epochs it does not know (``markers.refuse_unknown_epochs``): before a
+        streaming query is bound here for the first time."""
+        await self._until_recovered()
+        await self._locked(lambda: self._core.check_alignment(numbering, epoch_offset))
 
     async def bind_source(self, source: dict[str, Any]) -> None:
         """Bind the runtime to ``source`` (the caller checked it)."""
@@ -567,14 +574,14 @@ class CoordinatorActor:
                                   history=list(self._history.get(name, [])))
                  for name, health in self._health.items()}
         for name in self._dropped:
-            sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None,
-                                     last_error=None)
+            sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None, last_error=None)
         self._snapshot = RuntimeStatus(
             name=self._config.runtime, metastore=self._store.url,
             last_committed_epoch=self._core.last_committed,
             pending_epochs=self._core.pending_epochs(),
             open_epoch=self._core.open_epoch_number(),
             error=None if self._fatal is None else str(self._fatal), sinks=sinks)
+        self._metrics.status(self._snapshot)
 
     async def close(self) -> None:
         """The runtime is closing (its epochs are committed or durably decided): sinks

@@ -472,7 +472,13 @@ class IcebergSink(Sink):
 
 
 def _referenced(table: Any | None) -> set[str]:
-    if table is None or table.current_snapshot() is None:
+    """The data files the table's current snapshot references. A snapshot with no
+    manifest at all (a table created by an empty epoch) references none: pyiceberg's
+    ``inspect.files()`` cannot list it (it concatenates zero tables)."""
+    if table is None:
+        return set()
+    snapshot = table.current_snapshot()
+    if snapshot is None or not snapshot.manifests(table.io):
         return set()
     return set(table.inspect.files().column("file_path").to_pylist())
 
