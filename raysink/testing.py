@@ -39,6 +39,7 @@ from raysink import _schema
 from raysink._faults import (
     HANDOFF_POINTS,
     POINTS,
+    SINK_POINTS,
     InjectedFault,
     _arm_path,
     enabled,
@@ -502,8 +503,8 @@ class FailingSink(Sink):
     def committed_epoch(self) -> int | None:
         return self._inner.committed_epoch()
 
-    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
-        return self._inner.holds(epoch, manifests)
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        return self._inner.holds_decision(epoch, manifests)
 
     def recreate_marker(self, epoch: int) -> None:
         self._inner.recreate_marker(epoch)
@@ -840,8 +841,9 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    if point not in POINTS + HANDOFF_POINTS:
-        raise ConfigError(f"unknown fault point {point!r}; one of {POINTS + HANDOFF_POINTS}")
+    if point not in POINTS + HANDOFF_POINTS + SINK_POINTS:
+        raise ConfigError(f"unknown fault point {point!r}; one of "
+                          f"{POINTS + HANDOFF_POINTS + SINK_POINTS}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:

@@ -751,10 +751,10 @@ class EpochCoordinator:
         """Whether the data the target already holds as the step's epoch is this
         decision's: a commit of it landed before (its answer lost, its record failed, or
         its coordinator crashed before recording it), which is no skip. The target tells
-        (``Sink.holds``: another driver of the runtime, with a meta store of its own, may
+        (``Sink.holds_decision``: another driver of the runtime, with a meta store of its own, may
         have committed other data as the epoch); where it cannot, whether this process
         took the commit to it before (``tried``)."""
-        held = target.holds(step.epoch, list(step.manifests))
+        held = target.holds_decision(step.epoch, list(step.manifests))
         if held is False:
             log.warning("sink %s holds another decision of epoch %s (a driver of %s with a "
                         "meta store of its own?): this one's rows are not written",

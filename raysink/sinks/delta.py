@@ -31,7 +31,7 @@ per key (manifest order, then row order) and MERGEs them. ``commit`` checks
 transaction already committed), so it is idempotent; a concurrent commit of the same
 epoch from another instance makes ours fail with ``CommitFailedError`` (app id conflict),
 after which the marker is re-checked. The commit's metadata names the decision
-(``raysink.sink``, ``raysink.epoch``, ``raysink.decision``), so ``holds`` can tell a
+(``raysink.sink``, ``raysink.epoch``, ``raysink.decision``), so ``holds_decision`` can tell a
 decision's own earlier commit from another driver's.
 
 Schema evolution (``schema_evolution="add_columns"``): writers check each batch against
@@ -97,7 +97,7 @@ logger = logging.getLogger(__name__)
 
 STAGING_PREFIX = "raysink"
 DECISION_KEYS = ("raysink.sink", "raysink.epoch", "raysink.decision")
-"""Commit metadata of a raysink commit: its marker id, epoch and decision (``holds``)."""
+"""Commit metadata of a raysink commit: its marker id, epoch and decision (``holds_decision``)."""
 HISTORY_SEARCHED = 100
 _STAT_STRING_MAX = 32
 _SEQ = "__raysink_seq"
@@ -675,7 +675,7 @@ class DeltaSink(Sink):
         if refused is not None:
             raise refused
 
-    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         """Whether the commit that carried this sink's marker at ``epoch`` (looked for in
         the last ``HISTORY_SEARCHED`` versions' commit metadata) is the decision
         ``manifests``; ``None`` when it is not found there."""

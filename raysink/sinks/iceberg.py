@@ -15,7 +15,7 @@ Manifest of one writer for one attempt::
 
 Commit: one fast-append snapshot of every staged file, whose summary carries
 ``raysink.sink = marker_id``, ``raysink.epoch = epoch`` and ``raysink.decision`` (which
-decision it is: ``holds``); the same table commit sets the
+decision it is: ``holds_decision``); the same table commit sets the
 table property ``raysink.epoch.<marker_id>`` (a high-water mark that survives snapshot
 expiry). ``commit`` is idempotent: it first looks for the marker (property, then the
 snapshot ancestry); pyiceberg's own commit retry is switched off on the table
@@ -380,7 +380,7 @@ class IcebergSink(Sink):
                     pass
             tx.set_properties({self.epoch_property: str(epoch)})
 
-    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         """Whether the snapshot on the ancestry carrying this sink's marker at ``epoch``
         names the decision ``manifests``; ``None`` when there is none (expired) or it
         names none."""

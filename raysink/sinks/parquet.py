@@ -44,7 +44,7 @@ Coordinator side (``ParquetSink``):
   after a crash at any step converges (it finds its own claim). A commit that finds
   another decision's claim (another driver of the runtime, with a meta store of its own,
   committing the same epoch) moves nothing, drops its own staged files and returns
-  ``ALREADY``: two decisions of one epoch never both land. ``holds`` tells them apart.
+  ``ALREADY``: two decisions of one epoch never both land. ``holds_decision`` tells them apart.
 * ``abort(epoch, manifests)`` deletes the listed staged files (``None``: the whole
   ``staging/<epoch>``); idempotent; never touches committed files.
 * The commit log keeps the newest ``COMMIT_LOG_KEEP`` entries (older ones are deleted
@@ -443,7 +443,7 @@ class ParquetSink(Sink):
                        "one's rows are not written", self.name, epoch, holder)
         return False
 
-    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         """Whether the commit log entry of ``epoch`` (or its claim, while its commit is
         under way) names the decision ``manifests``; ``None`` when neither is there or
         names one (an entry pruned, re-created, or written by an older raysink)."""

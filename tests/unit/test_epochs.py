@@ -332,7 +332,7 @@ def test_commit_is_skipped_when_the_marker_is_there() -> None:
 def test_a_marker_of_the_epochs_own_decision_is_no_skip() -> None:
     """Epoch 1 reached the target, then the coordinator crashed before recording it: the
     next one finds the marker, and the target says the data is this decision's
-    (``holds``): not a skip. Epoch 2's marker holds another decision's rows (another
+    (``holds_decision``): not a skip. Epoch 2's marker holds another decision's rows (another
     driver's, with a meta store of its own): a skip."""
     h = Harness(sinks=("a",))
     assert h.precommit_all(1, h.core.open_epoch(1).attempt)

@@ -215,17 +215,17 @@ def test_two_decisions_of_one_epoch_never_both_land(
     """Two drivers of the runtime, with meta stores of their own, decide epoch 1 with
     different rows. The first commit stops after moving its files (its claim stays); the
     other decision's commit then moves nothing and drops its own staged files; the first
-    one's re-run finishes. ``holds`` tells the two decisions apart throughout."""
+    one's re-run finishes. ``holds_decision`` tells the two decisions apart throughout."""
     ours = _stage(sink, 1, 0, [[1, 2], [3]])
     theirs = _stage(sink, 1, 7, [[10, 11]])
     _crash_after_move(sink, ours, monkeypatch)
     assert sink.commit(1, theirs) is CommitResult.ALREADY
     assert not (Path(sink.path) / theirs[0]["files"][0]["path"]).exists()
-    assert (sink.holds(1, ours), sink.holds(1, theirs)) == (True, False)
+    assert (sink.holds_decision(1, ours), sink.holds_decision(1, theirs)) == (True, False)
     assert sink.commit(1, _json_round_trip(ours)) is CommitResult.COMMITTED
     assert sink.commit(1, theirs) is CommitResult.ALREADY
-    assert (sink.holds(1, ours), sink.holds(1, theirs)) == (True, False)
-    assert sink.holds(2, ours) is None
+    assert (sink.holds_decision(1, ours), sink.holds_decision(1, theirs)) == (True, False)
+    assert sink.holds_decision(2, ours) is None
     assert _visible(sink) == [1, 2, 3]
     assert sorted(p.name for p in (Path(sink.path) / "_raysink/commits").iterdir()) == [
         "000000000001.json"]

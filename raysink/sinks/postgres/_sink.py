@@ -235,7 +235,7 @@ class PostgresSink(Sink):
         ).format(t.ident(PROGRESS_TABLE)), (self.runtime, self.name, EPOCH_ROW)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
 
-    def holds(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         """Whether ``epoch``'s claim names the decision ``manifests`` (``None``: no claim,
         as for an epoch committed by an older raysink)."""
         holder = self._run(lambda conn: claimed(conn, self._tables(), epoch))
