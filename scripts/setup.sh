@@ -35,3 +35,7 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[dev]"
   touch "$stamp"
 fi
+
+# The Spark packages (Delta's, Iceberg's connectors...) the spark tests load, from Maven
+# Central into raysink's cache (~/.cache/raysink/ivy); a no-op once they are there.
+"$VENV/bin/python" scripts/fetch_spark_packages.py
