@@ -62,8 +62,8 @@ log = logging.getLogger(__name__)
 _WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
 _WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "barrier",
                          "seal": "barrier"}
-_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "ping",
-                   "status")
+_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "finish",
+                   "ping", "status")
 _NAME_RELEASE_SECONDS = 10.0
 _REPLACE_NAME_WAIT = 0.3
 PING_TIMEOUT = 1.0

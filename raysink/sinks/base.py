@@ -22,6 +22,8 @@ Lifecycle, and where each call runs::
                  w.pre_commit(epoch, attempt)    -> Manifest: durable, staged, invisible
                  w.rollback(epoch, attempt)      drop what this attempt staged
                  w.close()                       at the draining close (``rt.close()``), once
+    writer actor w.finish(epoch, attempt, commit)  holds_transactions sinks only: end what
+                                                 the writer holds open, asked by commit/abort
     coordinator  sink.target_exists()            is the target there (markers vs deletions)
                  sink.committed_epoch()          highest epoch whose marker is in the target
                  sink.commit(epoch, manifests)   make the epoch visible with its marker;
@@ -73,7 +75,7 @@ from raysink._schema import Rules, SchemaEvolution
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["CommitResult", "Manifest", "Sink", "SinkWriter", "staged_name"]
+__all__ = ["CommitResult", "Held", "Manifest", "Sink", "SinkWriter", "staged_name"]
 
 
 class _ManifestRequired(TypedDict):
@@ -103,6 +105,12 @@ class Manifest(_ManifestRequired, total=False):
     # PostgresSink with schema_evolution="add_columns": the writer's own stage table holding
     # every row it wrote in the attempt (the commit alters the target, then moves them in)
     evolving: str | None
+    # KafkaSink: the writer's transactional id, its actor's Ray name, the data topic and
+    # the offsets its records got per partition ([[first, count], ...] per partition)
+    txn: str
+    actor: str | None
+    topic: str
+    runs: dict[str, list[list[int]]]
 
 
 class CommitResult(enum.Enum):
@@ -115,6 +123,22 @@ class CommitResult(enum.Enum):
     NO_TARGET = "no_target"
     """There is no target, and the epoch carried nothing to create one with (an empty
     epoch whose schema no writer saw): nothing was written, not even the marker."""
+
+class Held(enum.Enum):
+    """What a writer's ``finish`` did with the transaction it held for an epoch (sinks
+    whose writers hold what they staged: ``Sink.holds_transactions``)."""
+
+    COMMITTED = "committed"
+    """Committed, now or earlier, by this process."""
+    ABORTED = "aborted"
+    """Aborted now."""
+    GONE = "gone"
+    """Not held by this process, and no other process can end it any more (this process
+    took the transaction's identity over, which ended whatever an earlier holder left)."""
+    UNKNOWN = "unknown"
+    """Not held by this process, which cannot say who else might: the caller must fence
+    the transaction's identity before it acts on the epoch."""
+
 
 SinkT = TypeVar("SinkT", bound="Sink")
 
@@ -156,6 +180,12 @@ class SinkWriter(ABC):
         """Release files and connections. Called once by the draining close
         (``rt.close()``), never after; not called when the actor crashes or is killed."""
 
+    def finish(self, epoch: int, attempt: int, *, commit: bool) -> Held:
+        """Commit (``commit``) or abort what this writer holds open for ``(epoch,
+        attempt)``; called by the sink's ``commit``/``abort`` in the coordinator, through
+        the writer actor, only for sinks with ``holds_transactions``. Idempotent."""
+        raise NotImplementedError(f"{type(self).__name__} holds no transactions")
+
 
 class Sink(ABC):
     """The picklable, driver-side description of a target.
@@ -168,6 +198,12 @@ class Sink(ABC):
     runtime: str = ""
     name: str = ""
     schema_evolution: SchemaEvolution = "fail"
+    holds_transactions: bool = False
+    """The sink's writers keep what they staged open in their own processes (a Kafka
+    transaction, which only the producer that opened it can end). The runtime then lets a
+    writer pre-commit an epoch only once every earlier epoch is committed to this sink
+    (so records of epochs never interleave in the target, a replayed one included), and
+    serves ``SinkWriter.finish`` to the sink's ``commit``/``abort``."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass's constructor answers an unknown or misspelt option with
