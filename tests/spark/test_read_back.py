@@ -112,13 +112,14 @@ DELTA_SCHEMA = pa.schema([
 
 
 def _delta_part(epoch: int, part: int) -> pa.Table:
-    """One writer's rows: nulls here and there, strings longer than the statistics keep,
-    a partition date that is null for some rows."""
+    """One writer's rows: nulls here and there, a partition date that is null for some
+    rows; in epoch 1 strings longer than the statistics keep (so only the later files
+    carry a string range)."""
     ids = _ids(epoch, part)
     return pa.table({
         "id": ids,
-        "s": [None if i % 7 == 0 else f"s{i}" if i % 3 else f"long-{'x' * 40}-{i}"
-              for i in ids],
+        "s": [None if i % 7 == 0 else f"long-{'x' * 40}-{i}" if epoch == 1 and i % 3 == 0
+              else f"s{i}" for i in ids],
         "n": [(i % 50) - 25 for i in ids],
         "f": [i / 8 for i in ids],
         "dec": [Decimal(f"{i}.{i % 100:02d}") for i in ids],
@@ -166,7 +167,11 @@ def test_delta_spark_reads_the_table_raysink_wrote(spark: SparkSession, tmp_path
     assert {f.name: f.nullable for f in df.schema.fields} == nullable
 
     # Spark's filters skip files by the statistics raysink wrote, and prune partitions:
-    # a wrong minimum or maximum would lose rows here
+    # a wrong minimum or maximum would lose rows here (every file has a range of n, the
+    # files without epoch 1's long strings one of s)
+    actions = pa.table(table.get_add_actions(flatten=True))
+    assert actions.column("min.n").null_count == 0
+    assert 0 < actions.column("min.s").null_count < actions.num_rows
     picked = df.where("(id BETWEEN 2050 AND 2075) OR s = 's3001' OR n = -25 OR day IS NULL")
     assert _spark_rows(picked, columns) == [
         r for r in want
@@ -266,6 +271,15 @@ def test_iceberg_spark_reads_the_table_raysink_wrote(spark: SparkSession, tmp_pa
                      "s": "string", "ts": "timestamp", "day": "date", "extra": "string"}
     assert [f.name for f in df.schema.fields if not f.nullable] == ["id"]
     assert _spark_rows(df, columns) == want
+    # Iceberg prunes files by the column bounds the data files were added with, those of
+    # epoch 1 (and of epoch 2's first writer) in the narrower types: a bound misread after
+    # the widening would lose rows
+    files = table.inspect.files()
+    assert all(bounds for bounds in files.column("lower_bounds").to_pylist())
+    picked = df.where("n = -20 OR f = 500.25 OR dec = 2005.05 OR extra = 'extra-3001'")
+    assert _spark_rows(picked, columns) == [
+        r for r in want if r[1] == -20 or r[2] == 500.25 or r[3] == Decimal("2005.05")
+        or r[7] == "extra-3001"]
     # the same table from its metadata file alone (no catalog): the same rows
     by_file = spark.read.format("iceberg").load(table.metadata_location)
     assert _spark_rows(by_file, columns) == want
