@@ -38,6 +38,7 @@ from raysink import _schema
 from raysink._faults import (
     HANDOFF_POINTS,
     POINTS,
+    SINK_POINTS,
     InjectedFault,
     _arm_path,
     enabled,
@@ -798,8 +799,9 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    if point not in POINTS + HANDOFF_POINTS:
-        raise ConfigError(f"unknown fault point {point!r}; one of {POINTS + HANDOFF_POINTS}")
+    if point not in POINTS + HANDOFF_POINTS + SINK_POINTS:
+        raise ConfigError(f"unknown fault point {point!r}; one of "
+                          f"{POINTS + HANDOFF_POINTS + SINK_POINTS}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:

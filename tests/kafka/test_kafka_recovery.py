@@ -1,11 +1,12 @@
 """The driver SIGKILLed with a Kafka epoch PENDING, and a new driver of the same name.
 
 A child driver (this module run as a script) joins the test session's Ray, writes epochs
-1-3 into a ``KafkaSink``; a ``sleep`` fault holds epoch 3 PENDING (decided, not
-committed) and the child is SIGKILLed: its actors die with it, the writers' open
-transactions with them. The test process opens the same runtime name and meta store: the
-new coordinator commits epoch 3 by replaying the dead writers' parts from the log, and the
-new driver's epoch 4 waits for it, so the topic holds epochs 1-4 once, in order.
+1-3 into a ``KafkaSink``; a ``sleep`` fault holds epoch 3 decided and uncommitted (its
+commit began, no writer asked yet) and the child is SIGKILLed: its actors die with it,
+the writers' open transactions with them. The test process opens the same runtime name
+and meta store: the new coordinator commits epoch 3 by replaying the dead writers' parts
+from the log, and the new driver's epoch 4 waits for it, so the topic holds epochs 1-4
+once, in order.
 """
 
 from __future__ import annotations
@@ -52,11 +53,10 @@ def test_driver_killed_with_an_epoch_pending(kafka_broker: Any, topic: str, name
     meta = f"sqlite:///{tmp_path / 'meta.db'}"
     config = {"address": ray.get_runtime_context().gcs_address, "name": name,
               "metastore": meta, "bootstrap": kafka_broker.bootstrap, "topic": topic}
-    arm_fault(name, "coordinator.after_pending", action="sleep", seconds=60.0,
-              when={"epoch": 3})
+    arm_fault(name, "kafka.before_finish", action="sleep", seconds=60.0, when={"epoch": 3})
     child = _KafkaChild(config, tmp_path / "child.log")
     try:
-        child.wait_until(lambda: fired(name, "coordinator.after_pending"), timeout=240)
+        child.wait_until(lambda: fired(name, "kafka.before_finish"), timeout=240)
         assert "DONE 2 True" in child.output()
     finally:
         child.kill()

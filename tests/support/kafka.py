@@ -31,13 +31,13 @@ import subprocess
 import tempfile
 import time
 import uuid
-from collections.abc import Iterator, Sequence
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-__all__ = ["KafkaBroker", "kafka_broker", "kafka_home", "read_topic", "topic_name", "values"]
+__all__ = ["KafkaBroker", "kafka_broker", "kafka_home", "read_topic"]
 
 _REPO = Path(__file__).resolve().parents[2]
 _FETCH = _REPO / "scripts" / "kafka" / "fetch.sh"
@@ -317,11 +317,3 @@ def kafka_broker() -> Iterator[KafkaBroker]:
         yield broker
     finally:
         broker.cleanup()
-
-
-def topic_name(prefix: str = "t") -> str:
-    return f"{prefix}-{uuid.uuid4().hex[:10]}"
-
-
-def values(messages: Sequence[Any]) -> list[bytes]:
-    return [m.value() for m in messages]

@@ -193,9 +193,12 @@ class KafkaSettings:
 
     def consumer_config(self, *, committed: bool) -> dict[str, Any]:
         return {**self.base(), "group.id": "raysink-sink-reader",
-                "enable.auto.commit": False, "enable.partition.eof": False,
+                "enable.auto.commit": False, "enable.partition.eof": True,
                 "isolation.level": "read_committed" if committed else "read_uncommitted",
-                "fetch.max.bytes": 52_428_800, "allow.auto.create.topics": False}
+                "fetch.max.bytes": 52_428_800, "allow.auto.create.topics": False,
+                # a fetch with nothing to return waits this long, and holds the
+                # connection: an offset query behind it waited 500 ms (the default)
+                "fetch.wait.max.ms": 10}
 
     def admin_config(self) -> dict[str, Any]:
         return self.base()

@@ -139,6 +139,7 @@ class ProgressReader:
         self.settings = settings
         self.prefix = epoch_key(runtime, sink)
         self._consumer: Any = None
+        self._admin: Any = None
         self._position = 0
         self.latest: dict[str, dict[str, Any]] = {}
 
@@ -168,13 +169,11 @@ class ProgressReader:
         tp = ck.TopicPartition(self.settings.progress_topic, 0)
         deadline = time.monotonic() + self.settings.timeout
         try:
-            low, stable = consumer.get_watermark_offsets(tp, timeout=self.settings.timeout,
-                                                         cached=False)
-            end = self._high_watermark() if strict else stable
+            low, end = self._ends(strict)
         except Exception as exc:
             raise unavailable(self.settings, "did not give the progress topic's end",
                               exc) from exc
-        if end < self._position or low > self._position:  # re-created, or trimmed
+        if end < self._position or low > self._position:  # re-created
             self.reset()
             consumer = self._open()
         while self._position < end:
@@ -195,7 +194,9 @@ class ProgressReader:
                 self._position = position  # past transaction markers
             return
         if message.error() is not None:
-            if message.error().fatal():
+            if message.error().code() == kafka_module().KafkaError._PARTITION_EOF:
+                self._position = max(self._position, message.offset())  # markers too
+            elif message.error().fatal():
                 raise unavailable(self.settings, "failed reading the progress topic",
                                   message.error())
             return
@@ -208,17 +209,36 @@ class ProgressReader:
                 log.warning("progress record %s at offset %s is not JSON; ignored", key,
                             message.offset())
 
-    def _high_watermark(self) -> int:
-        """The partition's end, transactions still open included."""
+    def _ends(self, strict: bool) -> tuple[int, int]:
+        """The partition's start (asked only when the end is below what was read: the
+        topic was re-created) and its end: with ``strict``, open transactions included
+        (the high watermark), else the last stable offset. A failure is tried once more
+        with a new admin client: after a broker restart the old one kept answering
+        ``FENCED_LEADER_EPOCH`` from stale metadata for minutes."""
+        try:
+            return self._ask_ends(strict)
+        except Exception as exc:
+            log.info("progress topic offsets: %s; asking again with a new client", exc)
+            self._admin = None
+            return self._ask_ends(strict)
+
+    def _ask_ends(self, strict: bool) -> tuple[int, int]:
         ck = kafka_module()
         admin_mod = ck.admin
-        admin = admin_mod.AdminClient(self.settings.admin_config())
+        if self._admin is None:
+            self._admin = admin_mod.AdminClient(self.settings.admin_config())
         tp = ck.TopicPartition(self.settings.progress_topic, 0)
-        futures = admin.list_offsets(
-            {tp: admin_mod.OffsetSpec.latest()},
-            isolation_level=ck.IsolationLevel.READ_UNCOMMITTED,
-            request_timeout=self.settings.timeout)
-        return int(futures[tp].result(timeout=self.settings.timeout).offset)
+        level = (ck.IsolationLevel.READ_UNCOMMITTED if strict
+                 else ck.IsolationLevel.READ_COMMITTED)
+        timeout = self.settings.timeout
+        ends = self._admin.list_offsets({tp: admin_mod.OffsetSpec.latest()},
+                                        isolation_level=level, request_timeout=timeout)
+        end = int(ends[tp].result(timeout=timeout).offset)
+        if end >= self._position:
+            return 0, end
+        starts = self._admin.list_offsets({tp: admin_mod.OffsetSpec.earliest()},
+                                          request_timeout=timeout)
+        return int(starts[tp].result(timeout=timeout).offset), end
 
     def committed_epoch(self, *, strict: bool = False, cached: bool = False) -> int | None:
         """The epoch record's epoch: read on first, unless ``cached`` (what was read last)."""

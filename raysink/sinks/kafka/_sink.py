@@ -115,6 +115,7 @@ class KafkaSink(Sink):
         self._watch = FatalWatch()
         self._read_at = 0.0
         self._in_txn = False
+        self._began = 0.0  # when the committer's transaction began
         self._ready = False  # both topics seen by this process's last commit
 
     # -- description ----------------------------------------------------------------
@@ -204,9 +205,17 @@ class KafkaSink(Sink):
         return committer
 
     def _committer_error(self, exc: Exception, epoch: int) -> Exception:
+        """A fatal error is another coordinator's takeover (``FencedError``), unless the
+        transaction had outlived ``transaction_timeout``: the broker aborted it, which
+        librdkafka reports alike; then the committer is made again at the next try."""
         error = exc.args[0] if exc.args else None
         if error is not None and error.fatal():
-            return self._fenced(exc, epoch)
+            age = time.monotonic() - self._began
+            if age < 0.9 * self.settings.transaction_timeout_ms / 1000:
+                return self._fenced(exc, epoch)
+            self._committer, self._in_txn = None, False
+            return unavailable(self.settings, f"aborted the committer's transaction after "
+                               f"{age:.0f} s (transaction_timeout)", exc)
         if error is not None and error.txn_requires_abort() and self._committer is not None:
             try:
                 self._committer.abort_transaction(self.settings.timeout)
@@ -227,7 +236,7 @@ class KafkaSink(Sink):
             committer.begin_transaction()
         except ck.KafkaException as exc:
             raise self._committer_error(exc, epoch) from exc
-        self._in_txn = True
+        self._in_txn, self._began = True, time.monotonic()
         return committer
 
     def end_committer_transaction(self, committer: Any, epoch: int) -> None:
@@ -280,6 +289,7 @@ class KafkaSink(Sink):
         the progress topic showed the epoch in."""
         attempt = int(parts[0].get("attempt", 0)) if parts else 0
         committer = self._begin(epoch, attempt)
+        _faults.hit("kafka.before_finish", runtime=self.runtime, sink=self.name, epoch=epoch)
         outcomes = self._finish(epoch, parts, commit=True)
         lost = [(m, held) for m, held in zip(parts, outcomes, strict=True)
                 if held is not Held.COMMITTED]
