@@ -5,16 +5,17 @@ in a process of its own, with its own Ray and RayDP): a Structured Streaming que
 an input topic with Spark's own Kafka source and hands each micro-batch to
 ``rt.foreach_batch`` of one runtime holding a ``DeltaSink`` and a ``KafkaSink``.
 
-Run 1 is SIGKILLed once micro-batch 1's epoch (2) is PENDING: decided for both sinks,
-committed in neither, its Kafka writers holding open transactions whose records are in
-the log. Run 2 (same checkpoint, runtime and meta store) rolls epoch 2 forward at its
-start (the Delta commit; for Kafka the writers are gone, so the part is replayed from the
-log), is handed batch 1 again by Spark (skipped) and reads to the end. Then, record by
-record: the Delta table holds each input record once, transformed; the output topic, read
-``read_committed``, holds each once, keyed by customer, its value the Delta row, and in
-each partition the epochs in order (an input record's epoch is the one its Delta file was
-staged for); a ``read_uncommitted`` reader sees records of epoch 2 twice, so the kill
-really left a transaction behind.
+Run 1 is SIGKILLed once micro-batch 1's epoch (2) is PENDING and both sinks' commits of
+it are held (Delta's before its commit, Kafka's before any writer is asked to commit):
+decided for both sinks, committed in neither, its Kafka writers holding open transactions
+whose records are in the log. Run 2 (same checkpoint, runtime and meta store) rolls epoch
+2 forward at its start (the Delta commit; for Kafka the writers are gone, so the part is
+replayed from the log), is handed batch 1 again by Spark (skipped) and reads to the end.
+Then, record by record: the Delta table holds each input record once, transformed; the
+output topic, read ``read_committed``, holds each once, keyed by customer, its value the
+Delta row, and in each partition the epochs in order (an input record's epoch is the one
+its Delta file was staged for); a ``read_uncommitted`` reader sees records of epoch 2
+twice, so the kill really left a transaction behind.
 """
 
 from __future__ import annotations
@@ -29,9 +30,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from raysink._faults import ENV_VAR, fault_dir
-from raysink.testing import arm_fault
+from raysink.testing import arm_fault, disarm_faults
 from tests.support.driver import Driver, batches
-from tests.support.kafka import KafkaBroker, read_topic, topic_name
+from tests.support.kafka import KafkaBroker, read_topic
 
 pytestmark = pytest.mark.timeout(900)
 
@@ -87,8 +88,8 @@ def pipeline(tmp_path: Path, name: str, kafka_broker: KafkaBroker,
              monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     # the drivers inherit this process's fault directory: arms written here reach them
     monkeypatch.setenv(ENV_VAR, str(fault_dir()))
-    return {"bootstrap": kafka_broker.bootstrap, "input_topic": topic_name("orders"),
-            "output_topic": topic_name("enriched"), "table": str(tmp_path / "orders"),
+    return {"bootstrap": kafka_broker.bootstrap, "input_topic": f"orders-{name}",
+            "output_topic": f"enriched-{name}", "table": str(tmp_path / "orders"),
             "checkpoint": str(tmp_path / "checkpoint"), "name": name,
             "metastore": f"sqlite:///{tmp_path / 'meta.db'}",
             "records_per_batch": PER_BATCH}
@@ -99,12 +100,17 @@ def test_driver_killed_mid_stream_each_record_once_in_delta_and_kafka(
     expected = _produce_orders(kafka_broker, pipeline["input_topic"])
     log = tmp_path / "driver.log"
 
-    arm_fault(pipeline["name"], "coordinator.after_pending", action="sleep", seconds=600,
-              when={"epoch": 2})
+    name = pipeline["name"]
+    arm_fault(name, "sink.mid_commit", action="sleep", seconds=600,
+              when={"epoch": 2, "sink": "orders"})
+    arm_fault(name, "kafka.before_finish", action="sleep", seconds=600, when={"epoch": 2})
     first = Driver(DRIVER, pipeline, log)
-    first.wait_fired(pipeline["name"], "coordinator.after_pending", timeout=480)
+    first.wait_fired(name, "sink.mid_commit", timeout=480)
+    first.wait_fired(name, "kafka.before_finish", timeout=120)
     first.kill()
+    disarm_faults(name)
     assert list(batches(first)) == [0]
+    assert {epoch for _, epoch in _delta_rows(pipeline["table"]).values()} == {1}
 
     second = Driver(DRIVER, pipeline, log)
     done = second.wait_for(lambda line: line.startswith("DONE"), timeout=480)
