@@ -58,3 +58,7 @@ if ! command -v mvn >/dev/null 2>&1; then
   fi
 fi
 bash scripts/kafka/fetch.sh >/dev/null
+
+# The Spark packages (Delta's, Iceberg's connectors...) the spark tests load, from Maven
+# Central into raysink's cache (~/.cache/raysink/ivy); a no-op once they are there.
+"$VENV/bin/python" scripts/fetch_spark_packages.py
