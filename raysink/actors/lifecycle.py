@@ -55,7 +55,7 @@ from raysink.actors.writer import NAMESPACE, SinkWriterActor, WriterConfig
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
 
-__all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "writer_name"]
+__all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
 
 log = logging.getLogger(__name__)
 
@@ -130,6 +130,33 @@ def _create(name: str, make: Callable[[str], Any]) -> tuple[str, Any]:
             log.warning("the name %s is still taken; starting the actor under another",
                         candidate)
     raise RuntimeUnavailableError(f"no free name for a new incarnation of {name}")
+
+
+def find_coordinator(runtime: str, wait: float = 5.0) -> Any | None:
+    """The runtime's current coordinator, for a process that lost it (a stream's
+    producer): of the live actors named ``<runtime>.coordinator`` or
+    ``<runtime>.coordinator.<n>`` (see ``_create``), the one that answers with the highest
+    generation (a replaced one that still answers has a lower one). ``None`` when none
+    answers within ``wait`` seconds."""
+    import ray
+
+    base = coordinator_name(runtime)
+    names = [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+             if entry["namespace"] == NAMESPACE and (entry["name"] == base or (
+                 entry["name"].startswith(f"{base}.")
+                 and entry["name"][len(base) + 1:].isdigit()))]
+    best: tuple[int, Any] | None = None
+    for name in names:
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+            answer: Any = ray.get(handle.ping.remote(), timeout=wait)
+            generation = int(answer)
+        except Exception as exc:  # dead, or gone meanwhile
+            log.debug("coordinator candidate %s: %s", name, exc)
+            continue
+        if best is None or generation > best[0]:
+            best = (generation, handle)
+    return None if best is None else best[1]
 
 
 @dataclass(kw_only=True)
