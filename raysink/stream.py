@@ -142,7 +142,7 @@ class StreamFeed:
         while True:
             with self._lock:
                 self._catch_up(raising=True, start_epoch=False)
-                seen = self._position()
+                seen = self._position(fresh=True)
                 if self.last_epoch is None or (
                         seen.visible is not None and seen.visible >= self.last_epoch):
                     return
@@ -329,10 +329,12 @@ class StreamFeed:
         def poll() -> None:
             while not stop.wait(self.poll_interval):
                 try:
-                    self._poll()
+                    seen = self._poll()
                 except Exception as exc:  # the coordinator restarting: poll again
                     log.debug("%r: poll failed: %s", self, exc)
                     continue
+                if seen is not None and seen.ended and self._barrier is None:
+                    return  # drained: nothing more to close
                 if self._barrier is not None and self._lock.acquire(blocking=False):
                     try:  # idle: close the epoch from here
                         self._catch_up(raising=False)

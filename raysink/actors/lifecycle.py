@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -181,6 +182,8 @@ class ActorSet:
     _coordinator_node: str | None = None
     _probed: tuple[float, list[Key]] | None = None
     _retired_names: list[str] = field(default_factory=list)
+    # one heal at a time: a stream's ticks and the user's calls may both heal
+    _healing: threading.Lock = field(default_factory=threading.Lock, repr=False)
 
     @property
     def runtime(self) -> str:
@@ -381,7 +384,11 @@ class ActorSet:
     def heal(self, timeout: float = 60.0) -> list[str]:
         """Replace every dead actor, and every actor of a lost node, by a new
         incarnation, and wait (up to ``timeout``) until the new ones answer. Returns the
-        names of what was replaced."""
+        names of what was replaced. One heal at a time (a second one probes again)."""
+        with self._healing:
+            return self._heal(timeout)
+
+    def _heal(self, timeout: float) -> list[str]:
         silent = self._probe()
         if not silent:
             return []

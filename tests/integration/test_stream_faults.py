@@ -1,9 +1,10 @@
 """A continuous stream (``rt.stream()``) under faults, with producers that follow the
 contract of ``examples/replayable_stream.py`` (offsets noted in ``on_sent``,
-``StreamRewind`` handled): a producer idle through a rewind, a writer killed (Ray restarts
-it) or replaced (the runtime re-creates it), the coordinator killed (the driver re-creates
-it and takes the stream over to it), and a rescale asked for while the stream runs. Each
-ends with ``close()`` returning and the target holding every source row exactly once."""
+``StreamRewind`` handled): a producer idle through a rewind (and a rescale asked for
+meanwhile), a writer killed (Ray restarts it) and another replaced (the runtime
+re-creates it), the coordinator killed (the driver re-creates it and hands the stream
+over). Each ends with ``close()`` returning and the target holding every source row
+exactly once. One runtime per test: each breaks its own."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from tests.integration.real_targets import ParquetTarget
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 BATCHES = 30
+LONG_BATCHES = 60  # two faults, one after the other, while the producers write
 PAUSE = 0.05
 RUN_TIMEOUT = 240.0
 
@@ -60,14 +62,19 @@ def _producers(rt: SinkRuntime, tmp_path: Path, count: int = 2) -> list[Any]:
             for p in range(count)]
 
 
-def _await_epochs(rt: SinkRuntime, epochs: int, timeout: float = 60.0) -> None:
+def _await(condition: Any, what: str, timeout: float = 60.0) -> None:
     deadline = time.monotonic() + timeout
-    while (rt.status().last_committed_epoch or 0) < epochs:
-        assert time.monotonic() < deadline, f"epoch {epochs} not committed in {timeout:g} s"
+    while not condition():
+        assert time.monotonic() < deadline, f"not within {timeout:g} s: {what}"
         time.sleep(0.1)
 
 
-def _writer_pid(rt: SinkRuntime, index: int = 0) -> int:
+def _await_epochs(rt: SinkRuntime, epochs: int) -> None:
+    _await(lambda: (rt.status().last_committed_epoch or 0) >= epochs,
+           f"epoch {epochs} committed")
+
+
+def _writer_pid(rt: SinkRuntime, index: int) -> int:
     assert rt._actors is not None
     return int(ray.get(rt._actors.writers["main"][index].ping.remote(), timeout=60))
 
@@ -77,12 +84,13 @@ def _coordinator_pid(rt: SinkRuntime) -> int:
     return int(ray.get(rt._actors.coordinator.pid.remote(), timeout=60))
 
 
-def _run_through(rt: SinkRuntime, tmp_path: Path, fault: Any) -> list[Any]:
-    """Two producers stream ``BATCHES`` batches each; ``fault()`` strikes once two epochs
+def _run_through(rt: SinkRuntime, tmp_path: Path, fault: Any,
+                 batches: int = BATCHES) -> list[Any]:
+    """Two producers stream ``batches`` batches each; ``fault()`` strikes once two epochs
     are committed. Returns the producers (keep them until the runtime closed: an actor
     whose handles are gone ends, and its feed is then lost to the stream)."""
     producers = _producers(rt, tmp_path)
-    runs = [p.run.remote(BATCHES, PAUSE) for p in producers]
+    runs = [p.run.remote(batches, PAUSE) for p in producers]
     _await_epochs(rt, 2)
     fault()
     assert max(ray.get(runs, timeout=RUN_TIMEOUT)) > BATCHES  # the stream rewound
@@ -123,7 +131,9 @@ def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
         tmp_path: Path, name: str) -> None:
     """Epoch 1 fails at a writer's pre-commit and the stream rewinds while one producer is
     idle after its first batch: its poll thread sees the rewind and the next barriers, but
-    only the producer itself can replay, so the rewind must wait for its next write."""
+    only the producer itself can replay, so the rewind must wait for its next write. A
+    rescale meanwhile is refused (producers route by the layout they joined with at any
+    moment) and says how to rescale instead."""
     target = ParquetTarget(tmp_path / "table")
     arm_fault(name, "writer.after_pre_commit", action="raise", when={"epoch": 1})
     rt = _runtime(tmp_path, name).start()
@@ -134,6 +144,9 @@ def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
                                        str(tmp_path / "offsets-1.json"))
         ray.get([dense.pid.remote(), sparse.pid.remote()])  # both up: they start together
         runs = [dense.run.remote(BATCHES, PAUSE), sparse.run.remote(BATCHES, 3.0)]
+        _await_epochs(rt, 1)  # the stream's later epochs are never recorded OPEN
+        with pytest.raises(RescaleRefusedError, match="close the runtime"):
+            rt.rescale(writers=1)
         _, sparse_rewinds = ray.get(runs, timeout=RUN_TIMEOUT)
         assert sparse_rewinds >= 1  # its first batch went into the failed epoch
     finally:
@@ -141,44 +154,40 @@ def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
     assert _ids(target) == _expected(2)
 
 
-def test_a_writer_killed_mid_stream_rewinds_the_stream(tmp_path: Path, name: str) -> None:
-    """SIGKILL of a writer (Ray restarts it, empty): the epochs it held data of fail and the
-    stream rewinds; the producers get ``StreamRewind``, never Ray's error, and replay."""
-    target = ParquetTarget(tmp_path / "table")
-    rt = _runtime(tmp_path, name).start()
-    producers: list[Any] = []
-    try:
-        victim = _writer_pid(rt)
-        producers = _run_through(rt, tmp_path, lambda: sigkill(victim))
-        assert _writer_pid(rt) != victim
-    finally:
-        _close(rt)
-        del producers  # the producers end with their handles, after the stream drained
-    assert _ids(target) == _expected(2)
-
-
-def test_a_writer_replaced_mid_stream_is_reached_through_the_new_route(
+def test_writers_killed_or_replaced_mid_stream_rewind_it_and_producers_follow(
         tmp_path: Path, name: str) -> None:
-    """A writer killed for good (no restart): the driver replaces it under a new handle,
-    and the producers, whose sends to the old handle fail, take the new route."""
+    """SIGKILL of writer 0 (Ray restarts it, empty), then, once the stream went on, writer 1
+    killed for good (the runtime replaces it under a new handle): each time the epochs the
+    writer held data of fail and the stream rewinds; the producers get ``StreamRewind``,
+    never Ray's error, replay, and send to the writers as they are now."""
     target = ParquetTarget(tmp_path / "table")
     rt = _runtime(tmp_path, name).start()
     producers: list[Any] = []
     try:
         assert rt._actors is not None
-        old = rt._actors.writers["main"][1]
-        producers = _run_through(rt, tmp_path, lambda: ray.kill(old, no_restart=True))
-        assert rt._actors.writers["main"][1] is not old
+        victim, old = _writer_pid(rt, 0), rt._actors.writers["main"][1]
+
+        def faults() -> None:
+            sigkill(victim)
+            stream = rt._stream
+            assert stream is not None
+            _await(lambda: bool(stream.failures), "the stream saw the writer killed")
+            _await_epochs(rt, (rt.status().last_committed_epoch or 0) + 1)
+            ray.kill(old, no_restart=True)
+
+        producers = _run_through(rt, tmp_path, faults, batches=LONG_BATCHES)
+        assert _writer_pid(rt, 0) != victim and rt._actors.writers["main"][1] is not old
     finally:
         _close(rt)
         del producers  # the producers end with their handles, after the stream drained
-    assert _ids(target) == _expected(2)
+    assert _ids(target) == _expected(2, LONG_BATCHES)
 
 
 def test_the_coordinator_killed_mid_stream_hands_the_stream_to_its_successor(
         tmp_path: Path, name: str) -> None:
-    """SIGKILL of the coordinator: the driver re-creates it and takes the stream over to
-    it; the producers find it, rewind to what was decided, and replay."""
+    """SIGKILL of the coordinator: the driver re-creates it; its successor does not know
+    the stream, the driver hands it over; the producers find it, rewind to what was
+    decided, and replay."""
     target = ParquetTarget(tmp_path / "table")
     rt = _runtime(tmp_path, name).start()
     producers: list[Any] = []
@@ -190,21 +199,3 @@ def test_the_coordinator_killed_mid_stream_hands_the_stream_to_its_successor(
         _close(rt)
         del producers  # the producers end with their handles, after the stream drained
     assert _ids(target) == _expected(2)
-
-
-def test_rescale_is_refused_while_a_stream_runs(tmp_path: Path, name: str) -> None:
-    """Producers route by the layout they joined with, at any moment: a rescale during a
-    stream is refused, and says how to rescale (close, reopen with ``writers=``)."""
-    target = ParquetTarget(tmp_path / "table")
-    rt = _runtime(tmp_path, name).start()
-    try:
-        producers = _producers(rt, tmp_path, count=1)
-        run = producers[0].run.remote(BATCHES, PAUSE)
-        _await_epochs(rt, 1)
-        with pytest.raises(RescaleRefusedError, match="close"):
-            rt.rescale(writers=1)
-        ray.get(run, timeout=RUN_TIMEOUT)
-    finally:
-        _close(rt)
-    assert _ids(target) == _expected(1)
-    assert os.path.isdir(tmp_path / "table")

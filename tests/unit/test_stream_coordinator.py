@@ -19,7 +19,7 @@ from raysink import _schema
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.stream import StreamTick
-from raysink.errors import BackpressureError, StreamUnknownError
+from raysink.errors import BackpressureError, RescaleRefusedError, StreamUnknownError
 from raysink.sinks.base import CommitResult, Manifest
 from tests.unit.memsink import MemorySink, MemoryTarget
 
@@ -213,5 +213,31 @@ def test_a_successor_coordinator_takes_the_stream_over_from_the_drivers_record(
             assert joined is not None and joined.member and joined.epoch == closing.epoch
         finally:
             await successor.close()
+
+    asyncio.run(scenario())
+
+
+def test_a_layout_change_is_refused_while_the_stream_runs(tmp_path: Path) -> None:
+    """Stream epochs after the first are opened with their decision, never recorded OPEN
+    before: the open-epoch check alone lets ``set_layout`` through while producers route
+    by the old layout. Refused until the stream is drained."""
+    sink = DownSink(DownTarget())
+
+    async def scenario() -> None:
+        actor = _actor(tmp_path, sink)
+        try:
+            await actor.stream_start(5.0)
+            await actor.stream_poll(1, True, 0)
+            tick = await actor.stream_tick(1, False)
+            assert tick is not None
+            await actor.commit_epoch(tick.epoch, tick.attempt, [_request(sink, tick, [1])],
+                                     5.0, tick.generation)  # no epoch is OPEN now
+            with pytest.raises(RescaleRefusedError, match=r"(?i)close the runtime"):
+                await actor.set_layout(2)
+            await actor.stream_poll(1, False, 0)
+            assert await actor.stream_tick(2, True) is not None  # drained: ended
+            await actor.set_layout(2)
+        finally:
+            await actor.close()
 
     asyncio.run(scenario())
