@@ -34,7 +34,7 @@ import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
 from raysink._calls import ask, get, short, watched
@@ -55,7 +55,6 @@ log = logging.getLogger(__name__)
 Pids = Mapping[tuple[str, int], int | None]
 
 _PID_WAIT = 10.0  # seconds a writer may take to tell its process id at a tick
-_PROBE_PID_WAIT = 2.0  # the same while a seal waits (probed every second)
 _DRAIN_TRIES = 3
 
 
@@ -148,23 +147,23 @@ class StreamController:
         return self._in_flight.epoch if self._in_flight is not None else self._open[0]
 
     def _tick(self, *, drain: bool) -> None:
-        pids = self._writer_pids(_PID_WAIT)  # before any member can write the next epoch
+        pings = self._ping_writers()  # asked before any member can write the next epoch
         tick: StreamTick | None = get(self._actors.coordinator.stream_tick.remote(
             self._driver.next_checkpoint(), drain))
         if tick is None:
             return
         self._in_flight, started = tick, time.monotonic()
         self._record = dataclasses.replace(tick.state, feeds=self._ids, route=self.route)
-        since, self._pids = self._pids, pids
         state = wait_for_feeds(self._actors, tick.epoch, tick.attempt, list(tick.members),
                                timeout=self._commit_timeout, lease=self._feed_timeout)
+        since, self._pids = self._pids, _collect(pings, _PID_WAIT)
         if state.lost or state.waiting:
             raise EpochFailedError("; ".join(f"feed {f}: {w}" for f, w in sorted(
                 state.lost.items())) or f"feeds {list(state.waiting)} did not close in time",
                 runtime=self._driver.name, epoch=tick.epoch)
         self._check_writers(since, self._pids)
         barrier = CheckpointBarrier(tick.checkpoint_id, tick.epoch, BarrierFlags.NONE)
-        with watched(lambda: self._probe(since)):
+        with watched(self._probe(since)):
             rows, outcome = self._driver.commit_barriers(
                 self._actors, tick.epoch, tick.attempt,
                 seal_writers(self._actors, barrier, tick.attempt, state), tick.generation)
@@ -180,8 +179,10 @@ class StreamController:
 
     def _writer_pids(self, wait: float) -> Pids:
         """Each writer's process id (``None``: no answer within ``wait`` seconds)."""
-        import ray
+        return _collect(self._ping_writers(), wait)
 
+    def _ping_writers(self) -> dict[tuple[str, int], Any]:
+        """Ask every writer its process id (the answers are collected by ``_collect``)."""
         refs: dict[tuple[str, int], Any] = {}
         for sink, handles in self._actors.writers.items():
             for index, handle in enumerate(handles):
@@ -189,14 +190,8 @@ class StreamController:
                     refs[(sink, index)] = handle.ping.remote()
                 except Exception as exc:  # busy (its calls' limit) or gone: unknown
                     log.debug("ping of writer %s: %s", (sink, index), exc)
-        ready = set(ray.wait(list(refs.values()), num_returns=len(refs), timeout=wait)[0]
-                    ) if refs else set()
-        pids: dict[tuple[str, int], int | None] = {}
-        for sink, handles in self._actors.writers.items():
-            for index in range(len(handles)):
-                ref = refs.get((sink, index))
-                pids[(sink, index)] = _pid(ref) if ref is not None and ref in ready else None
-        return pids
+                    refs[(sink, index)] = None
+        return refs
 
     def _check_writers(self, since: Pids, now: Pids) -> None:
         """``RuntimeUnavailableError`` when a writer is not the process it was when the
@@ -208,10 +203,26 @@ class StreamController:
                 f"writers {changed} were restarted (or replaced) since the epoch began, or "
                 "did not answer: what they held of it is gone", runtime=self._driver.name)
 
-    def _probe(self, since: Pids) -> None:
-        """While the seal waits: an actor that stopped answering, or a writer restarted."""
-        self._actors.check_responsive()
-        self._check_writers(since, self._writer_pids(_PROBE_PID_WAIT))
+    def _probe(self, since: Pids) -> Callable[[], None]:
+        """The probe while the seal waits (each second): an actor that stopped answering
+        (``check_responsive``), or a writer that answers from another process than when
+        the epoch began (the pings sent at a probe are read, without waiting, at the
+        next: a probe must not hold the seal up)."""
+        asked: dict[tuple[str, int], Any] = {}
+
+        def probe() -> None:
+            self._actors.check_responsive()
+            now = _collect(asked, 0.0)
+            restarted = sorted(key for key, pid in now.items()
+                               if pid is not None and pid != since.get(key))
+            if restarted:
+                raise RuntimeUnavailableError(
+                    f"writers {restarted} were restarted while the epoch was sealed: what "
+                    "they held of it is gone", runtime=self._driver.name)
+            asked.clear()
+            asked.update(self._ping_writers())
+
+        return probe
 
     # ------------------------------------------------------------------ recovery
 
@@ -263,6 +274,17 @@ class StreamController:
 
     def _note_given_up(self, epoch: int, attempt: int) -> None:
         self._given_up[epoch] = max(attempt, self._given_up.get(epoch, -1))
+
+
+def _collect(refs: Mapping[tuple[str, int], Any], wait: float) -> Pids:
+    """The writers' process ids their pings answered within ``wait`` seconds (``None``:
+    no answer, or a failed one)."""
+    import ray
+
+    asked = [ref for ref in refs.values() if ref is not None]
+    ready = set(ray.wait(asked, num_returns=len(asked), timeout=wait)[0]) if asked else set()
+    return {key: _pid(ref) if ref is not None and ref in ready else None
+            for key, ref in refs.items()}
 
 
 def _pid(ref: Any) -> int | None:
