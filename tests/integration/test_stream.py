@@ -81,7 +81,8 @@ def test_a_restarted_producer_rewinds_the_stream_and_nothing_is_lost_or_doubled(
                      for p in range(2)]
         victim_pid = ray.get(producers[0].pid.remote())
         runs = [p.run.remote(60, 0.05) for p in producers]
-        _await_written(tmp_path / "o0.json")  # the victim is in the stream: it wrote
+        for p in range(2):  # both are in the stream (a producer joins at its first write)
+            _await_written(tmp_path / f"o{p}.json")
         sigkill(victim_pid)  # Ray restarts the actor; its run call fails
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(runs[0])

@@ -129,13 +129,12 @@ class SparseProducer:
 
 def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
         tmp_path: Path, name: str) -> None:
-    """Epoch 1 fails at a writer's pre-commit and the stream rewinds while one producer is
-    idle after its first batch: its poll thread sees the rewind and the next barriers, but
-    only the producer itself can replay, so the rewind must wait for its next write. A
-    rescale meanwhile is refused (producers route by the layout they joined with at any
+    """An epoch fails at a writer's pre-commit and the stream rewinds while one producer
+    is idle after its first batch: its poll thread sees the rewind and the next barriers,
+    but only the producer itself can replay, so the rewind must wait for its next write.
+    A rescale meanwhile is refused (producers route by the layout they joined with at any
     moment) and says how to rescale instead."""
     target = ParquetTarget(tmp_path / "table")
-    arm_fault(name, "writer.after_pre_commit", action="raise", when={"epoch": 1})
     rt = _runtime(tmp_path, name).start()
     try:
         dense = ReplayableProducer.remote(0, rt.stream(poll_interval=0.1),
@@ -144,11 +143,14 @@ def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
                                        str(tmp_path / "offsets-1.json"))
         ray.get([dense.pid.remote(), sparse.pid.remote()])  # both up: they start together
         runs = [dense.run.remote(BATCHES, PAUSE), sparse.run.remote(BATCHES, 3.0)]
+        _await(lambda: bool(OffsetBook(tmp_path / "offsets-1.json").ends),
+               "the idle producer wrote its first batch (it is in the stream)")
+        arm_fault(name, "writer.after_pre_commit", action="raise")  # the next epoch fails
         _await_epochs(rt, 1)  # the stream's later epochs are never recorded OPEN
         with pytest.raises(RescaleRefusedError, match="close the runtime"):
             rt.rescale(writers=1)
         _, sparse_rewinds = ray.get(runs, timeout=RUN_TIMEOUT)
-        assert sparse_rewinds >= 1  # its first batch went into the failed epoch
+        assert sparse_rewinds >= 1  # the rewind reached it, through its own write
     finally:
         _close(rt)
     assert _ids(target) == _expected(2)
