@@ -99,14 +99,15 @@ def _run_through(rt: SinkRuntime, tmp_path: Path, fault: Any,
 
 @ray.remote(max_restarts=0, max_task_retries=0)
 class SparseProducer:
-    """Follows the producers' contract, but writes its first batch, then nothing for
-    ``idle`` seconds (its poll thread alone talks to the stream meanwhile), then the rest."""
+    """Follows the producers' contract, but writes its first batch, then nothing until the
+    file ``go`` exists (its poll thread alone talks to the stream meanwhile), then the
+    rest."""
 
     def __init__(self, producer: int, feed: StreamFeed, offsets: str) -> None:
         self.producer, self.feed = producer, feed
         self.book = OffsetBook(Path(offsets))
 
-    def run(self, batches: int, idle: float) -> int:
+    def run(self, batches: int, go: str) -> int:
         offset = self.book.resume_after(self.feed.committed())
         rewinds = 0
         while True:
@@ -115,8 +116,8 @@ class SparseProducer:
                     self.feed.write(source_batch(self.producer, offset),
                                     on_sent=lambda epoch, at=offset: self.book.wrote(epoch, at))
                     offset += 1
-                    if offset == 1 and not rewinds:
-                        time.sleep(idle)
+                    while offset == 1 and not os.path.exists(go):
+                        time.sleep(0.05)
                 self.feed.wait_committed()
                 return rewinds
             except StreamRewind as rewind:
@@ -142,13 +143,18 @@ def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
         sparse = SparseProducer.remote(1, rt.stream(poll_interval=0.1),
                                        str(tmp_path / "offsets-1.json"))
         ray.get([dense.pid.remote(), sparse.pid.remote()])  # both up: they start together
-        runs = [dense.run.remote(BATCHES, PAUSE), sparse.run.remote(BATCHES, 3.0)]
+        go = tmp_path / "go"
+        runs = [dense.run.remote(BATCHES, PAUSE), sparse.run.remote(BATCHES, str(go))]
         _await(lambda: bool(OffsetBook(tmp_path / "offsets-1.json").ends),
                "the idle producer wrote its first batch (it is in the stream)")
         arm_fault(name, "writer.after_pre_commit", action="raise")  # the next epoch fails
-        _await_epochs(rt, 1)  # the stream's later epochs are never recorded OPEN
+        stream = rt._stream
+        assert stream is not None
+        _await(lambda: bool(stream.failures), "an epoch failed")
+        _await_epochs(rt, (rt.status().last_committed_epoch or 0) + 2)  # ticks meanwhile
         with pytest.raises(RescaleRefusedError, match="close the runtime"):
-            rt.rescale(writers=1)
+            rt.rescale(writers=1)  # (the stream's later epochs are never recorded OPEN)
+        go.touch()
         _, sparse_rewinds = ray.get(runs, timeout=RUN_TIMEOUT)
         assert sparse_rewinds >= 1  # the rewind reached it, through its own write
     finally:
