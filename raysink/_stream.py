@@ -25,7 +25,7 @@ decision that could not be made. After any failure the controller recovers at on
    (``StreamState``: rewinds, cuts and route as of the last answer, feeds handed out).
 
 A recovery that fails (the coordinator still restarting, say) is tried again before the
-next tick; nothing is left for ever.
+next tick: a failure never leaves the stream stuck.
 """
 
 from __future__ import annotations
