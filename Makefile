@@ -7,7 +7,7 @@ MINUTES ?= 5
 # (a multi-node Ray on this machine, run last); `slow` is left out.
 PYTEST_ARGS ?= -m "not slow"
 
-.PHONY: setup test unit demo chaos bench soak lint typecheck
+.PHONY: setup test unit demo chaos bench soak lint typecheck dashboards
 
 setup:
 	@bash scripts/setup.sh
@@ -31,6 +31,10 @@ bench: setup
 # Minutes of steady writing; checks memory, mailbox, outstanding epochs, meta store, rows.
 soak: setup
 	$(PY) bench/soak.py --minutes $(MINUTES)
+
+# Regenerate raysink/dashboards/raysink.json and alerts.yaml from their definitions.
+dashboards: setup
+	$(PY) -m raysink.dashboards
 
 lint: setup
 	$(VENV)/bin/ruff check raysink tests bench examples

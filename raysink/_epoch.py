@@ -293,12 +293,16 @@ class EpochDriver:
 
     def _visible(self, epoch: int, rows: int, attempts: int, started: float,
                  outcome: CommitWait) -> EpochReport:
+        """The report of a decided epoch. Skipped by every sink (each held the epoch
+        already, from a decision not known to be this one): ``skipped``, no rows written;
+        by some: ``skipped_sinks`` names them, the rows went to the others."""
         if not outcome.committed:
             log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
                         "will roll forward", self.name, epoch, self._options.commit_timeout,
                         dict(outcome.errors))
-        return self._report(epoch, rows, outcome.committed, False, outcome.skipped_sinks,
-                            attempts, started)
+        skipped = len(set(outcome.skipped_sinks)) >= self.sinks
+        return self._report(epoch, 0 if skipped else rows, outcome.committed, skipped,
+                            outcome.skipped_sinks, attempts, started)
 
     def _committed(self, actors: ActorSet, epoch: int) -> CommitWait:
         """Wait (up to ``commit_timeout``) for a decided epoch to be visible."""
@@ -312,6 +316,7 @@ class EpochDriver:
         """After a failure: heal the actors and resolve the attempt. True: it was decided
         (it rolls forward); False: it was aborted, swept and cancelled at the writers, so
         it may be fed again."""
+        actors.metrics.attempt_failed()
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
                                actors.coordinator_call("resolve", epoch, attempt))
@@ -344,6 +349,7 @@ class EpochDriver:
 
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """Bad data: abort the attempt everywhere; nothing of it is written."""
+        actors.metrics.attempt_failed()
         self._predicted = None
         self._ask(actors, f"resolving epoch {epoch}",
                   actors.coordinator_call("resolve", epoch, attempt))

@@ -244,6 +244,7 @@ class StreamController:
             timeout=2 * self._commit_timeout)
         self._record = dataclasses.replace(state, feeds=self._ids, route=self.route)
         self._open, self._pids = (state.epoch, state.attempt), pids
+        self._actors.metrics.rewound()
         log.info("%s: stream rewound after %s; it goes on at epoch %s", self._driver.name,
                  why, state.epoch)
 

@@ -1,14 +1,22 @@
-"""The ``raysink`` command: ``demo``, ``status`` and ``bench``.
+"""The ``raysink`` command: ``demo``, ``status``, ``dashboard`` and ``bench``.
 
 ::
 
     raysink demo [--events N] [--batches K] [--workdir DIR] [--sink delta|parquet]
     raysink status NAME [--metastore URL] [--json]
+    raysink dashboard install [--session-dir DIR | --temp-dir DIR]
+    raysink dashboard export FILE
+    raysink dashboard alerts FILE [--stalled-for 5m] [...]
     raysink bench [write|memory|handoff|...] [-- ARGS...]
 
 ``status`` reads the meta store directly (no Ray, no actors): last committed epoch,
 pending and open epochs, the epoch source, and each sink's state with its last error and
 history. Passwords in meta store URLs are never printed.
+
+``dashboard install`` puts raysink's Grafana dashboard where the running Ray head's
+Grafana provisioning reads it (``raysink.dashboards.install``; again after each head
+start, as Ray rewrites that folder); ``export`` writes it for Grafana's *Import
+dashboard*; ``alerts`` writes the Prometheus alert rules (``-`` for standard output).
 
 Expected failures (any :class:`~raysink.errors.RaySinkError`) print their message and
 exit with status 2, without a traceback; an interrupt exits with 130.
@@ -183,6 +191,103 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+# ---------------------------------------------------------------------------- dashboard
+
+
+def _cmd_dashboard_install(args: argparse.Namespace) -> int:
+    from raysink.dashboards import dashboard_text
+    from raysink.dashboards.install import install, session_dir
+
+    session = Path(args.session_dir) if args.session_dir else session_dir(args.temp_dir)
+    done = install(dashboard_text(), session)
+    verb = "installed" if done.changed else "already installed (unchanged)"
+    print(f"{verb}: {done.path}")
+    if done.provisioned:
+        print("Grafana started with Ray's configuration (--config <temp dir>/session_latest/"
+              "metrics/grafana/grafana.ini) shows it as \"raysink\" in the folder \"Ray\".")
+    else:
+        print("note: Ray wrote no Grafana provisioning for this session (the head runs "
+              "without Ray's dashboard), so no Grafana reads this folder: import the "
+              "dashboard instead (raysink dashboard export FILE).")
+    print(f"Ray rewrites {done.path.parent.parent} each time the head starts: run `raysink "
+          "dashboard install` again after a head restart, or import the dashboard once "
+          "through Grafana's UI (raysink dashboard export FILE).")
+    return 0
+
+
+def _cmd_dashboard_export(args: argparse.Namespace) -> int:
+    from raysink.dashboards import dashboard_text
+
+    _write_out(args.file, dashboard_text(exported=True))
+    if args.file != "-":
+        print(f"wrote {args.file}: in Grafana, Dashboards > New > Import, upload it and "
+              "choose the Prometheus data source that scrapes Ray's metrics")
+    return 0
+
+
+def _cmd_dashboard_alerts(args: argparse.Namespace) -> int:
+    from raysink.dashboards import alerts_text
+    from raysink.dashboards.alerts import AlertSettings
+
+    settings = AlertSettings(
+        stalled_for=args.stalled_for, pending_for=args.pending_for,
+        commit_p99_seconds=args.commit_p99_seconds, commit_p99_for=args.commit_p99_for,
+        replacements=args.replacements, replacements_window=args.replacements_window,
+        rewinds=args.rewinds, rewinds_window=args.rewinds_window)
+    _write_out(args.file, alerts_text(settings))
+    if args.file != "-":
+        print(f"wrote {args.file}: add it to rule_files in prometheus.yml and reload "
+              "Prometheus (check it with `promtool check rules FILE`)")
+    return 0
+
+
+def _write_out(file: str, text: str) -> None:
+    if file == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        Path(file).write_text(text)
+    except OSError as exc:
+        raise ConfigError(f"cannot write {file}: {exc.strerror or exc}") from None
+
+
+def _add_dashboard(commands: Any) -> None:
+    from raysink.dashboards.alerts import AlertSettings
+
+    dashboard = commands.add_parser(
+        "dashboard", help="raysink's Grafana dashboard and Prometheus alert rules")
+    actions = dashboard.add_subparsers(dest="action", required=True, metavar="ACTION")
+    install = actions.add_parser(
+        "install", help="put the dashboard where the running Ray head's Grafana reads it")
+    where = install.add_mutually_exclusive_group()
+    where.add_argument("--session-dir", default=None,
+                       help="the head's session dir (default: <temp dir>/session_latest)")
+    where.add_argument("--temp-dir", default=None,
+                       help="Ray's temp dir, as given to `ray start --temp-dir` "
+                            "(default: $RAY_TMPDIR or /tmp/ray)")
+    install.set_defaults(run=_cmd_dashboard_install)
+    export = actions.add_parser(
+        "export", help="write the dashboard for Grafana's Import (asks for a data source)")
+    export.add_argument("file", help="where to write the JSON (- for standard output)")
+    export.set_defaults(run=_cmd_dashboard_export)
+    alerts = actions.add_parser("alerts", help="write the Prometheus alert rules")
+    alerts.add_argument("file", help="where to write the YAML (- for standard output)")
+    default = AlertSettings()
+    for option, kind, what in (
+            ("stalled_for", str, "a sink stalled this long fires"),
+            ("pending_for", str, "a sink at max_pending_epochs this long fires"),
+            ("commit_p99_seconds", float, "p99 of epoch commits above this (seconds)"),
+            ("commit_p99_for", str, "... for this long fires"),
+            ("replacements", int, "this many actor restarts and replacements"),
+            ("replacements_window", str, "... within this window fire"),
+            ("rewinds", int, "this many stream rewinds"),
+            ("rewinds_window", str, "... within this window fire")):
+        alerts.add_argument(f"--{option.replace('_', '-')}", dest=option, type=kind,
+                            default=getattr(default, option),
+                            help=f"{what} (default: %(default)s)")
+    alerts.set_defaults(run=_cmd_dashboard_alerts)
+
+
 # ---------------------------------------------------------------------------- bench
 
 
@@ -262,6 +367,8 @@ def build_parser() -> argparse.ArgumentParser:
                         help="meta store URL (default: sqlite:///<cwd>/.raysink/<name>.db)")
     status.add_argument("--json", action="store_true", help="print JSON")
     status.set_defaults(run=_cmd_status)
+
+    _add_dashboard(commands)
 
     bench = commands.add_parser("bench", help="list or run the benchmarks in bench/")
     bench.add_argument("name", nargs="?", choices=sorted(BENCHMARKS), default=None,

@@ -21,6 +21,8 @@ from typing import TYPE_CHECKING, Any
 from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
+from raysink._calls import short
+from raysink.errors import EpochFailedError
 from raysink.feeds import Feed, FeedRoute
 from raysink.reports import EpochReport
 
@@ -53,15 +55,27 @@ class EpochDatasink(Datasink[int]):
         return f"raysink({self._route.runtime}, epoch {self.epoch})"
 
     def write(self, blocks: Iterable[Block], ctx: TaskContext) -> int:
-        """A write task: its blocks through its own feed, then its barrier."""
+        """A write task: its blocks through its own feed, then its barrier. A writer
+        lost meanwhile (killed, its node gone) fails the task with ``EpochFailedError``
+        saying to run the write again: what it had taken is gone with it, so this attempt
+        can never commit (the feed tells the coordinator it failed)."""
+        from ray.exceptions import ActorUnavailableError, RayActorError
+
         feed = Feed(self._route, epoch=self.epoch, attempt=self.attempt,
                     feed_id=ctx.task_idx + 1, checkpoint_id=self._checkpoint_id,
                     skip=self._skip)
-        with feed:
-            for block in blocks:
-                table = BlockAccessor.for_block(block).to_arrow()
-                if table.num_rows:
-                    feed.write(table)
+        try:
+            with feed:
+                for block in blocks:
+                    table = BlockAccessor.for_block(block).to_arrow()
+                    if table.num_rows:
+                        feed.write(table)
+        except (RayActorError, ActorUnavailableError) as exc:
+            raise EpochFailedError(
+                f"a writer of the runtime was lost while write task {ctx.task_idx} fed "
+                f"epoch {self.epoch} ({short(exc)}): nothing of the epoch is visible. Run "
+                f"the write again: ds.write_datasink(rt.datasink(epoch={self.epoch}))",
+                runtime=self._route.runtime, epoch=self.epoch) from exc
         return feed.id
 
     def on_write_complete(self, write_result: WriteResult[int]) -> None:

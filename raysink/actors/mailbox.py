@@ -53,12 +53,22 @@ class FeedLane(Generic[T]):
 
     next_seq: int = 0
     waiting: dict[int, tuple[T, int]] = field(default_factory=dict)
+    claimed: int = 0  # messages taken for applying, not yet counted in next_seq
     last_seq: int | None = None  # the feed's barrier: its message count
     barrier: CheckpointBarrier | None = None
 
     @property
     def done(self) -> bool:
         return self.last_seq is not None and self.next_seq >= self.last_seq
+
+    @property
+    def complete(self) -> bool:
+        """The barrier is here and every message before it is applied, being applied or
+        waiting: nothing of the feed is still to come."""
+        if self.last_seq is None:
+            return False
+        return all(seq in self.waiting
+                   for seq in range(self.next_seq + self.claimed, self.last_seq))
 
 
 @dataclass(kw_only=True, slots=True)
@@ -100,6 +110,24 @@ class EpochSlot(Generic[T]):
 
     def waiting_count(self) -> int:
         return sum(len(lane.waiting) for lane in self.lanes.values())
+
+    def incomplete(self) -> list[Feed]:
+        """The sealed feeds whose barrier or messages are not all here. A seal comes only
+        after each of its feeds closed, and a feed closes only once the writer took every
+        message and the barrier: what is missing then went to a previous process of this
+        writer (restarted since) and never comes."""
+        if self.sealed is None or self.poison is not None or self.cancelled:
+            return []
+        return [feed for feed in self.sealed if not self.lane(feed).complete]
+
+    def unsealed_senders(self) -> list[Feed]:
+        """Feeds that sent this attempt data but are not among its sealed feeds (a commit
+        over a subset of the feeds handed out): their rows may already be in the sink
+        writer, and a writer cannot take rows of one feed back out of an attempt."""
+        if self.sealed is None:
+            return []
+        return [feed for feed, lane in self.lanes.items() if feed not in self.sealed
+                and (lane.next_seq or lane.claimed or lane.waiting)]
 
 
 class Mailbox(Generic[T]):
@@ -202,6 +230,7 @@ class Mailbox(Generic[T]):
                     self._bytes -= size
                     run.append((feed, message))
                     seq += 1
+                lane.claimed = seq - lane.next_seq
             if not run:
                 return None
             self._applying = True
@@ -214,7 +243,9 @@ class Mailbox(Generic[T]):
             slot = self._slots.get(key)
             if slot is not None:
                 for feed in feeds:
-                    slot.lane(feed).next_seq += 1
+                    lane = slot.lane(feed)
+                    lane.next_seq += 1
+                    lane.claimed = max(0, lane.claimed - 1)
                 slot.rows += rows
             self._cond.notify_all()
 
@@ -274,7 +305,10 @@ class Mailbox(Generic[T]):
     def wait_sealed(self, epoch: int, attempt: int, timeout: float) -> str:
         """Block until the sealed ``(epoch, attempt)`` is the current slot, aligned, with
         every message before its feeds' barriers applied. Returns ``"ready"``,
-        ``"poisoned"``, ``"cancelled"``, ``"stale"`` or ``"timeout"``."""
+        ``"poisoned"``, ``"cancelled"``, ``"stale"``, ``"timeout"``; at once ``"lost"``
+        when a sealed feed's barrier or messages went to a previous process of this
+        writer (``EpochSlot.incomplete``: waiting would only run into the timeout), or
+        ``"unsealed"`` when a feed outside the seal sent data (``unsealed_senders``)."""
         key = (epoch, attempt)
 
         def state() -> str | None:
@@ -285,6 +319,10 @@ class Mailbox(Generic[T]):
                 return "poisoned"
             if slot.cancelled:
                 return "cancelled"
+            if slot.incomplete():
+                return "lost"
+            if slot.unsealed_senders():
+                return "unsealed"
             ready = (slot.aligned and slot is self._current() and not self._applying
                      and all(slot.lane(f).done for f in slot.sealed or ()))
             return "ready" if ready else None

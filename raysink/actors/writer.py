@@ -17,8 +17,16 @@ cancel         control     a ``CANCEL`` barrier: the attempt was abandoned; stop
 drain          control     a ``DRAIN`` barrier between epochs (``rt.close()``): drop what an
                            undecided attempt staged, close the sink writer (files closed,
                            connections closed); nothing is taken after it
+finish         control     a sink whose writers hold their part open (``holds_transactions``:
+                           Kafka): the sink's commit or abort, in the coordinator, asks the
+                           writer to end it
 status, ping   control     answer at once
 =============  ==========  ==================================================================
+
+A sink with ``holds_transactions`` pre-commits an epoch only once the coordinator's status
+shows every earlier epoch committed to it: its records are written
+at the pre-commit, so no later epoch's records precede an earlier one's in the target,
+even when an earlier epoch had to be written again (replayed) by its commit.
 
 A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a watchdog
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
@@ -57,7 +65,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks.base import Sink
+from raysink.sinks.base import Held, Sink
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
 
@@ -97,7 +105,8 @@ class SinkWriterActor:
         self._mailbox: Mailbox[pa.Table] = Mailbox(config.max_buffer_bytes)
         self._rows_total = 0
         self._refused = 0
-        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id)
+        self._metrics = WriterMetrics(config.runtime, config.sink_name, config.writer_id,
+                                      config.max_buffer_bytes)
         for target, name in ((self._flush_timer, "raysink-flush"),
                              (lambda: self._watchdog.run(self._closed), "raysink-watchdog")):
             threading.Thread(target=target, daemon=True, name=name).start()
@@ -162,6 +171,7 @@ class SinkWriterActor:
         self._roll_back(replaced)
         if verdict is Verdict.FULL:
             self._refused += 1
+            self._metrics.refused()
             raise BackpressureError(
                 f"writer {self._config.writer_id}'s mailbox is full "
                 f"({self._config.max_buffer_bytes:,} bytes of early messages); message "
@@ -169,7 +179,6 @@ class SinkWriterActor:
                 runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         if verdict is not Verdict.ACCEPTED:
             return 0
-        self._metrics.depth(sum(s.waiting_count() for s in self._mailbox.slots()))
         self._drain()
         return int(table.num_rows)
 
@@ -196,6 +205,8 @@ class SinkWriterActor:
         while True:
             claimed = self._mailbox.take_ready()
             if claimed is None:
+                self._metrics.mailbox(sum(s.waiting_count() for s in self._mailbox.slots()),
+                                      self._mailbox.waiting_bytes)
                 return
             (epoch, attempt), run = claimed
             slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
@@ -287,6 +298,8 @@ class SinkWriterActor:
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         rows = slot.rows if slot else 0
         schema = None if slot is None or slot.schema is None else _schema.encode(slot.schema)
+        if self._config.sink.holds_transactions:
+            self._await_earlier_commits(epoch)
         with self._lock:
             self._open_writer()
             self._sink_call("flush", self._writer.flush)
@@ -302,7 +315,8 @@ class SinkWriterActor:
         if barrier.is_drain:
             self._close_writer()
         request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
-                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema)
+                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema,
+                                rows=rows)
         return BarrierAck(rows=rows, request=request)
 
     def _await_feeds(self, barrier: CheckpointBarrier, attempt: int) -> None:
@@ -314,14 +328,58 @@ class SinkWriterActor:
             return
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         poison = slot.poison if slot else None
+        lost = slot.incomplete() if slot is not None and outcome == "lost" else []
+        outside = slot.unsealed_senders() if slot is not None else []
         self._rollback_writer(epoch, attempt)
         self._mailbox.finish(epoch, attempt)
         if isinstance(poison, RaySinkError):
             raise poison
+        if lost:
+            raise EpochFailedError(
+                f"writer {self._config.writer_id} was restarted after feeds {lost} sent it "
+                "their data: what they sent went with its previous process, so this "
+                "attempt cannot pre-commit; it is given up (nothing of it is visible) and "
+                "the epoch must be fed again", runtime=self._config.runtime,
+                sink=self._config.sink_name, epoch=epoch)
+        if outcome == "unsealed":
+            raise EpochFailedError(
+                f"feeds {outside} sent writer {self._config.writer_id} data of this "
+                "attempt but the commit leaves them out (ep.commit(feeds=...)): their rows "
+                "cannot be taken back out, so nothing of the attempt is committed. Abort "
+                "it and feed the epoch again with only the feeds to commit", attempts=1,
+                runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
         raise EpochFailedError(
             f"writer {self._config.writer_id} could not pre-commit: {outcome}"
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
             runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
+
+    def _await_earlier_commits(self, epoch: int) -> None:
+        """Wait until every epoch before ``epoch`` that the coordinator decided is
+        committed to this sink (``Sink.holds_transactions``), polling its status (sinks
+        commit their epochs in order); a coordinator being replaced is asked again, up
+        to ``barrier_timeout``."""
+        import ray
+
+        sink = self._config.sink_name
+        deadline = time.monotonic() + self._config.barrier_timeout
+        while True:
+            try:
+                status = ray.get(self._coordinator().status.remote(), timeout=30)
+                done = status.sinks[sink].last_committed_epoch
+                if not any(p < epoch and (done is None or done < p)
+                           for p in status.pending_epochs):
+                    return
+                error: Exception | None = None
+            except Exception as exc:
+                self._coordinator_handle = None
+                error = exc
+            if time.monotonic() > deadline:
+                raise EpochFailedError(
+                    f"writer {self._config.writer_id} waited {self._config.barrier_timeout:g}"
+                    f" s for the epochs before {epoch} to be committed to sink {sink!r}"
+                    + (f" ({error})" if error else ""), runtime=self._config.runtime,
+                    sink=sink, epoch=epoch)
+            time.sleep(0.5 if error else 0.02)
 
     def _coordinator(self) -> Any:
         import ray
@@ -366,6 +424,14 @@ class SinkWriterActor:
         swept = (slots[0].epoch, slots[0].attempt) if slots else None
         return DrainReport(sink=self._config.sink_name, writer=self._config.writer_id,
                            rows_total=self._rows_total, swept=swept)
+
+    def finish(self, epoch: int, attempt: int, commit: bool) -> Held:
+        """End what the sink writer holds open for ``(epoch, attempt)`` (see
+        ``SinkWriter.finish``): the sink's commit or abort asks, from the coordinator."""
+        with self._lock:
+            self._open_writer()
+            return self._sink_call("finish", functools.partial(
+                self._writer.finish, epoch, attempt, commit=commit))
 
     def ping(self) -> int:
         return os.getpid()

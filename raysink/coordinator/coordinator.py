@@ -13,7 +13,8 @@ Writers report whether they can reach their target (``writer_health``): a writer
 cannot makes its sink ``stalled`` with the error until it can again.
 
 A restarted actor (Ray's restart after a crash) re-runs the constructor: it claims a new
-generation in the meta store, which fences the previous one, and recovers.
+generation in the meta store (only for the holder of the runtime's lease), which fences the
+previous one, and recovers.
 """
 
 from __future__ import annotations
@@ -76,8 +77,8 @@ class CoordinatorConfig:
     drop_sinks: tuple[str, ...] = ()
     epoch_offset: int | None = None
     warn_after: float = 5.0
-    """A sink commit still running after this many seconds logs a warning, and again
-    after each further period."""
+    """A sink commit running this many seconds logs a warning (again each period)."""
+    lease_holder: str | None = None  # the driver's lease: claims need it held
 
 
 class CoordinatorActor(StreamCalls):
@@ -91,7 +92,7 @@ class CoordinatorActor(StreamCalls):
         self._store = open_metastore(config.metastore, config.runtime)
         kinds = {name: sink.kind for name, sink in config.sinks.items()}
         record = self._store.claim(config.runtime, kinds, add=config.add_sinks,
-                                   drop=config.drop_sinks)
+                                   drop=config.drop_sinks, holder=config.lease_holder)
         self._dropped = tuple(record.dropped)
         bitmaps: dict[str, list[Bitmap]] = {
             name: assign(config.writers) for name in config.sinks}
@@ -111,7 +112,7 @@ class CoordinatorActor(StreamCalls):
                                        last_committed_epoch=None, pending_epochs=[])
         self._history: dict[str, list[dict[str, Any]]] = {}
         self._tasks: list[asyncio.Task[None]] = []
-        self._metrics = CoordinatorMetrics(config.runtime)
+        self._metrics = CoordinatorMetrics(config.runtime, config.sinks, config.max_pending_epochs)
         log.info("coordinator of %s: generation %s on %s", config.runtime,
                  record.generation, self._store.url)
 
@@ -230,7 +231,7 @@ class CoordinatorActor(StreamCalls):
                 backoff = min(backoff * 2, self._config.retry_cap)
                 continue
             backoff = _BACKOFF_START
-            self._metrics.committed(sink, time.monotonic() - started)
+            self._metrics.committed(outcome, time.monotonic() - started)
             self._after_commit(outcome, started)
             await self._record_health()
             await self._notify()
@@ -295,7 +296,6 @@ class CoordinatorActor(StreamCalls):
         return self._core.generation
 
     async def pid(self) -> int:
-
         return os.getpid()
 
     async def open_epoch(self, requested: int | None, timeout: float) -> OpenedEpoch:
@@ -351,6 +351,7 @@ class CoordinatorActor(StreamCalls):
             self._core.gather(epoch, attempt, requests, generation)
             return self._core.persist_pending(epoch, attempt)
 
+        self._metrics.decided(epoch, requests)
         try:
             decided = await self._retrying_backpressure(decide, timeout)
         except (StaleAttemptError, BackpressureError, FencedError):
@@ -428,6 +429,13 @@ class CoordinatorActor(StreamCalls):
         record = await self._locked(lambda: self._store.load(self._config.runtime))
         return record.epoch_source if record else None
 
+    async def check_alignment(self, numbering: str, epoch_offset: int | None) -> None:
+        """Refuse (``ConfigError``) numbering epochs from this meta store when the targets
+        hold epochs it does not know (``markers.refuse_unknown_epochs``): before a
+        streaming query is bound here for the first time."""
+        await self._until_recovered()
+        await self._locked(lambda: self._core.check_alignment(numbering, epoch_offset))
+
     async def bind_source(self, source: dict[str, Any]) -> None:
         """Bind the runtime to ``source`` (the caller checked it)."""
         await self._until_recovered()
@@ -494,14 +502,14 @@ class CoordinatorActor(StreamCalls):
                                   history=list(self._history.get(name, [])))
                  for name, health in self._health.items()}
         for name in self._dropped:
-            sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None,
-                                     last_error=None)
+            sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None, last_error=None)
         self._snapshot = RuntimeStatus(
             name=self._config.runtime, metastore=self._store.url,
             last_committed_epoch=self._core.last_committed,
             pending_epochs=self._core.pending_epochs(),
             open_epoch=self._core.open_epoch_number(),
             error=None if self._fatal is None else str(self._fatal), sinks=sinks)
+        self._metrics.status(self._snapshot)
 
     async def close(self) -> None:
         """The runtime is closing (its epochs are committed or durably decided): sinks

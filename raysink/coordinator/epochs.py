@@ -43,7 +43,7 @@ from typing import Any, cast
 import pyarrow as pa
 
 from raysink import _faults, _schema
-from raysink.coordinator.markers import TargetMarks, refuse_implicit_epoch
+from raysink.coordinator.markers import TargetMarks, refuse_unknown_epochs
 from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore.base import EpochRecord, EpochState, MetaStore
 from raysink.coordinator.vnodes import Bitmap, CoverageTracker
@@ -110,8 +110,10 @@ class CommitStep:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitOutcome:
-    """One sink commit step done: skipped by its marker or committed; ``marked``: the
-    commit left the marker in the target."""
+    """One sink commit step done: committed, or ``skipped``: the target held the epoch
+    already and its data is not known to be this decision's (another driver's, with a
+    meta store of its own, or one the target cannot tell); ``marked``: the commit left the
+    marker in the target."""
 
     epoch: int
     sink: str
@@ -163,6 +165,8 @@ class EpochCoordinator:
         self.epoch_offset = epoch_offset
         self._marks = TargetMarks()
         self._io = {name: threading.Lock() for name in self.sinks}
+        # (epoch, sink) commits this process took to the target and has not recorded yet
+        self._tried: set[tuple[int, str]] = set()
         self._unswept: set[int] = set()
         self._bitmaps = {name: list(maps) for name, maps in bitmaps.items()}
         self._epochs: dict[int, _Epoch] = {}
@@ -265,17 +269,9 @@ class EpochCoordinator:
         for record in self.store.records(self.runtime):
             if record.sink in self.sinks:
                 by_epoch.setdefault(record.epoch, []).append(record)
-        # Sinks commit on their own, and the store keeps only each sink's newest COMMITTED
-        # row: a sink that went on past an epoch still pending for another sink has no row
-        # for it any more, and that epoch is committed for it.
-        high: dict[str, int] = {}
-        for records in by_epoch.values():
-            for record in records:
-                if record.state is EpochState.COMMITTED:
-                    high[record.sink] = max(high.get(record.sink, record.epoch), record.epoch)
         aborted: list[int] = []
         for epoch in sorted(by_epoch):
-            if self._recover_epoch(epoch, by_epoch[epoch], high):
+            if self._recover_epoch(epoch, by_epoch[epoch]):
                 aborted.append(epoch)
         self._sweep_unrecorded(max(by_epoch, default=0))
         return aborted
@@ -297,27 +293,27 @@ class EpochCoordinator:
         self._sweep_left(raising=False)
 
     def _sweep_left(self, raising: bool = True, epoch: int | None = None) -> None:
-        """Sweep what ``_sweep_unrecorded`` could not yet (all, or only ``epoch``)."""
+        """Sweep, by epoch, the staging no sweep could reach yet (all, or only ``epoch``:
+        before it is opened again). ``raising``: a target still unreachable is
+        ``SinkUnavailableError`` (the epoch cannot be written before it is swept)."""
         for left in sorted(self._unswept if epoch is None else self._unswept & {epoch}):
-            try:
-                self._sweep(left, 0, manifests=None, recorded=False)
-            except (FencedError, MetaStoreError):
-                raise
-            except Exception as exc:
-                if raising:
-                    raise
-                log.warning("could not sweep epoch %s yet (%s); it is swept before it is "
-                            "written", left, exc)
-                continue
-            self._unswept.discard(left)
+            failed = self._sweep(left, 0, manifests=None, recorded=False)
+            if not failed:
+                self._unswept.discard(left)
+            elif raising:
+                sink, error = next(iter(failed.items()))
+                raise SinkUnavailableError(
+                    f"the staging of epoch {left} in sink {sink!r} could not be swept "
+                    f"({error}); the epoch is written again once it is, so retry when the "
+                    "target is reachable", runtime=self.runtime, sink=sink, epoch=left)
 
     def next_attempt(self, epoch: int) -> int:
         """The attempt number ``epoch`` would be opened with now."""
         entry = self._epochs.get(epoch)
         used = max(self._aborted.get(epoch, -1), -1 if entry is None else entry.attempt)
         return used + 1
-    def _recover_epoch(self, epoch: int, records: list[EpochRecord],
-                       high: Mapping[str, int]) -> bool:
+
+    def _recover_epoch(self, epoch: int, records: list[EpochRecord]) -> bool:
         states = {r.state for r in records}
         for record in records:
             if record.state is EpochState.COMMITTED:
@@ -334,9 +330,12 @@ class EpochCoordinator:
                     # the store keeps the JSON the sinks' writers made: their manifests
                     entry.manifests[record.sink] = cast(list[Manifest],
                                                         list(record.manifests or []))
+            # a sink without a record of the epoch either went on past it (its rows were
+            # pruned: committed) or was not a sink of the runtime when the epoch was
+            # decided (added since, or dropped and added back): the decision wrote a row
+            # for every sink it covered, so the epoch is none of its business
             recorded = {r.sink for r in records}
-            entry.committed |= {s for s in self.sinks
-                                if s not in recorded and high.get(s, -1) >= epoch}
+            entry.committed |= set(self.sinks) - recorded
             self._epochs[epoch] = entry
             self._note_decided_schemas(_manifest_schemas(entry.manifests))
             return False
@@ -391,8 +390,11 @@ class EpochCoordinator:
                   if e is not None]
         return max(known, default=None)
 
-    def _check_alignment(self) -> None:
-        """Before numbering an implicit epoch: every marker read, none unexplained."""
+    def check_alignment(self, numbering: str = "implicit",
+                        epoch_offset: int | None = None) -> None:
+        """Before numbering epochs from this meta store (an implicit epoch, or a
+        streaming query bound here for the first time with ``epoch_offset``): every
+        marker read, none unexplained (``markers.refuse_unknown_epochs``)."""
         if self._marks.unread:
             self.reconcile_markers(list(self._marks.unread))
         if self._marks.unread:
@@ -401,18 +403,18 @@ class EpochCoordinator:
                 f"cannot read the progress marker of sink {sink!r} ({error}), so the next "
                 "epoch cannot be numbered safely; retry once the target is reachable",
                 runtime=self.runtime, sink=sink)
-        refuse_implicit_epoch(
+        refuse_unknown_epochs(
             runtime=self.runtime, store_url=self.store.url, known=self._store_knows(),
-            ahead=self._marks.ahead_of(self._store_knows()),
-            describe={n: repr(s) for n, s in self.sinks.items()},
-            epoch_offset=self.epoch_offset)
+            marks=self._marks.marks, describe={n: repr(s) for n, s in self.sinks.items()},
+            epoch_offset=self.epoch_offset if numbering == "implicit" else epoch_offset,
+            numbering=numbering)
 
     # ------------------------------------------------------------------ phase one
 
     def open_epoch(self, requested: int | None) -> OpenDecision:
         """Decide what the driver's write of ``requested`` (or the next epoch) does."""
         if requested is None:
-            self._check_alignment()
+            self.check_alignment()
         epoch = self._next_epoch() if requested is None else requested
         if epoch < 0:
             raise EpochRegressionError(f"epochs are non-negative; got {epoch}",
@@ -651,17 +653,40 @@ class EpochCoordinator:
         del self._epochs[epoch]
 
     def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None,
-               recorded: bool = True) -> None:
+               recorded: bool = True) -> dict[str, str]:
         """Sweep every sink's staging of ``epoch`` (``recorded``: with its records ABORTED
-        first and deleted after)."""
+        first and deleted after). Returns the sinks that could not be swept, with why.
+
+        The attempt number counts as used whatever the sweep does (an attempt number is
+        never staged twice). A sink that cannot be swept now (its target unreachable)
+        leaves the epoch *unswept*: it is swept by its number before the epoch is opened
+        again (``_sweep_left``), and its ABORTED records stay until then. What an aborted
+        attempt staged is never part of a decision, so until then it is only garbage.
+
+        An epoch the store has no record of is swept by its number alone, and so never in
+        a sink whose marker holds it: that epoch was committed there (by a meta store this
+        one is not), and its staged files are the table's own files, which versions of
+        the table other than the current one may still reference (time travel)."""
         if recorded:
             self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
+        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+        failed: dict[str, str] = {}
         for name, sink in self.sinks.items():
             with self._io[name]:
-                sink.abort(epoch, None if manifests is None else manifests.get(name))
-        if recorded:
+                try:
+                    if recorded or not _holds(sink, epoch):
+                        sink.abort(epoch, None if manifests is None else manifests.get(name))
+                except (FencedError, MetaStoreError):
+                    raise
+                except Exception as exc:
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+        if failed:
+            self._unswept.add(epoch)
+            log.warning("could not sweep the staging of epoch %s in %s yet; it is swept "
+                        "before the epoch is written again", epoch, failed)
+        elif recorded:
             self.store.delete_aborted(self.runtime, self.generation, epoch)
-        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+        return failed
 
     def resolve(self, epoch: int, attempt: int | None = None) -> Resolution:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an OPEN attempt is aborted first, and
@@ -710,27 +735,45 @@ class EpochCoordinator:
             return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=False,
                                  marked=False)
         target = self.sinks[step.sink]
+        key = (step.epoch, step.sink)
         with self._io[step.sink]:
+            tried = key in self._tried
             marker = target.committed_epoch()
             self._check_marker_for_pending(step.sink, marker, step.epoch)
-            skipped = marker is not None and marker >= step.epoch
-            marked = True
-            if not skipped:
+            held, marked = marker is not None and marker >= step.epoch, True
+            if not held:
+                self._tried.add(key)
                 started = time.monotonic()
                 result = target.commit(step.epoch, list(step.manifests))
                 marked = result is not CommitResult.NO_TARGET
-                skipped = result is CommitResult.ALREADY
+                held = result is CommitResult.ALREADY
                 log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
                           time.monotonic() - started, "" if marked else " (no target, no marker)")
+            skipped = held and not self._own_commit(target, step, tried)
             _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
                         sink=step.sink)
         return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=skipped, marked=marked)
+
+    def _own_commit(self, target: Sink, step: CommitStep, tried: bool) -> bool:
+        """Whether the data the target already holds as the step's epoch is this
+        decision's: a commit of it landed before (its answer lost, its record failed, or
+        its coordinator crashed before recording it), which is no skip. The target tells
+        (``Sink.holds_decision``: another driver of the runtime, with a meta store of its own, may
+        have committed other data as the epoch); where it cannot, whether this process
+        took the commit to it before (``tried``)."""
+        held = target.holds_decision(step.epoch, list(step.manifests))
+        if held is False:
+            log.warning("sink %s holds another decision of epoch %s (a driver of %s with a "
+                        "meta store of its own?): this one's rows are not written",
+                        step.sink, step.epoch, self.runtime)
+        return tried if held is None else held
 
     def record_commit(self, outcome: CommitOutcome) -> None:
         """Record one sink's commit COMMITTED; the epoch is complete once every sink is."""
         epoch, sink = outcome.epoch, outcome.sink
         self.store.put_committed(self.runtime, self.generation, epoch, sink,
                                  marked=outcome.marked)
+        self._tried.discard((epoch, sink))
         entry = self._epochs.get(epoch)
         self._note_sink_committed(sink, epoch, marked=outcome.marked)
         if entry is None:
@@ -792,6 +835,13 @@ def _manifest_schemas(manifests: Mapping[str, Sequence[Manifest]]) -> dict[str, 
 
 def _digest(bitmaps: Sequence[Bitmap]) -> str:
     return hashlib.sha256("".join(b.to_hex() for b in bitmaps).encode()).hexdigest()[:16]
+
+
+def _holds(sink: Sink, epoch: int) -> bool:
+    """Whether the sink's marker holds ``epoch`` (a marker that cannot be read raises:
+    the sweep is tried again later)."""
+    marker = sink.committed_epoch()
+    return marker is not None and marker >= epoch
 
 
 def _target_exists(sink: Sink) -> bool:

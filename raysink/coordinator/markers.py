@@ -14,7 +14,12 @@ committed to it (``Sink.committed_epoch``). On start, before the first epoch (Ri
   (``epoch=None``) is refused with ``ConfigError`` until the caller says how to go on:
   ``metastore=`` the original store, or ``epoch_offset=`` at or above the marker.
   Explicit epochs go ahead (a replay): where a marker holds one it is skipped, never
-  written twice.
+  written twice. A Structured Streaming query bound for the first time in such a store is
+  refused the same way (its batch ids number its epochs, from ``epoch_offset``).
+* markers ahead of the meta store that **disagree** with each other: a sink behind the
+  highest marker lacks epochs decided in another meta store, which alone can roll them
+  forward. No offset gives them back, so nothing is numbered until ``metastore=`` names
+  that store (or the lagging sinks leave the runtime).
 * a marker that cannot be read (the target is unreachable) is read again before the next
   epoch is numbered.
 """
@@ -26,7 +31,7 @@ from dataclasses import dataclass, field
 
 from raysink.errors import ConfigError
 
-__all__ = ["TargetMarks"]
+__all__ = ["TargetMarks", "refuse_unknown_epochs"]
 
 
 @dataclass(kw_only=True, slots=True)
@@ -56,37 +61,75 @@ class TargetMarks:
             return None
         return min(m for m in found if m is not None)
 
-    def ahead_of(self, known: int | None) -> dict[str, int]:
-        """The sinks whose marker is above ``known`` (the highest epoch the meta store
-        knows of the runtime, ``None``: none), with their markers."""
-        return {s: m for s, m in self.marks.items()
-                if m is not None and (known is None or m > known)}
 
 
-def refuse_implicit_epoch(*, runtime: str, store_url: str, known: int | None,
-                          ahead: Mapping[str, int], describe: Mapping[str, str],
-                          epoch_offset: int | None) -> None:
-    """Raise ``ConfigError`` unless ``epoch_offset`` acknowledges every marker in ``ahead``
-    (the targets' markers above what the meta store knows)."""
+def refuse_unknown_epochs(*, runtime: str, store_url: str, known: int | None,
+                          marks: Mapping[str, int | None], describe: Mapping[str, str],
+                          epoch_offset: int | None, numbering: str = "implicit") -> None:
+    """Raise ``ConfigError`` when the targets hold epochs the meta store does not know
+    (their markers above ``known``, the highest epoch the store knows) and numbering
+    new epochs would go wrong:
+
+    * the sinks' markers disagree: a sink below the highest marker lacks epochs that were
+      decided in a meta store this one is not; no offset can give them back, so the
+      lagging sink is named and nothing is numbered (the original store rolls it forward);
+    * ``epoch_offset`` is missing or below the highest marker: new epochs would be
+      skipped as committed and their rows lost.
+
+    ``numbering``: ``"implicit"`` for the runtime's own numbering (``epoch=None``),
+    ``"query"`` for a Structured Streaming query bound in this store for the first time
+    (its batch ids would be numbered from ``epoch_offset``)."""
+    ahead = {s: m for s, m in marks.items() if m is not None and (known is None or m > known)}
     if not ahead:
         return
     top = max(ahead.values())
     sink = max(ahead, key=lambda s: ahead[s])
+    lagging = {s: m for s, m in marks.items() if m is None or m < top}
+    if lagging:
+        raise ConfigError(_lagging_message(store_url, known, top, sink, lagging),
+                          runtime=runtime, sink=min(lagging))
     if epoch_offset is not None and epoch_offset >= top:
         return
-    holds = ", ".join(f"sink {s!r} ({describe.get(s, '')}) holds epoch {m}"
-                      for s, m in sorted(ahead.items()))
-    store_knows = "no epoch of it" if known is None else f"epochs up to {known} only"
     if epoch_offset is not None:
         raise ConfigError(
             f"epoch_offset={epoch_offset} is below epoch {top}, which the target of sink "
             f"{sink!r} already holds: new epochs would be skipped as committed and their "
             f"rows lost. Use epoch_offset={top} or higher", runtime=runtime, sink=sink)
+    holds = ", ".join(f"sink {s!r} ({describe.get(s, '')}) holds epoch {m}"
+                      for s, m in sorted(ahead.items()))
+    store_knows = "no epoch of it" if known is None else f"epochs up to {known} only"
     raise ConfigError(
         f"the meta store {store_url} knows {store_knows} of this runtime, but its targets "
-        f"hold more: {holds}. An epoch numbered from this meta store could be skipped as "
-        "already committed and its rows lost, so no epoch is numbered implicitly. Point "
-        "metastore= at the meta store these targets were written with, or pass "
-        f"epoch_offset={top} (or higher) to go on after epoch {top}; an explicit epoch "
-        "(epoch=N) is written, or skipped where the target already holds it",
-        runtime=runtime, sink=sink)
+        f"hold more: {holds}. {_NUMBERING[numbering]} Point metastore= at the meta store "
+        f"these targets were written with, or pass epoch_offset={top} (or higher) to go "
+        f"on after epoch {top}{_EXPLICIT[numbering]}", runtime=runtime, sink=sink)
+
+
+_NUMBERING = {
+    "implicit": "An epoch numbered from this meta store could be skipped as already "
+                "committed and its rows lost, so no epoch is numbered implicitly.",
+    "query": "This streaming query's micro-batches would be numbered from epoch 1 and "
+             "every one at or below that epoch skipped as already committed, its rows "
+             "lost, so the query is not bound to the runtime.",
+}
+_EXPLICIT = {
+    "implicit": "; an explicit epoch (epoch=N) is written, or skipped where the target "
+                "already holds it",
+    "query": " (a new query, with a new checkpoint location); the same query restarted "
+             "from its checkpoint needs the meta store it was bound in",
+}
+
+
+def _lagging_message(store_url: str, known: int | None, top: int, sink: str,
+                     lagging: Mapping[str, int | None]) -> str:
+    behind = ", ".join(f"sink {s!r} {'holds no epoch' if m is None else f'holds epoch {m}'}"
+                       for s, m in sorted(lagging.items()))
+    store_knows = "no epoch" if known is None else f"epochs up to {known} only"
+    return (
+        f"the targets of this runtime disagree: sink {sink!r} holds epoch {top}, but "
+        f"{behind}, and the meta store {store_url} knows {store_knows}. The epochs "
+        f"between were decided in another meta store, which still holds what the lagging "
+        f"sinks need to catch up; going on from here (epoch_offset={top}) would leave "
+        f"them without those epochs for good. Point metastore= at the meta store these "
+        f"targets were written with; or, if the lagging sinks' targets should not have "
+        f"those epochs, run this runtime without them")

@@ -55,9 +55,10 @@ class CommitWait:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitRequest:
     """A writer's pre-commit of its share of ``(epoch, attempt)`` of ``sink``: its
-    manifest and the schema it wrote (``raysink._schema.encode``), if it saw one. A
-    ``None`` manifest stands for a writer that received nothing in the attempt, so staged
-    nothing: the driver answers for it without asking it."""
+    manifest and the schema it wrote (``raysink._schema.encode``), if it saw one, and the
+    rows it applied (for the metrics). A ``None`` manifest stands for a writer that
+    received nothing in the attempt, so staged nothing: the driver answers for it without
+    asking it."""
 
     sink: str
     writer: int
@@ -65,6 +66,7 @@ class CommitRequest:
     attempt: int
     manifest: Manifest | None
     schema: str | None = None
+    rows: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

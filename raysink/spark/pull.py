@@ -15,7 +15,9 @@ Which executor: first the one Spark placed the partition on, then every other li
 manager reads the block remotely, or has Spark re-cache the RDD). Each executor gets
 ``EXECUTOR_CALL_TIMEOUT`` seconds; when none serves the partition the pull raises
 :class:`SinkUnavailableError` (the writer poisons the epoch with it and the runtime
-retries the attempt, up to ``max_attempts``).
+retries the attempt, up to ``max_attempts``). Each partition served counts in the
+runtime's ``spark_partitions_pulled`` metric, and one another executor served in
+``spark_executor_fallbacks`` (``raysink._metrics``).
 
 The ``spark.mid_pull`` fault point fires after the executor is chosen and before it is
 asked (context: ``executor``, ``rdd``, ``partition``), so a test can kill that executor
@@ -35,6 +37,7 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import _faults
+from raysink._metrics import spark_pulled
 from raysink._pull import Pull
 from raysink.errors import SinkUnavailableError
 
@@ -106,6 +109,7 @@ def fetch_ipc(located: str, rdd_id: int, index: int, schema_json: str,
             ipc = _ask(name, rdd_id, index, schema_json, driver_agent_url, runtime,
                        problems, min(EXECUTOR_CALL_TIMEOUT, left))
             if ipc is not None:
+                spark_pulled(runtime, fallback=name != located)
                 return ipc
         if time.monotonic() + 1.0 > again_until:
             break

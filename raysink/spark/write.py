@@ -31,7 +31,9 @@ Structured Streaming: micro-batch ``batch_id`` of query ``Q`` is epoch
 checkpoint, not the ``runId``) in the meta store. A batch from another query — a new
 checkpoint location restarts ``batch_id`` at 0 — is a ``ConfigError`` unless the runtime
 was opened with ``epoch_offset=`` to re-bind, since every batch would otherwise be skipped
-as "already committed". The query id comes from the Spark local property
+as "already committed". So is a query bound for the first time in a meta store that
+knows less than the targets' markers (a fresh default store): its batch ids would number
+epochs the targets hold. The query id comes from the Spark local property
 ``sql.streaming.queryId``, which the stream's execution thread sets and which the
 ``foreachBatch`` callback sees (PySpark pins each callback to that JVM thread). A batch
 Spark replays after a restart whose epoch is already committed is skipped before Spark

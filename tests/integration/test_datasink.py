@@ -117,3 +117,26 @@ def test_a_failed_write_aborts_the_epoch(tmp_path: Path, name: str) -> None:
         _dataset(1).write_datasink(sink)
         assert sink.report is not None and sink.report.committed
     assert_ids_exact(_ids(target), [1], ROWS)
+
+
+def test_a_writer_lost_during_the_write_says_to_run_it_again(tmp_path: Path,
+                                                             name: str) -> None:
+    """Writer 0 is SIGKILLed while a write task feeds it: the write fails with a
+    ``RaySinkError`` that says to run the write again (Ray's raw
+    ``RayTaskError(ActorUnavailableError)`` used to reach the user), nothing of the epoch
+    is visible, and the write run again commits it exactly once."""
+    from raysink.errors import RaySinkError
+    from raysink.testing import arm_fault
+
+    target = ParquetTarget(tmp_path / "table")
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
+        arm_fault(name, "writer.during_write", action="kill", when={"writer": 0})
+        with pytest.raises(RaySinkError, match=r"Run the write again") as failed:
+            _dataset(1).write_datasink(rt.datasink(epoch=1))
+        assert "ActorUnavailableError" not in type(failed.value).__name__
+        assert target.ids() == []
+        sink = rt.datasink(epoch=1)
+        _dataset(1).write_datasink(sink)
+        assert sink.report is not None and sink.report.committed
+    assert_ids_exact(_ids(target), [1], ROWS)

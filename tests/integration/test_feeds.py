@@ -136,6 +136,55 @@ def test_a_killed_producer_fails_the_attempt_and_a_new_feed_is_exact(tmp_path: P
     assert_exactly(tmp_path / "table", [1], ROWS)
 
 
+@pytest.mark.timeout(300)
+def test_a_writer_restarted_between_the_feeds_close_and_the_seal(tmp_path: Path,
+                                                                  name: str) -> None:
+    """Every feed closed (the writers took their data and barriers), then writer 0 is
+    SIGKILLed and Ray restarts it before the commit's seal. The new process never got the
+    feeds' data: the seal fails the attempt at once, saying why (it used to wait out the
+    600 s barrier timeout, the new process answering every ping), nothing of it is
+    visible, and the epoch fed again commits exactly."""
+    from tests.integration.helpers import sigkill
+
+    with _runtime(tmp_path, name) as rt:
+        ep = rt.open_epoch()
+        ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
+        writer = rt._require_started().writers["main"][0]
+        old = ray.get(writer.ping.remote())
+        sigkill(old)
+        while True:  # Ray restarts it under the same handle
+            try:
+                if ray.get(writer.ping.remote(), timeout=10) != old:
+                    break
+            except ray.exceptions.RayError:
+                pass
+        with pytest.raises(EpochFailedError, match=r"writer 0 was restarted after feeds"):
+            ep.commit()
+        assert read_ids(tmp_path / "table") == []
+        again = rt.open_epoch(1)
+        ray.get([produce.remote(again.feed(), 1, part) for part in range(PARTS)])
+        assert again.commit().committed
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
+def test_a_commit_over_a_subset_of_the_feeds_that_wrote(tmp_path: Path, name: str) -> None:
+    """Four feeds wrote; ``commit(feeds=[1, 2])`` leaves two out. Their rows were applied
+    with the others' and cannot be taken back out of the attempt (the whole epoch used
+    to be committed, the left-out feeds' rows with it): refused, nothing visible, and
+    the epoch fed again by the named feeds only commits exactly their rows."""
+    with _runtime(tmp_path, name) as rt:
+        ep = rt.open_epoch()
+        ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
+        with pytest.raises(EpochFailedError, match=r"commit leaves them out"):
+            ep.commit(feeds=[1, 2])
+        assert read_ids(tmp_path / "table") == []
+        again = rt.open_epoch(1)
+        ray.get([produce.remote(again.feed(), 1, part) for part in range(2)])
+        assert again.commit(feeds=[1, 2]).committed
+    expected = sorted(_part(1, 0)["id"].to_pylist() + _part(1, 1)["id"].to_pylist())
+    assert sorted(read_ids(tmp_path / "table")) == expected
+
+
 def test_a_producer_that_raises_fails_the_commit_at_once(tmp_path: Path) -> None:
     @ray.remote(max_retries=0)
     def broken(feed: Feed) -> None:

@@ -27,6 +27,7 @@ from raysink.sinks.base import Sink
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import (
     DeltaTarget,
+    IcebergTarget,
     ParquetTarget,
     Target,
     assert_ids_exact,
@@ -126,3 +127,108 @@ def test_parquet_and_delta_fresh_default_metastore(tmp_path: Path,
     for target in (parquet, delta):
         ids = target.ids()
         assert len(ids) == 3 * 1_000 + 5_000 and len(set(ids)) == len(ids)
+
+
+def test_a_new_streaming_query_over_a_fresh_metastore_is_refused(tmp_path: Path,
+                                                                 name: str) -> None:
+    """A streaming query wrote epochs 1-4; a new query (new checkpoint: batch ids from 0)
+    is bound with a fresh meta store over the same table. Bound at offset 0, its batches
+    0-3 would be epochs 1-4, each skipped as committed, and their rows lost while Spark
+    moves on. Refused, naming both ways on; ``epoch_offset=4`` binds it after them."""
+    target = ParquetTarget(tmp_path / "pq")
+    with _runtime(name, target.sink(), f"sqlite:///{tmp_path / 'original.db'}") as rt:
+        assert rt._bind_source("query-1") == 0
+        for epoch in (1, 2, 3, 4):
+            assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    fresh = f"sqlite:///{tmp_path / 'elsewhere' / 'fresh.db'}"
+    with _runtime(name, target.sink(), fresh) as rt:
+        with pytest.raises(ConfigError) as refused:
+            rt._bind_source("query-2")
+        message = str(refused.value)
+        assert "metastore=" in message and "epoch_offset=4" in message, message
+        assert rt.status().last_committed_epoch is None
+    with _runtime(name, target.sink(), fresh, epoch_offset=3) as rt, \
+            pytest.raises(ConfigError, match="epoch_offset=3 is below epoch 4"):
+        rt._bind_source("query-2")
+    with _runtime(name, target.sink(), fresh, epoch_offset=4) as rt:
+        assert rt._bind_source("query-2") == 4
+        report = rt.write_arrow(epoch_table(5, ROWS), epoch=0 + 1 + 4)  # batch 0
+        assert (report.epoch, report.committed, report.skipped) == (5, True, False)
+    assert_ids_exact(target.ids(), [1, 2, 3, 4, 5], ROWS)
+
+
+def test_a_lagging_sink_over_a_fresh_metastore_is_named(tmp_path: Path, name: str) -> None:
+    """Sink 'files' holds epochs 1-4 but sink 'lake' only 1-2 (its epochs 3-4 were
+    decided in a meta store that is gone). Going on after epoch 4 would leave 'lake'
+    without them for good: an implicit epoch and a new query are refused whatever the
+    offset, naming 'lake'; nothing is written to either target."""
+    files, lake = ParquetTarget(tmp_path / "pq"), DeltaTarget(tmp_path / "delta")
+    both = {"files": files.sink(), "lake": lake.sink()}
+    with _runtime(name, both, f"sqlite:///{tmp_path / 'one.db'}") as rt:
+        for epoch in (1, 2):
+            assert rt.write_arrow(epoch_table(epoch, ROWS)).committed
+    with _runtime(name, {"files": files.sink()}, f"sqlite:///{tmp_path / 'two.db'}") as rt:
+        for epoch in (3, 4):
+            assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    for offset in (None, 4):
+        with _runtime(name, both, fresh, epoch_offset=offset) as rt:
+            with pytest.raises(ConfigError, match="sink 'lake' holds epoch 2") as refused:
+                rt.write_arrow(epoch_table(5, ROWS))
+            assert refused.value.sink == "lake"
+            with pytest.raises(ConfigError, match="sink 'lake' holds epoch 2"):
+                rt._bind_source("query-2")
+    assert_ids_exact(files.ids(), [1, 2, 3, 4], ROWS)
+    assert_ids_exact(lake.ids(), [1, 2], ROWS)
+
+
+@pytest.mark.parametrize("kind", ["delta", "iceberg"])
+def test_a_fresh_metastore_keeps_what_older_versions_reference(
+        kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
+    """Epochs 1-2 committed, then the table rewritten by another writer (a delete): the
+    current version no longer references epoch 1's files, older versions still do. A
+    runtime opened with a fresh meta store sweeps, at its start, the staging of the
+    epochs it does not know: it used to delete epoch 1's files, and time travel to the
+    version holding epoch 1 failed. An epoch the target's marker holds is not swept."""
+    target = make_target(kind, tmp_path, request, monkeypatch)
+    _three_epochs(name, target.sink(), f"sqlite:///{tmp_path / 'original.db'}")
+    old_version = _rewrite_without_epoch_1(kind, target)
+    fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
+    with _runtime(name, target.sink(), fresh, epoch_offset=3) as rt:
+        assert rt.write_arrow(epoch_table(4, ROWS)).committed
+    assert_ids_exact(target.ids(), [2, 3, 4], ROWS)
+    assert_ids_exact(_ids_at(kind, target, old_version), [1, 2, 3], ROWS)
+
+
+def _rewrite_without_epoch_1(kind: str, target: Target) -> int:
+    """Delete epoch 1's rows as another writer would; returns the version before it."""
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        assert isinstance(target, DeltaTarget)
+        table = DeltaTable(str(target.path))
+        version = table.version()
+        table.delete("id < 2000000")
+        return int(version)
+    from pyiceberg.expressions import LessThan
+
+    assert isinstance(target, IcebergTarget)
+    loaded = target._load()
+    assert loaded is not None and loaded.current_snapshot() is not None
+    snapshot = loaded.current_snapshot().snapshot_id
+    loaded.delete(LessThan("id", 2_000_000))
+    return int(snapshot)
+
+
+def _ids_at(kind: str, target: Target, version: int) -> list[int]:
+    if kind == "delta":
+        from deltalake import DeltaTable
+
+        assert isinstance(target, DeltaTarget)
+        return DeltaTable(str(target.path), version=version).to_pyarrow_table()[
+            "id"].to_pylist()
+    assert isinstance(target, IcebergTarget)
+    loaded = target._load()
+    assert loaded is not None
+    return loaded.scan(snapshot_id=version).to_arrow()["id"].to_pylist()

@@ -149,6 +149,32 @@ def test_changed_sink_set_is_a_config_error(tmp_path: Path) -> None:
     assert_exactly(tmp_path / "b", [2], 5)
 
 
+def test_a_sink_added_while_an_epoch_is_pending(tmp_path: Path, name: str) -> None:
+    """Epoch 2 is decided but its commit keeps failing (the runtime closes with it
+    pending); the runtime reopens with sink 'b' added. Epoch 2 was decided without 'b':
+    it rolls forward into 'main' alone, and epoch 3 reaches both. (Before, 'b''s commit
+    worker looked for its record of epoch 2, found none, and retried forever: every later
+    epoch stayed invisible and backpressure failed the writes.)"""
+    from raysink.testing import arm_fault, disarm_faults
+
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    main = ParquetSink(str(tmp_path / "a"))
+    with SinkRuntime(name, main, metastore=meta, commit_timeout=3, retry_cap=0.2,
+                     progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, 5)).committed
+        arm_fault(name, "sink.mid_commit", action="raise", times=10_000, when={"epoch": 2})
+        assert not rt.write_arrow(epoch_table(2, 5)).committed  # decided, not visible
+    disarm_faults(name)
+    two = {"main": main, "b": ParquetSink(str(tmp_path / "b"))}
+    with SinkRuntime(name, two, metastore=meta, add_sinks=["b"], commit_timeout=30,
+                     progress=False) as rt:
+        report = rt.write_arrow(epoch_table(3, 5))
+        assert (report.epoch, report.committed) == (3, True)
+        assert rt.status().pending_epochs == []
+    assert_exactly(tmp_path / "a", [1, 2, 3], 5)
+    assert_exactly(tmp_path / "b", [3], 5)
+
+
 @pytest.mark.parametrize(
     ("options", "fragment"),
     [
@@ -159,6 +185,7 @@ def test_changed_sink_set_is_a_config_error(tmp_path: Path) -> None:
         ({"max_buffer_bytes": 0}, "max_buffer_bytes"),  # a reorder buffer that holds nothing
         ({"warn_interval": 0}, "warn_interval"),
         ({"epoch_offset": -1}, "epoch_offset"),  # epochs are non-negative
+        ({"lease_timeout": 0}, "lease_timeout"),  # a lease that expires as it is taken
     ],
 )
 def test_invalid_options(tmp_path: Path, options: dict[str, object], fragment: str) -> None:

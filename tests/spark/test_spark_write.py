@@ -311,6 +311,38 @@ def test_a_second_query_needs_epoch_offset(spark: SparkSession, tmp_path: Path) 
     assert_same_rows(expected, tmp_path / "table")
 
 
+def test_a_new_query_with_a_fresh_metastore_loses_nothing(spark: SparkSession,
+                                                          tmp_path: Path) -> None:
+    """A query wrote 4 micro-batches; a new query (new checkpoint location, batch ids from
+    0) over the same table with a fresh meta store (the default one of a job started in
+    another directory). Bound at offset 0 its 4 batches (10,000 rows) were all reported
+    skipped and none reached the table while Spark moved on. Now the query fails with a
+    ``ConfigError`` naming both ways on and writes nothing; with ``epoch_offset=4`` it
+    writes every row once."""
+    first_in, second_in = tmp_path / "in-1", tmp_path / "in-2"
+    for index in range(4):
+        _feed_file(first_in, index, 100)
+        _feed_file(second_in, 10 + index, 2_500)
+    with _runtime(tmp_path, "sw-fresh") as rt:
+        assert _run_query(spark, rt, first_in, tmp_path / "ck-1").exception() is None
+        assert rt.status().last_committed_epoch == 4
+    fresh = {"metastore": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
+    with SinkRuntime("sw-fresh", ParquetSink(str(tmp_path / "table")), progress=False,
+                     **fresh) as rt:
+        failed = _run_query(spark, rt, second_in, tmp_path / "ck-2").exception()
+        assert failed is not None and "ConfigError" in str(failed), failed
+        assert "metastore=" in str(failed) and "epoch_offset=4" in str(failed), failed
+    table = spark.read.schema("id long, s string").parquet(str(tmp_path / "table"))
+    assert table.count() == 400  # nothing of the refused query
+    with SinkRuntime("sw-fresh", ParquetSink(str(tmp_path / "table")), progress=False,
+                     epoch_offset=4, **fresh) as rt:
+        assert _run_query(spark, rt, second_in, tmp_path / "ck-2").exception() is None
+        assert rt.status().last_committed_epoch == 8
+    expected = spark.read.schema("id long, s string").parquet(str(first_in), str(second_in))
+    assert expected.count() == 10_400
+    assert_same_rows(expected, tmp_path / "table")
+
+
 # --- schema evolution: a DataFrame adding a column ------------------------------------
 
 

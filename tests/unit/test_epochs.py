@@ -27,6 +27,7 @@ from raysink.errors import (
     DataLossError,
     EpochRegressionError,
     FencedError,
+    MetaStoreError,
     SchemaMismatchError,
     SinkUnavailableError,
 )
@@ -51,7 +52,8 @@ class Harness:
     """A coordinator over two memory sinks, with what survives a crash kept outside it: the
     targets, and the meta store (``self.store``, an ``InMemoryMetaStore`` by default). With
     ``open_store``, the store is opened by it, and closed and opened again at every crash
-    (a SQLite file: what survives is what reached the file)."""
+    (a SQLite file: what survives is what reached the file). The driver (``holder``)
+    holds the runtime's lease; ``replace_driver`` hands it to a successor."""
 
     def __init__(self, sinks: tuple[str, ...] = ("a", "b"), max_pending: int = 2,
                  open_store: Callable[[], MetaStore] | None = None,
@@ -63,13 +65,20 @@ class Harness:
         self.epoch_offset: int | None = None
         self.evolution = dict(evolution or {})  # a sink's schema_evolution, "fail" if absent
         self.writers = WRITERS  # the layout a (re)started coordinator gets (rescale)
+        self.holder = "driver-1"
+        self.add: tuple[str, ...] = ()  # sinks a (re)start adds or drops on purpose
+        self.drop: tuple[str, ...] = ()
         self.core = self.boot()
 
     def boot(self) -> EpochCoordinator:
         sinks = {n: MemorySink(t).bind(RUNTIME, n) for n, t in self.targets.items()}
         for name, sink in sinks.items():
             sink.schema_evolution = self.evolution.get(name, "fail")
-        record = self.store.claim(RUNTIME, {n: "memory" for n in sinks})
+        lease = self.store.acquire_lease(RUNTIME, self.holder, {"driver": self.holder},
+                                         3600.0)  # the driver's, at its start
+        assert lease.holder == self.holder
+        record = self.store.claim(RUNTIME, {n: "memory" for n in sinks}, add=self.add,
+                                  drop=self.drop, holder=self.holder)
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
                                 bitmaps={n: assign(self.writers) for n in sinks},
@@ -83,6 +92,20 @@ class Harness:
         if self.open_store is not None:  # the coordinator's process and connection are gone
             self.store.close()
             self.store = self.open_store()
+        self.core = self.boot()
+
+    def replace_driver(self) -> None:
+        """The driver is gone (killed); a successor takes its lease over and starts a
+        coordinator of its own (a new generation). The old coordinator object is left as
+        it was (a zombie, for the caller to try)."""
+        old = self.holder
+        number = int(old.rsplit("-", 1)[1]) + 1
+        self.holder = f"driver-{number}"
+        if self.open_store is not None:
+            self.store = self.open_store()  # the successor's own connection
+        lease = self.store.acquire_lease(RUNTIME, self.holder, {"driver": self.holder},
+                                         3600.0, replace=old)
+        assert lease.holder == self.holder
         self.core = self.boot()
 
     def requests(self, epoch: int, attempt: int, rows: int = 3) -> list[CommitRequest]:
@@ -306,6 +329,25 @@ def test_commit_is_skipped_when_the_marker_is_there() -> None:
     assert h.core.skipped_sinks(1) == () or h.core.last_committed == 1
 
 
+def test_a_marker_of_the_epochs_own_decision_is_no_skip() -> None:
+    """Epoch 1 reached the target, then the coordinator crashed before recording it: the
+    next one finds the marker, and the target says the data is this decision's
+    (``holds_decision``): not a skip. Epoch 2's marker holds another decision's rows (another
+    driver's, with a meta store of its own): a skip."""
+    h = Harness(sinks=("a",))
+    assert h.precommit_all(1, h.core.open_epoch(1).attempt)
+    step = h.core.next_commit("a")
+    assert step is not None and not h.core.run_commit(step).skipped  # never recorded
+    h.crash()
+    assert not commit_sink(h.core, 1, "a").skipped
+    assert h.targets["a"].commits == 1
+    assert h.precommit_all(2, h.core.open_epoch(2).attempt)
+    h.targets["a"].marker = 2
+    h.targets["a"].visible.append((2, 99, 0))  # another decision's row
+    assert commit_sink(h.core, 2, "a").skipped
+    assert h.targets["a"].commits == 1
+
+
 def test_deleted_marker_while_pending_is_data_loss() -> None:
     h = Harness(sinks=("a",))
     h.write_epoch(1)
@@ -477,6 +519,48 @@ def test_markers_ahead_of_an_old_metastore_copy(tmp_path: Path) -> None:
     h.store.close()
 
 
+@pytest.mark.parametrize("offset", [None, 2, 5])
+def test_a_lagging_sink_over_a_fresh_store_is_named_and_refused(offset: int | None) -> None:
+    """'a' committed epochs 1-2 while 'b' stalled after epoch 1 (its epoch 2 still
+    pending), then the meta store was lost. A fresh store cannot roll 'b' forward: going
+    on after epoch 2 (``epoch_offset=2``, the highest marker) would leave 'b' without epoch
+    2 for good. Refused whatever the offset, naming 'b'; nothing is numbered."""
+    h = Harness()
+    h.write_epoch()
+    decision = h.core.open_epoch(None)
+    assert h.precommit_all(decision.epoch, decision.attempt)
+    commit_sink(h.core, 2, "a")
+    h.store = InMemoryMetaStore()
+    h.epoch_offset = offset
+    h.crash()
+    with pytest.raises(ConfigError, match="sink 'b' holds epoch 1") as refused:
+        h.core.open_epoch(None)
+    assert refused.value.sink == "b"
+    assert "metastore=" in str(refused.value), refused.value
+    with pytest.raises(ConfigError, match="sink 'b' holds epoch 1"):
+        h.core.check_alignment("query", epoch_offset=offset)
+    assert sorted({e for e, _, _ in h.targets["a"].visible}) == [1, 2]
+    assert sorted({e for e, _, _ in h.targets["b"].visible}) == [1]
+
+
+def test_a_new_query_over_a_fresh_store_is_refused_below_the_markers() -> None:
+    """A streaming query bound for the first time in a fresh store: its batch ids would
+    number epochs from 1, each skipped as committed. Refused unless ``epoch_offset``
+    is at least the targets' epoch; the message names both ways on."""
+    h = Harness()
+    for _ in range(3):
+        h.write_epoch()
+    h.store = InMemoryMetaStore()
+    h.crash()
+    for offset in (None, 0, 2):
+        with pytest.raises(ConfigError, match="epoch_offset=3") as refused:
+            h.core.check_alignment("query", epoch_offset=offset)
+        if offset is None:
+            assert "metastore=" in str(refused.value), refused.value
+            assert "streaming query" in str(refused.value), refused.value
+    h.core.check_alignment("query", epoch_offset=3)  # acknowledged
+
+
 def test_unreadable_marker_is_read_again_before_numbering() -> None:
     h = Harness()
     h.write_epoch()
@@ -507,6 +591,100 @@ def test_a_sink_ahead_of_a_stalled_one_survives_a_crash() -> None:
     assert h.core.last_committed == 2
     _visible_once(h, [1, 2])
     assert h.targets["a"].commits == 2 and h.targets["b"].commits == 2
+
+
+@pytest.mark.parametrize("readded", [False, True])
+def test_a_sink_added_while_an_epoch_is_pending_is_not_part_of_it(readded: bool) -> None:
+    """Epoch 2 is decided while 'a' cannot commit; the runtime restarts with sink 'b'
+    added (new, or dropped earlier and added back). 'b' was not part of epoch 2's
+    decision and has no record of it: epoch 2 rolls forward into 'a' alone (it used to
+    wedge: 'b''s commit worker found no record to mark COMMITTED and retried forever,
+    and backpressure then failed every write), and epoch 3 reaches both."""
+    h = Harness(sinks=("a", "b") if readded else ("a",))
+    h.write_epoch()
+    if readded:
+        b = h.targets.pop("b")
+        h.drop = ("b",)
+        h.crash()
+    h.targets["a"].fail_commits = 1_000
+    decision = h.core.open_epoch(None)
+    assert h.precommit_all(decision.epoch, decision.attempt)
+    with pytest.raises(ConnectionError):
+        commit_sink(h.core, 2, "a")
+    h.targets["b"] = b if readded else MemoryTarget()
+    h.add, h.drop = ("b",), ()
+    h.targets["a"].fail_commits = 0
+    h.crash()
+    assert h.core.pending_epochs() == [2]
+    assert h.core.next_commit("b") is None  # nothing of epoch 2 is 'b''s
+    h.commit_all()
+    assert h.core.last_committed == 2
+    assert h.write_epoch() == 3
+    assert sorted({e for e, _, _ in h.targets["a"].visible}) == [1, 2, 3]
+    assert sorted({e for e, _, _ in h.targets["b"].visible}) == ([1, 3] if readded else [3])
+
+
+class _StoreFailingCommitRecords(InMemoryMetaStore):
+    """Refuses the next ``failures`` COMMITTED records (a meta store that was down)."""
+
+    failures = 0
+
+    def put_committed(self, runtime: str, generation: int, epoch: int, sink: str, *,
+                      marked: bool = True) -> None:
+        if self.failures > 0:
+            self.failures -= 1
+            raise MetaStoreError("meta store unreachable (injected)", runtime=runtime)
+        super().put_committed(runtime, generation, epoch, sink, marked=marked)
+
+
+@pytest.mark.parametrize("failure", ["answer_lost", "record_failed"])
+def test_a_commit_retried_after_it_landed_is_no_skip(failure: str) -> None:
+    """The sink's commit of epoch 1 landed, but its answer was lost (or recording it
+    COMMITTED failed): the retry finds the epoch's marker. Those are this epoch's own
+    rows, committed once: the outcome is not *skipped* (``skipped_sinks`` used to name
+    the sink, as if its rows had not landed)."""
+    h = Harness(sinks=("a",))
+    store = _StoreFailingCommitRecords()
+    h.store = store
+    h.crash()
+    decision = h.core.open_epoch(None)
+    assert h.precommit_all(decision.epoch, decision.attempt)
+    step = h.core.next_commit("a")
+    assert step is not None
+    if failure == "answer_lost":
+        h.targets["a"].fail_after_commits = 1
+        with pytest.raises(ConnectionError):
+            h.core.run_commit(step)
+    else:
+        store.failures = 1
+        with pytest.raises(MetaStoreError):
+            h.core.record_commit(h.core.run_commit(step))
+    outcome = h.core.run_commit(step)
+    assert not outcome.skipped
+    h.core.record_commit(outcome)
+    assert h.core.skipped_sinks(1) == () and h.core.last_committed == 1
+    assert h.targets["a"].commits == 1
+    _visible_once(h, [1])
+
+
+def test_a_sweep_that_fails_never_reuses_the_attempt() -> None:
+    """The writers' attempt of an epoch failed and its sweep cannot reach a target: the
+    attempt still resolves ABORTED and its number counts as used (the epoch opened again
+    used to get the same attempt number, whose messages its writers drop as stale, so
+    every later write of it failed); the epoch is swept before it is opened again, and
+    while the target refuses that, opening it is a ``SinkUnavailableError``."""
+    h = Harness()
+    h.write_epoch()
+    decision = h.core.open_epoch(None)
+    h.targets["b"].fail_aborts = 2
+    assert h.core.resolve(decision.epoch) is Resolution.ABORTED
+    with pytest.raises(SinkUnavailableError, match="could not be swept"):
+        h.core.open_epoch(decision.epoch)
+    again = h.core.open_epoch(decision.epoch)
+    assert again.attempt > decision.attempt
+    assert h.precommit_all(again.epoch, again.attempt)
+    h.commit_all()
+    _visible_once(h, [1, 2])
 
 
 # --------------------------------------------------------------------------- schemas

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import threading
 
+import pytest
+
 from raysink.actors.mailbox import Mailbox, Verdict
 from raysink.coordinator.barrier import CheckpointBarrier
 
@@ -23,19 +25,64 @@ def _barrier(epoch: int) -> CheckpointBarrier:
 
 
 def test_two_feeds_align_before_the_epoch_is_sealed_ready() -> None:
-    """Each feed has its own sequence; the epoch is ready only once both feeds' barriers
-    arrived (in any order, before or after the seal) and their messages are applied."""
+    """Each feed has its own sequence; messages apply in order per feed whatever order
+    they arrive in, and the epoch is ready once both feeds' barriers arrived (in any
+    order) and their messages are applied."""
     box: Mailbox[str] = Mailbox()
     box.offer(1, 0, "a", 1, "a1")
     box.offer(1, 0, "b", 0, "b0")
     assert _apply_all(box) == ["b0"]  # a0 is missing: a1 waits
     box.close_feed(_barrier(1), 0, "b", 1)
-    box.seal(1, 0, ["a", "b"])
-    assert box.wait_sealed(1, 0, timeout=0.01) == "timeout"  # feed a not aligned yet
     box.offer(1, 0, "a", 0, "a0")
     assert _apply_all(box) == ["a0", "a1"]
-    assert box.wait_sealed(1, 0, timeout=0.01) == "timeout"
     box.close_feed(_barrier(1), 0, "a", 2)
+    box.seal(1, 0, ["a", "b"])
+    assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
+
+
+@pytest.mark.parametrize("missing", ["barrier", "message"])
+def test_a_seal_missing_what_its_feeds_sent_is_lost_at_once(missing: str) -> None:
+    """A seal comes only after its feeds closed, and a feed closes only once the writer
+    took its every message and its barrier. A writer restarted in between has lost them
+    with its previous process: the seal says so at once rather than waiting out the
+    barrier timeout (600 s by default) while the new process answers every ping."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, "a", 0, "a0")
+    if missing == "message":
+        box.offer(1, 0, "b", 1, "b1")  # b0 went to the writer's previous process
+        box.close_feed(_barrier(1), 0, "b", 2)
+    box.close_feed(_barrier(1), 0, "a", 1)
+    box.seal(1, 0, ["a", "b"])
+    assert box.wait_sealed(1, 0, timeout=30.0) == "lost"
+    slot = box.slots()[0]
+    assert slot.incomplete() == ["b"]
+
+
+def test_a_seal_over_a_subset_of_the_senders_is_refused() -> None:
+    """Feed "b" sent data but the seal names only "a" (``ep.commit(feeds=[a])``): "b"'s
+    rows were applied with "a"'s and cannot be taken back out, so the seal refuses."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, "a", 0, "a0")
+    box.offer(1, 0, "b", 0, "b0")
+    box.close_feed(_barrier(1), 0, "a", 1)
+    box.close_feed(_barrier(1), 0, "b", 1)
+    assert _apply_all(box) == ["a0", "b0"]
+    box.seal(1, 0, ["a"])
+    assert box.wait_sealed(1, 0, timeout=30.0) == "unsealed"
+    assert box.slots()[0].unsealed_senders() == ["b"]
+
+
+def test_a_seal_is_not_lost_while_its_messages_are_being_applied() -> None:
+    """Messages claimed for applying are neither waiting nor counted yet: still here."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, "a", 0, "a0")
+    box.offer(1, 0, "a", 1, "a1")
+    box.close_feed(_barrier(1), 0, "a", 2)
+    claimed = box.take_ready()
+    assert claimed is not None
+    box.seal(1, 0, ["a"])
+    assert box.slots()[0].incomplete() == []
+    box.applied(claimed[0], ["a", "a"], 0)
     assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
 
 
@@ -76,14 +123,16 @@ def test_a_new_attempt_replaces_the_old_one() -> None:
 
 def test_cancel_wakes_a_waiting_seal_and_drops_the_attempt() -> None:
     box: Mailbox[str] = Mailbox()
-    box.seal(1, 0, [0])
+    box.offer(1, 0, 0, 0, "e1")  # epoch 1 is current: epoch 2's seal waits for it
+    box.close_feed(_barrier(2), 0, 0, 0)
+    box.seal(2, 0, [0])
     outcome: list[str] = []
-    waiter = threading.Thread(target=lambda: outcome.append(box.wait_sealed(1, 0, 10.0)))
+    waiter = threading.Thread(target=lambda: outcome.append(box.wait_sealed(2, 0, 10.0)))
     waiter.start()
-    dropped = box.cancel(1, 0)
+    dropped = box.cancel(2, 0)
     waiter.join(timeout=5)
-    assert [s.key for s in dropped] == [(1, 0)] and outcome == ["stale"]
-    assert box.offer(1, 0, 0, 0, "late")[0] is Verdict.STALE
+    assert [s.key for s in dropped] == [(2, 0)] and outcome == ["stale"]
+    assert box.offer(2, 0, 0, 0, "late")[0] is Verdict.STALE
 
 
 def test_bytes_are_bounded_over_every_epoch_in_flight() -> None:
