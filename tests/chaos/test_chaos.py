@@ -9,7 +9,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import TrialEnv, TrialResult, run_trial
-from tests.chaos.plan import TrialSpec
+from tests.chaos.plan import SPARK_WAYS, TrialSpec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -31,7 +31,7 @@ def spark_sessions() -> Iterator[dict[str, Any]]:
 
 
 def _spark(trial: TrialSpec, holder: dict[str, Any]) -> Any:
-    if trial.via != "spark":
+    if trial.via not in SPARK_WAYS:
         return None
     if "session" not in holder:
         from raysink.spark import init_spark
