@@ -337,9 +337,10 @@ def print_summary(options: Options, out: Outcome, checks: dict[str, bool]) -> No
           f"in {out.stream_seconds:,.1f}s: {stream_rows / max(out.stream_seconds, 1e-9):,.0f} "
           f"rows/s, {stream.rewinds} rewinds" + (f", error {stream.error}" if stream.error
                                                    else ""))
-    print("  USS per process (MiB):        first     last     peak  baseline  final  growth")
+    print("  USS per process (MiB):              first     last     peak  baseline  final  "
+          "growth")
     for m in out.memory:
-        print(f"    {m.label:<26} {m.first_mib:8.1f} {m.last_mib:8.1f} {m.peak_mib:8.1f} "
+        print(f"    {m.label:<32} {m.first_mib:8.1f} {m.last_mib:8.1f} {m.peak_mib:8.1f} "
               f"{m.baseline_mib:8.1f} {m.final_mib:7.1f} {m.growth_mib:+7.1f} "
               f"({m.growth_pct:+.1f}%) {'ok' if m.ok else 'GROWING'}"
               + (f" restarted: pids {m.pids}" if len(m.pids) > 1 else ""))

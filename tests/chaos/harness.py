@@ -100,6 +100,8 @@ def run_trial(spec: TrialSpec, env: TrialEnv) -> TrialResult:
     finally:
         disarm_faults(spec.name)
         trial.way.close()
+        if trial.way.producer_errors:
+            trial.result.notes.append(f"producers' errors: {trial.way.producer_errors}")
         trial.result.seconds = round(time.monotonic() - started, 3)
     return trial.result
 
@@ -360,9 +362,7 @@ class _Trial:
         marker = self.dir / f"victim-{self.spec.fault_epoch}.pid"
         self.way.hold_next(str(self.spec.victim), marker)
         thread, box = run_in_thread(work)
-        if kill_marked(marker, 120.0, box, delay=self.spec.delay, note=self._inject):
-            self.result.notes.append(f"producers' errors: {self.way.producer_errors}")
-        else:
+        if not kill_marked(marker, 120.0, box, delay=self.spec.delay, note=self._inject):
             self.result.notes.append(f"the victim {self.spec.victim} never announced itself")
         self._join(thread, box)
 

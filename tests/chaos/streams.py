@@ -31,7 +31,7 @@ __all__ = ["StreamRun", "expected_rows"]
 
 log = logging.getLogger(__name__)
 
-_RUN_SECONDS = 240.0
+_RUN_SECONDS = 150.0
 _RESTART_SECONDS = 60.0
 
 
