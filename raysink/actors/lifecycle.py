@@ -63,8 +63,8 @@ log = logging.getLogger(__name__)
 _WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
 _WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "barrier",
                          "seal": "barrier"}
-_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "ping",
-                   "status")
+_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "finish",
+                   "ping", "status")
 _NAME_RELEASE_SECONDS = 10.0
 _REPLACE_NAME_WAIT = 0.3
 PING_TIMEOUT = 1.0
@@ -115,10 +115,13 @@ def _exists(name: str) -> bool:
     return True
 
 
-def _create(name: str, make: Callable[[str], Any]) -> tuple[str, Any]:
-    """``make(name)`` the actor; when Ray still holds the name (an actor that died in its
-    constructor, or one on a lost node, may keep it a while), under the first free
-    ``<name>.<n>``. Returns the name used and the handle."""
+def _create(name: str, make: Callable[[str], Any], *, runtime: str,
+            first: bool = False) -> tuple[str, Any]:
+    """``make(name)`` the actor. A replacement (not ``first``) whose name Ray still holds
+    (an actor that died in its constructor, or one on a lost node, may keep it a while) is
+    started under the first free ``<name>.<n>``. The ``first`` incarnation never is: Ray
+    registers a name atomically, so when it is taken another driver started the runtime
+    at the same moment (``RuntimeInUseError``). Returns the name used and the handle."""
     from ray.exceptions import ActorAlreadyExistsError
 
     for incarnation in range(64):
@@ -127,10 +130,20 @@ def _create(name: str, make: Callable[[str], Any]) -> tuple[str, Any]:
             continue
         try:
             return candidate, make(candidate)
-        except ActorAlreadyExistsError:
+        except ActorAlreadyExistsError as exc:
+            if first:
+                raise _in_use(name, runtime) from exc
             log.warning("the name %s is still taken; starting the actor under another",
                         candidate)
     raise RuntimeUnavailableError(f"no free name for a new incarnation of {name}")
+
+
+def _in_use(name: str, runtime: str) -> RuntimeInUseError:
+    return RuntimeInUseError(
+        f"an actor named {name!r} is live in this Ray cluster: the runtime is open in "
+        "another driver (one with another meta store, or none: the lease in a meta store "
+        "fences only the drivers that share it). Close it there, or pick another runtime "
+        "name", runtime=runtime)
 
 
 @dataclass(kw_only=True)
@@ -175,12 +188,11 @@ class ActorSet:
             for configs in self.writer_configs.values() for c in configs]
 
     def refuse_if_live(self) -> None:
+        """``RuntimeInUseError`` when an actor of the runtime is live in this Ray cluster
+        (a cheap check first; creating the actors checks again, atomically)."""
         for name in self.names():
             if _exists(name):
-                raise RuntimeInUseError(
-                    f"an actor named {name!r} is live in this Ray cluster: the runtime is open "
-                    "in another driver. Close it there, or pick another runtime name",
-                    runtime=self.runtime)
+                raise _in_use(name, self.runtime)
 
     def start(self, timeout: float = 300.0) -> None:
         """Start the coordinator and the writers where placement puts them, and wait (up
@@ -189,12 +201,12 @@ class ActorSet:
         self.refuse_if_live()
         self.view = self.view or ClusterView()
         try:
-            self.coordinator = self._start_coordinator()
+            self.coordinator = self._start_coordinator(first=True)
             self.writers = {sink: [] for sink in self.writer_configs}
             for index in range(self.writer_count):
                 self._index_nodes[index] = self._choose_node(index)
                 for sink in self.writer_configs:
-                    self.writers[sink].append(self._start_writer(sink, index))
+                    self.writers[sink].append(self._start_writer(sink, index, first=True))
         except BaseException:
             self.stop()
             raise
@@ -237,8 +249,9 @@ class ActorSet:
         options.update({"name": name, "namespace": NAMESPACE, "lifetime": None})
         return options
 
-    def _start_coordinator(self) -> Any:
-        """A new coordinator (a new generation: it claims the runtime in the meta store)."""
+    def _start_coordinator(self, first: bool = False) -> Any:
+        """A new coordinator (a new generation: it claims the runtime in the meta store);
+        ``first``: at ``start``, never under another name (see ``_create``)."""
         options_node: dict[str, Any] = {}
         if not self._user_schedules():
             node, hard = coordinator_node(self._cluster(), self.placement,
@@ -256,10 +269,11 @@ class ActorSet:
             return _remote_coordinator_class().options(**options).remote(
                 self.coordinator_config)
 
-        self._names[COORDINATOR], handle = _create(coordinator_name(self.runtime), make)
+        self._names[COORDINATOR], handle = _create(coordinator_name(self.runtime), make,
+                                                   runtime=self.runtime, first=first)
         return handle
 
-    def _start_writer(self, sink: str, index: int) -> Any:
+    def _start_writer(self, sink: str, index: int, first: bool = False) -> Any:
         config = self.writer_configs[sink][index]
         node = self._index_nodes.get(index)
 
@@ -274,7 +288,7 @@ class ActorSet:
             return _remote_writer_class().options(**options).remote(config)
 
         self._names[(sink, index)], handle = _create(
-            writer_name(self.runtime, sink, index), make)
+            writer_name(self.runtime, sink, index), make, runtime=self.runtime, first=first)
         return handle
 
     # ------------------------------------------------------------------ liveness

@@ -13,7 +13,8 @@ Writers report whether they can reach their target (``writer_health``): a writer
 cannot makes its sink ``stalled`` with the error until it can again.
 
 A restarted actor (Ray's restart after a crash) re-runs the constructor: it claims a new
-generation in the meta store, which fences the previous one, and recovers.
+generation in the meta store (only for the holder of the runtime's lease), which fences the
+previous one, and recovers.
 """
 
 from __future__ import annotations
@@ -77,8 +78,8 @@ class CoordinatorConfig:
     drop_sinks: tuple[str, ...] = ()
     epoch_offset: int | None = None
     warn_after: float = 5.0
-    """A sink commit still running after this many seconds logs a warning, and again
-    after each further period."""
+    """A sink commit running this many seconds logs a warning (again each period)."""
+    lease_holder: str | None = None  # the driver's lease: claims need it held
 
 
 class CoordinatorActor:
@@ -91,7 +92,7 @@ class CoordinatorActor:
         self._store = open_metastore(config.metastore, config.runtime)
         kinds = {name: sink.kind for name, sink in config.sinks.items()}
         record = self._store.claim(config.runtime, kinds, add=config.add_sinks,
-                                   drop=config.drop_sinks)
+                                   drop=config.drop_sinks, holder=config.lease_holder)
         self._dropped = tuple(record.dropped)
         bitmaps: dict[str, list[Bitmap]] = {
             name: assign(config.writers) for name in config.sinks}

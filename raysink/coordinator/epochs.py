@@ -110,8 +110,10 @@ class CommitStep:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitOutcome:
-    """One sink commit step done: skipped by its marker or committed; ``marked``: the
-    commit left the marker in the target."""
+    """One sink commit step done: committed, or ``skipped``: the target held the epoch
+    already and its data is not known to be this decision's (another driver's, with a
+    meta store of its own, or one the target cannot tell); ``marked``: the commit left the
+    marker in the target."""
 
     epoch: int
     sink: str
@@ -728,25 +730,36 @@ class EpochCoordinator:
         target = self.sinks[step.sink]
         key = (step.epoch, step.sink)
         with self._io[step.sink]:
-            # an earlier try of this commit in this process may have landed (its answer
-            # lost, or its record failed): the marker then shows this epoch's own rows,
-            # which is no skip
-            ours = key in self._tried
+            tried = key in self._tried
             marker = target.committed_epoch()
             self._check_marker_for_pending(step.sink, marker, step.epoch)
-            landed = marker is not None and marker >= step.epoch
-            skipped, marked = landed and not ours, True
-            if not landed:
+            held, marked = marker is not None and marker >= step.epoch, True
+            if not held:
                 self._tried.add(key)
                 started = time.monotonic()
                 result = target.commit(step.epoch, list(step.manifests))
                 marked = result is not CommitResult.NO_TARGET
-                skipped = result is CommitResult.ALREADY and not ours
+                held = result is CommitResult.ALREADY
                 log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
                           time.monotonic() - started, "" if marked else " (no target, no marker)")
+            skipped = held and not self._own_commit(target, step, tried)
             _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
                         sink=step.sink)
         return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=skipped, marked=marked)
+
+    def _own_commit(self, target: Sink, step: CommitStep, tried: bool) -> bool:
+        """Whether the data the target already holds as the step's epoch is this
+        decision's: a commit of it landed before (its answer lost, its record failed, or
+        its coordinator crashed before recording it), which is no skip. The target tells
+        (``Sink.holds_decision``: another driver of the runtime, with a meta store of its own, may
+        have committed other data as the epoch); where it cannot, whether this process
+        took the commit to it before (``tried``)."""
+        held = target.holds_decision(step.epoch, list(step.manifests))
+        if held is False:
+            log.warning("sink %s holds another decision of epoch %s (a driver of %s with a "
+                        "meta store of its own?): this one's rows are not written",
+                        step.sink, step.epoch, self.runtime)
+        return tried if held is None else held
 
     def record_commit(self, outcome: CommitOutcome) -> None:
         """Record one sink's commit COMMITTED; the epoch is complete once every sink is."""

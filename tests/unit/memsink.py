@@ -94,6 +94,14 @@ class MemorySink(Sink):
             raise ConnectionError("target unreachable (injected)")
         return self.target.marker
 
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the epoch's visible rows came from the attempt ``manifests`` staged
+        (``None``: no visible row of it to tell by)."""
+        attempts = {a for e, a, _ in self.target.visible if e == epoch}
+        if not attempts or not manifests:
+            return None
+        return attempts == {int(m["attempt"]) for m in manifests}
+
     def target_exists(self) -> bool:
         return self.target.exists
 
