@@ -66,13 +66,25 @@ def chaos_results(request: pytest.FixtureRequest) -> list[TrialResult]:
     return request.config.stash.setdefault(_RESULTS, [])
 
 
+def report_dir(config: pytest.Config) -> Path:
+    return Path(_option(config, "--chaos-report", _REPO / "bench" / "out" / "chaos"))
+
+
+@pytest.fixture(scope="session")
+def trial_log(request: pytest.FixtureRequest) -> Path:
+    """One JSON line per finished trial, appended as it ends (a long run that stops
+    half-way keeps what it found): ``trials-seed<N>.jsonl`` in the report directory."""
+    directory = report_dir(request.config)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"trials-seed{chaos_seed(request.config)}.jsonl"
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     results = config.stash.get(_RESULTS, [])
     if not results:
         return
     summary = summarise(results, seed=chaos_seed(config), trials=len(chaos_plan(config)))
-    directory = Path(_option(config, "--chaos-report", _REPO / "bench" / "out" / "chaos"))
-    json_path, md_path = write_report(summary, directory)
+    json_path, md_path = write_report(summary, report_dir(config))
     terminalreporter.write_sep("=", "raysink chaos report")
     terminalreporter.write_line(markdown(summary))
     terminalreporter.write_line(f"report: {json_path} and {md_path}")
