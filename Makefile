@@ -6,14 +6,26 @@ MINUTES ?= 5
 # The default run: unit, integration, spark, a seeded chaos sample and the cluster layer
 # (a multi-node Ray on this machine, run last); `slow` is left out.
 PYTEST_ARGS ?= -m "not slow"
+# `make check`: one short runtime test per sink (Parquet, Delta, Iceberg, PostgreSQL, Kafka),
+# each through real actors into its real target, after the unit tests.
+CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped \
+	tests/integration/test_sinks_runtime.py::test_epochs_replays_and_coordinator_crashes \
+	tests/kafka/test_kafka_sink.py::test_epochs_exactly_once
 
-.PHONY: setup test unit demo chaos bench soak lint typecheck dashboards
+.PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards
 
 setup:
 	@bash scripts/setup.sh
 
 test: setup
 	$(PY) -m pytest $(PYTEST_ARGS) -p no:cacheprovider --durations=25
+
+# The loop before every commit (at most 4 minutes): lint, types, unit tests, then one short
+# runtime test per sink.
+check: setup
+	$(VENV)/bin/ruff check raysink tests bench examples
+	$(VENV)/bin/mypy
+	$(PY) -m pytest -m "not slow" -p no:cacheprovider -q tests/unit $(CHECK_TESTS)
 
 unit: setup
 	$(PY) -m pytest -m unit -q
