@@ -63,7 +63,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks._staging import write_durably
+from raysink.sinks._files import write_durably
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 __all__ = [

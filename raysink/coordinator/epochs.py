@@ -815,8 +815,7 @@ def _manifest_schemas(manifests: Mapping[str, Sequence[Manifest]]) -> dict[str, 
     """Per sink, the union of the schemas its recovered manifests report."""
     found: dict[str, pa.Schema] = {}
     for name, listed in manifests.items():
-        schemas = [_schema.decode(text) for m in listed
-                   if isinstance(text := m.get("schema"), str)]
+        schemas = _schema.reported(listed)
         if schemas:
             try:
                 found[name] = _schema.union(schemas)
