@@ -16,19 +16,22 @@ import os
 import re
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from pathlib import Path
+from typing import Any, cast
 
 import pyarrow as pa
 import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raysink.sinks.base import staged_name
+from raysink.sinks.base import Manifest, staged_name
 
 __all__ = [
     "STAGED_FILE",
     "FileStore",
+    "FilesManifest",
     "epoch_dir",
+    "files_manifests",
     "fsync_dir",
     "makedirs",
     "new_unique",
@@ -39,6 +42,20 @@ __all__ = [
 
 STAGED_FILE = re.compile(r"e(\d{12})-a(\d{4})-w(\d{4})-[0-9a-f]{32}-\d{4}\.parquet")
 """The base name of every staged file."""
+
+
+class FilesManifest(Manifest, total=False):
+    """What a writer of a file-based sink staged: its files (``path``, ``rows``, size...;
+    a file's own ``schema``, encoded, when it is not the manifest's: its writer's batches
+    changed schema within the epoch)."""
+
+    files: list[dict[str, Any]]
+
+
+def files_manifests(manifests: Sequence[Manifest] | None) -> Sequence[FilesManifest]:
+    """The manifests the coordinator hands a file-based sink back, as its writers made
+    them."""
+    return cast("Sequence[FilesManifest]", manifests or ())
 
 
 def epoch_dir(root: str, epoch: int) -> str:

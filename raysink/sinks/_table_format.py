@@ -40,7 +40,15 @@ import pyarrow as pa
 
 from raysink import _schema
 from raysink.errors import MetaStoreError, SchemaMismatchError
-from raysink.sinks._files import STAGED_FILE, FileStore, epoch_dir, new_unique, staged_file
+from raysink.sinks._files import (
+    STAGED_FILE,
+    FilesManifest,
+    FileStore,
+    epoch_dir,
+    files_manifests,
+    new_unique,
+    staged_file,
+)
 from raysink.sinks._parquet_buffer import EncodedFile, ParquetBuffer
 from raysink.sinks.base import Manifest, Sink, SinkWriter
 
@@ -54,7 +62,7 @@ def file_schemas(manifests: Sequence[Manifest]) -> list[pa.Schema]:
     """The schemas the epoch's staged files were written in (a file's own, else its
     writer's), each once."""
     texts: dict[str, None] = {}
-    for m in manifests:
+    for m in files_manifests(manifests):
         for f in m.get("files") or []:
             text = f.get("schema", m.get("schema"))
             if isinstance(text, str):
@@ -116,7 +124,7 @@ class StagedFilesSink(Sink):
         """The manifests' file entries (copies), each a file staged for ``epoch`` under one
         of ``roots``; any other path is a ``MetaStoreError``, never followed."""
         dirs = {epoch_dir(root, epoch) for root in roots}
-        files = [dict(f) for m in manifests or () for f in m.get("files") or []]
+        files = [dict(f) for m in files_manifests(manifests) for f in m.get("files") or []]
         for f in files:
             path = str(f["path"])
             head, _, base = path.rpartition("/")
@@ -247,7 +255,7 @@ class StagedFilesWriter(SinkWriter):
                                       f"{epoch.schema}", **self._where)
         return batch
 
-    def pre_commit(self, epoch: int, attempt: int) -> Manifest:
+    def pre_commit(self, epoch: int, attempt: int) -> FilesManifest:
         """Upload the epoch's files under ``<root>/<epoch>/`` and describe them."""
         files: list[dict[str, Any]] = []
         size = 0

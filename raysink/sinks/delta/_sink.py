@@ -20,7 +20,7 @@ import pyarrow as pa
 from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
-from raysink.sinks._files import FileStore
+from raysink.sinks._files import FilesManifest, FileStore, files_manifests
 from raysink.sinks._table_format import StagedFilesSink, file_schemas
 from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.delta._table import (
@@ -332,7 +332,8 @@ class DeltaSink(StagedFilesSink):
         """The epoch's staged rows (cast up to ``schema``'s types), last row per key
         (manifest order, then row order)."""
         store = self._opts.store()
-        tables = [store.read_table(f["path"]) for m in manifests for f in m.get("files") or []]
+        tables = [store.read_table(f["path"]) for m in files_manifests(manifests)
+                  for f in m.get("files") or []]
         if not tables:
             return None
         if schema is not None:
@@ -400,7 +401,8 @@ class DeltaSink(StagedFilesSink):
         re-run of an evolving append keeps those the table references)."""
         if self._opts.mode != "upsert" and rewritten is not True:
             if rewritten is None and self._opts.evolving and files:
-                self.abort(epoch, [{"writer": -1, "rows": 0, "files": files}])
+                listed: FilesManifest = {"writer": -1, "rows": 0, "files": files}
+                self.abort(epoch, [listed])
             return
         self._delete_staged(epoch, [STAGING_PREFIX], [str(f["path"]) for f in files])
 

@@ -19,7 +19,7 @@ import pyarrow.parquet as pq
 
 from raysink import _schema
 from raysink.errors import SchemaMismatchError
-from raysink.sinks._files import fsync_dir, makedirs, rmtree
+from raysink.sinks._files import FilesManifest, fsync_dir, makedirs, rmtree
 from raysink.sinks._parquet_buffer import dictionary_columns
 from raysink.sinks.base import Manifest, SinkWriter, staged_name
 from raysink.sinks.parquet._layout import rmdir_if_empty
@@ -209,7 +209,7 @@ class ParquetSinkWriter(SinkWriter):
         self.flush()
         schema = self._written if self._evolving else self._schema
         files = self._stage_flushed(epoch, attempt, schema)
-        manifest: Manifest = {
+        manifest: FilesManifest = {
             "writer": self._writer_id,
             "epoch": epoch,
             "attempt": attempt,
