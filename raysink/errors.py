@@ -8,6 +8,7 @@
     ├── SchemaMismatchError           bad data: nothing of the epoch is written
     ├── EpochRegressionError          an epoch below one still in flight
     ├── StaleAttemptError             a request for an attempt that is no longer open
+    ├── StreamUnknownError            a coordinator that does not know the stream (internal)
     ├── BarrierOrderError (ValueError) an input broke the barrier protocol
     ├── BackpressureError             too many outstanding epochs, or a full mailbox
     ├── EpochFailedError              a write poisoned the epoch, or all attempts are used
@@ -48,6 +49,7 @@ __all__ = [
     "SinkUnavailableError",
     "StaleAttemptError",
     "StreamRewind",
+    "StreamUnknownError",
     "VnodeOverlapError",
 ]
 
@@ -179,6 +181,12 @@ class StreamRewind(RaySinkError):
 
     def _fields(self) -> dict[str, Any]:
         return {**super()._fields(), "committed": self.committed}
+
+
+class StreamUnknownError(RaySinkError):
+    """The coordinator does not know the runtime's continuous stream: it was replaced, or
+    restarted by Ray, since the stream began. The driver hands the stream over to it (its
+    producers rewind to the last decided epoch); it never reaches the user."""
 
 
 class SinkUnavailableError(RaySinkError):

@@ -28,6 +28,7 @@ from raysink._calls import ask, get, short, typed_errors
 from raysink._epoch import EpochDriver, EpochSettings
 from raysink._lease import LEASE_SECONDS, LeaseKeeper
 from raysink._options import rejects_unknown_options
+from raysink._stream import StreamController
 from raysink.actors.lifecycle import PING_TIMEOUT, ActorSet, coordinator_name
 from raysink.actors.placement import Placement
 from raysink.actors.writer import WriterConfig
@@ -45,7 +46,7 @@ from raysink.handle import EpochHandle
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
-from raysink.stream import StreamController, StreamFeed
+from raysink.stream import StreamFeed
 
 if TYPE_CHECKING:
     from raysink.coordinator.metastore.base import MetaStore
@@ -455,7 +456,10 @@ class SinkRuntime:
         if poll_interval <= 0:
             raise ConfigError(f"poll_interval must be > 0; got {poll_interval!r}",
                               runtime=self.name)
-        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval)
+        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval,
+                          route_number=self._stream.route,
+                          timeout=max(_START_SECONDS, 2 * self._options.commit_timeout
+                                      + self._options.feed_timeout))
 
     def _check_no_open_handle(self) -> None:
         if self._stream is not None:
@@ -535,7 +539,7 @@ class SinkRuntime:
     @typed_errors(RuntimeUnavailableError, "rescale")
     def rescale(self, *, writers: int) -> None:
         """Change the number of writers per sink between epochs, without closing the
-        runtime (nodes joined, or a stream needs more writers).
+        runtime (nodes joined, say).
 
         New writers start first (placed like the others) and must answer; then the
         coordinator takes the new layout (``set_layout``: each writer's vnode bitmap by
@@ -544,8 +548,10 @@ class SinkRuntime:
         routed by its vnode, so with a routing key all rows of a key still reach one
         writer in every epoch (its vnode's writer in the layout of that epoch). Refused
         with ``RescaleRefusedError``, changing nothing, while an epoch is being written
-        or recovered (or is still open at the coordinator); an actor that stopped
-        answering is replaced first."""
+        or recovered (or is still open at the coordinator), and while a continuous
+        stream runs: its producers write at every moment, by the layout they joined with
+        (close the runtime, open it with ``writers=N``, start the stream again); an actor
+        that stopped answering is replaced first."""
         if not isinstance(writers, int) or writers < 1:
             raise ConfigError(f"writers must be at least 1; got {writers!r}", runtime=self.name)
         actors = self._require_started()
@@ -555,6 +561,13 @@ class SinkRuntime:
             raise RescaleRefusedError(
                 f"{self._handle!r} is open for producers: commit or abort it, then rescale",
                 runtime=self.name, epoch=self._handle.epoch)
+        if self._stream is not None:
+            raise RescaleRefusedError(
+                "a continuous stream runs (rt.stream()): its producers write an epoch at "
+                "every moment, routed by the layout they joined with. To rescale, close "
+                "the runtime (rt.close() drains the stream), open it again with "
+                f"writers={writers} and start the stream again (producers resume from "
+                "feed.committed())", runtime=self.name)
         with self._epochs.exclusive():
             actors.heal()
             removed = actors.resize(self._writer_configs(writers), commit=lambda: self._ask(

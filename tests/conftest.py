@@ -75,6 +75,14 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _pg_server_running(request: pytest.FixtureRequest) -> None:
+    """The session's PostgreSQL is up when a test starts: a test that stopped it and failed
+    before starting it again costs that test only, not every later one."""
+    if "pg_server" in request.fixturenames:
+        request.getfixturevalue("pg_server").start()
+
+
 @pytest.fixture
 def name(request: pytest.FixtureRequest) -> Iterator[str]:
     """A runtime name no other test or session uses; its fault arms removed afterwards."""

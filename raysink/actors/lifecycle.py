@@ -43,6 +43,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -56,7 +57,7 @@ from raysink.actors.writer import NAMESPACE, SinkWriterActor, WriterConfig
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
 
-__all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "writer_name"]
+__all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
 
 log = logging.getLogger(__name__)
 
@@ -138,6 +139,33 @@ def _create(name: str, make: Callable[[str], Any], *, runtime: str,
     raise RuntimeUnavailableError(f"no free name for a new incarnation of {name}")
 
 
+def find_coordinator(runtime: str, wait: float = 5.0) -> Any | None:
+    """The runtime's current coordinator, for a process that lost it (a stream's
+    producer): of the live actors named ``<runtime>.coordinator`` or
+    ``<runtime>.coordinator.<n>`` (see ``_create``), the one that answers with the highest
+    generation (a replaced one that still answers has a lower one). ``None`` when none
+    answers within ``wait`` seconds."""
+    import ray
+
+    base = coordinator_name(runtime)
+    names = [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
+             if entry["namespace"] == NAMESPACE and (entry["name"] == base or (
+                 entry["name"].startswith(f"{base}.")
+                 and entry["name"][len(base) + 1:].isdigit()))]
+    best: tuple[int, Any] | None = None
+    for name in names:
+        try:
+            handle = ray.get_actor(name, namespace=NAMESPACE)
+            answer: Any = ray.get(handle.ping.remote(), timeout=wait)
+            generation = int(answer)
+        except Exception as exc:  # dead, or gone meanwhile
+            log.debug("coordinator candidate %s: %s", name, exc)
+            continue
+        if best is None or generation > best[0]:
+            best = (generation, handle)
+    return None if best is None else best[1]
+
+
 def _in_use(name: str, runtime: str) -> RuntimeInUseError:
     return RuntimeInUseError(
         f"an actor named {name!r} is live in this Ray cluster: the runtime is open in "
@@ -168,6 +196,8 @@ class ActorSet:
     _coordinator_node: str | None = None
     _probed: tuple[float, list[Key]] | None = None
     _retired_names: list[str] = field(default_factory=list)
+    # one heal at a time: a stream's ticks and the user's calls may both heal
+    _healing: threading.Lock = field(default_factory=threading.Lock, repr=False)
     metrics: DriverMetrics = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -373,7 +403,11 @@ class ActorSet:
     def heal(self, timeout: float = 60.0) -> list[str]:
         """Replace every dead actor, and every actor of a lost node, by a new
         incarnation, and wait (up to ``timeout``) until the new ones answer. Returns the
-        names of what was replaced."""
+        names of what was replaced. One heal at a time (a second one probes again)."""
+        with self._healing:
+            return self._heal(timeout)
+
+    def _heal(self, timeout: float) -> list[str]:
         silent = self._probe()
         if not silent:
             return []

@@ -221,6 +221,13 @@ class EpochCoordinator:
                  if e is not None]
         return max(known, default=None)
 
+    def decided_through(self) -> int | None:
+        """The highest epoch every sink holds or will hold: ``committed_through`` or a
+        PENDING epoch above it (decided: it only rolls forward, it is never given up)."""
+        known = [e for e in (self.committed_through(), *self.pending_epochs())
+                 if e is not None]
+        return max(known, default=None)
+
     def skipped_sinks(self, epoch: int) -> tuple[str, ...]:
         entry = self._epochs.get(epoch)
         return tuple(sorted(entry.skipped)) if entry else ()

@@ -26,7 +26,6 @@ import base64
 import contextlib
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -36,6 +35,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.ports import server_port
 
 __all__ = ["KafkaBroker", "kafka_broker", "kafka_home", "read_topic"]
 
@@ -54,13 +55,6 @@ def kafka_home() -> Path:
     return Path(result.stdout.strip().splitlines()[-1])
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 def _cluster_id() -> str:
     """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
     return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
@@ -77,8 +71,8 @@ class KafkaBroker:
     def __init__(self, home: Path | None = None, *, heap: str = "512m",
                  jit: bool = False, settings: dict[str, str] | None = None) -> None:
         self.home = home or kafka_home()
-        self.port = _free_port()
-        self.controller_port = _free_port()
+        self.port = server_port()
+        self.controller_port = server_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
         self.root = Path(tempfile.mkdtemp(prefix="raysink-kafka-", dir="/tmp"))
         self.log_dir = self.root / "data"
