@@ -63,7 +63,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks._staging import write_durably
+from raysink.sinks._files import FilesManifest, files_manifests, write_durably
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 __all__ = [
@@ -246,7 +246,7 @@ class ListSink(Sink):
     def _staged_paths(self, epoch: int, manifests: Sequence[Manifest]) -> list[Path]:
         staging = self._staging(epoch)
         paths = []
-        for manifest in manifests:
+        for manifest in files_manifests(manifests):
             for staged in manifest.get("files", []):
                 relative = staged.get("path")
                 pure = PurePosixPath(str(relative))
@@ -307,7 +307,7 @@ class ListSinkWriter(SinkWriter):
             tables = [pa.Table.from_batches([b]) for b in self._batches]
             write_durably(path, _ipc_bytes(pa.concat_tables(tables, promote_options="permissive")))
             files.append({"path": path.relative_to(self._sink.directory).as_posix()})
-        manifest: Manifest = {"writer": self._writer_id, "files": files, "rows": rows}
+        manifest: FilesManifest = {"writer": self._writer_id, "files": files, "rows": rows}
         self._batches, self._last = [], ((epoch, attempt), manifest)
         return manifest
 
