@@ -42,7 +42,14 @@ from tests.chaos.faults import (
 )
 from tests.chaos.plan import TrialSpec
 from tests.chaos.streams import StreamRun, expected_rows
-from tests.chaos.targets import build_sinks, commit_order, epoch_table, read_target, sink_specs
+from tests.chaos.targets import (
+    build_sinks,
+    commit_order,
+    epoch_table,
+    order_problems,
+    read_target,
+    sink_specs,
+)
 from tests.chaos.ways import ProducerFailed, WayIn
 
 __all__ = ["TrialEnv", "TrialResult", "run_trial"]
@@ -57,11 +64,13 @@ _FEED_TIMEOUT = 5.0  # a killed producer is found lost this soon
 
 @dataclass(kw_only=True)
 class TrialEnv:
-    """What trials share: a directory per trial, the Ray cluster, the PostgreSQL server."""
+    """What trials share: a directory per trial, the Ray cluster, the PostgreSQL server,
+    the Kafka broker (``tests.support.kafka.KafkaBroker``)."""
 
     root: Path
     ray_address: str
     pg: Any = None
+    kafka: Any = None
     spark: Any = None
     restart_spark: Any = None  # returns a fresh shared Spark session
 
@@ -128,6 +137,7 @@ class _Trial:
             self.specs = sink_specs(
                 self.spec.sink, self.dir, self.spec.name.replace("-", "_"), data_dir=data_dir,
                 pg_dsn=self.env.pg.dsn() if self.env.pg is not None else None,
+                kafka=self.env.kafka.bootstrap if self.env.kafka is not None else None,
                 two_sinks=self.spec.two_sinks, stall=self._stall())
             if self.spec.fault == "driver_kill":
                 self._driver_kill()
@@ -280,6 +290,8 @@ class _Trial:
             self._producer_kill(work)
         elif kind == "pg_restart":
             self._pg_restart(work)
+        elif kind == "broker_restart":
+            self._broker_restart(work)
         elif kind in ("fs_readonly", "fs_full"):
             if self.stream is not None:
                 self._filesystem_stream(rt, work)
@@ -374,6 +386,23 @@ class _Trial:
         def restart() -> str:
             pg.restart("immediate")
             return "postgres crash-restarted"
+
+        if self.spec.point is None:
+            self._after_delay(work, restart)
+        else:
+            self._point_then(work, restart)
+
+    # ------------------------------------------------------------------ Kafka broker restart
+
+    def _broker_restart(self, work: Callable[[], Any]) -> None:
+        """SIGKILL the broker's JVM and start it again on the same port and directory:
+        ``delay`` seconds into the epoch, or while the epoch is held at the trial's point
+        (a write in progress, or a decided epoch whose transactions are not committed)."""
+        broker = self.env.kafka
+
+        def restart() -> str:
+            took = broker.restart(kill=True)
+            return f"kafka broker SIGKILLed and restarted ({took:.1f} s)"
 
         if self.spec.point is None:
             self._after_delay(work, restart)
@@ -504,5 +533,6 @@ class _Trial:
         for name, spec in self.specs.items():
             rows = read_target(spec, self.env.pg)
             order = commit_order(spec, self.spec.name, name, self.env.pg)
-            self.result.checks.append(check(name, rows, expected, order,
-                                            must_commit=must_commit))
+            outcome = check(name, rows, expected, order, must_commit=must_commit)
+            outcome.problems += order_problems(spec, epochs=self.spec.via != "stream")
+            self.result.checks.append(outcome)
