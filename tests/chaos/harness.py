@@ -85,6 +85,8 @@ class TrialResult:
     notes: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     failure: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the trial's start to the end of each of its phases (where it spends)."""
 
     @property
     def ok(self) -> bool:
@@ -94,6 +96,7 @@ class TrialResult:
         return {"spec": self.spec, "fired": self.fired,
                 "recovery_seconds": self.recovery_seconds, "seconds": self.seconds,
                 "errors": self.errors, "notes": self.notes, "failure": self.failure,
+                "phases": self.phases,
                 "checks": [c.as_dict() for c in self.checks]}
 
 
@@ -128,6 +131,11 @@ class _Trial:
         self.way = WayIn(spec, env, self.dir)
         self.stream: StreamRun | None = None
         self.fault_epoch = spec.fault_epoch  # a stream's: counted from its first data
+        self._t0 = time.monotonic()
+
+    def phase(self, name: str) -> None:
+        """Note that phase ``name`` ended now."""
+        self.result.phases[name] = round(time.monotonic() - self._t0, 3)
 
     # ------------------------------------------------------------------ set-up
 
@@ -148,6 +156,7 @@ class _Trial:
             else:
                 self._in_process()
             self._check()
+            self.phase("checked")
 
     @contextlib.contextmanager
     def _data_dir(self, fs: bool) -> Iterator[Path | None]:
@@ -242,34 +251,43 @@ class _Trial:
 
     def _in_process(self) -> None:
         rt = self.runtime().start()
+        self.phase("runtime started")
         try:
             for epoch in range(1, self.spec.epochs + 1):
                 if epoch == self.spec.fault_epoch:
                     self._faulted(rt, epoch, lambda e=epoch: self.write(rt, e))
                 else:
                     self.write(rt, epoch)
+                self.phase(f"epoch {epoch}")
             self._wait_all_committed(rt)
         finally:
             rt.close()
+            self.phase("runtime closed")
 
     def _streamed(self, rt: SinkRuntime | None = None) -> None:
         """The stream's producers write while the fault happens; then it drains."""
         rt = rt or self.runtime().start()
+        self.phase("runtime started")
         try:
             self.stream = stream = StreamRun(rt, self.dir, self.spec.extra["stream"])
+            self.phase("producers started")
             if self.spec.fault == "driver_kill":
                 stream.run()
             else:
                 thread, box = run_in_thread(stream.run)
                 first = stream.first_data_epoch(120.0, box)
+                self.phase("first data")
                 # the fault comes in the next epoch or the one after (one the producers
                 # certainly write into, none sealed before the fault is armed)
                 self.fault_epoch = (first or 0) + 1 + (self.spec.fault_epoch - 1) % 2
                 self._faulted(rt, self.fault_epoch, lambda: self._join(thread, box))
+            self.phase("producers done")
         finally:
             rt.close()
+            self.phase("runtime closed")
             if self.stream is not None:
                 self.stream.stop()
+                self.phase("producers stopped")
         self.result.notes.append(f"stream: {self.stream.outcomes}, producer restarts "
                                  f"{self.stream.restarts}")
         if self.fault_at is not None:
