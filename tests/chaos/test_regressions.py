@@ -53,6 +53,7 @@ from pathlib import Path
 import pytest
 
 from raysink import EpochFailedError, SinkRuntime
+from raysink._lease import LeaseKeeper
 from raysink.sinks import DeltaSink, IcebergSink, ParquetSink, PostgresSink
 from raysink.sinks.base import Sink
 from raysink.testing import arm_fault
@@ -186,10 +187,11 @@ def test_unreachable_target_while_writers_start(pg_server: PostgresServer,
     sink.validate()
     pg_server.stop("immediate")
     try:
-        rt._check_metastore()
-        actors = rt._actor_set()
+        lease = LeaseKeeper(rt._check_metastore(), name, rt._options.lease_timeout)
+        lease.acquire()  # as start() does: the coordinator claims only for the holder
+        actors = rt._actor_set(lease.holder)
         actors.start()  # every writer's constructor meets the server down
-        rt._actors = actors
+        rt._actors, rt._lease = actors, lease
         try:
             assert actors.heal(timeout=10) == [], "a writer died in its constructor"
         finally:
