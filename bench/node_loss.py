@@ -4,7 +4,9 @@ Not a test. A four-node Ray on this machine (``tests.support.cluster.LocalCluste
 head, where the driver runs, and three workers, two of them labelled for the
 coordinator), a throwaway PostgreSQL server as the meta store (so the coordinator may
 leave the driver's node), one runtime: a ParquetSink, three writers (one per worker),
-the coordinator on a labelled worker. Each trial holds one epoch at a protocol point (a
+the coordinator on a labelled worker, so the coordinator's worker hosts a writer as well
+(the ``coord. node`` victim loses it after every writer pre-committed, the
+``coord.+writer node`` victim mid-write). Each trial holds one epoch at a protocol point (a
 ``sleep`` fault inside the victim) and then, the clock starting there:
 
 ============  ======================  =================================================
@@ -14,6 +16,9 @@ writer node   ``writer.during_write``  its worker removed without grace (raylet 
                                       process on it SIGKILLed; Ray lists the node alive
                                       until its health checks time out, 15-20 s)
 coord. node   ``coordinator.after_pending``  the coordinator's worker removed likewise
+coord.+writer ``writer.during_write``  the worker hosting both the coordinator and the
+  node                                held writer removed likewise (mid-epoch: the
+                                      attempt is lost with its coordinator)
 exec. node    ``spark.mid_pull``      (``rt.write(df)``) the worker of the RayDP
                                       executor a writer is about to pull from, removed
 writer proc   ``writer.during_write``  the writer's process SIGKILLed (Ray restarts it)
@@ -27,7 +32,8 @@ replaced by a fresh one (same labels) after the epoch. Each executor-node trial 
 Spark session of its own (three executors, one per worker), stopped before the lost
 worker is replaced (RayDP does not bring a lost executor back reliably; its start is not
 timed). At the end every target row is checked: each id exactly once.
-Prints n, p50, p90 and max per victim (target: node loss p50 < 5 s on this machine).
+Prints n, p50, p90 and max per victim (targets on this machine: node loss p50 < 5 s,
+writer process p50 < 2 s).
 
     .venv/bin/python bench/node_loss.py [--removals 10] [--kills 10] [--rows 20000]
         [--no-spark] [--only "executor node" ...]
@@ -71,8 +77,8 @@ NAME = "bench-nodeloss"
 LABELS = {"raysink": "coordinator"}
 WORKER_LABELS: list[dict[str, str]] = [LABELS, LABELS, {}]
 EXECUTORS = 3
-KINDS = ("writer node", "coordinator node", "executor node", "writer process",
-         "coordinator process")
+KINDS = ("writer node", "coordinator node", "coord+writer node", "executor node",
+         "writer process", "coordinator process")
 
 
 def epoch_table(epoch: int, rows: int) -> pa.Table:
@@ -150,19 +156,28 @@ class Bench:
                                         for i in range(6)], epoch=epoch)
 
         step = -(-self.rows // 6)
-        if kind.startswith("writer"):
-            return "writer.during_write", {"epoch": epoch, "writer": self._writer(),
+        if kind.startswith(("writer", "coord+writer")):
+            writer = self._writer(with_coordinator=kind.startswith("coord+writer"))
+            return "writer.during_write", {"epoch": epoch, "writer": writer,
                                            "sink": "main"}, arrow
         if kind.startswith("coordinator"):
             return "coordinator.after_pending", {"epoch": epoch}, arrow
         self._start_spark()
         return "spark.mid_pull", {}, lambda: self.rt.write(self._frame(epoch), epoch=epoch)
 
-    def _writer(self) -> int:
-        """A writer on a worker that does not host the coordinator."""
+    def _writer(self, *, with_coordinator: bool = False) -> int:
+        """A writer on a worker that does not host the coordinator (``with_coordinator``:
+        on the coordinator's worker)."""
         actors = self.rt._actors
         assert actors is not None
-        avoid = {actors.node_of(COORDINATOR), self.cluster.head}
+        coordinator = actors.node_of(COORDINATOR)
+        if with_coordinator:
+            shared = [k for k in range(actors.writer_count)
+                      if actors.node_of(("main", k)) == coordinator]
+            if not shared:
+                raise SystemExit("no writer shares the coordinator's node now")
+            return shared[0]
+        avoid = {coordinator, self.cluster.head}
         return next(k for k in range(actors.writer_count)
                     if actors.node_of(("main", k)) not in avoid)
 
@@ -170,7 +185,8 @@ class Bench:
         """Remove the victim's node (returns it) or SIGKILL its process (``None``)."""
         actors = self.rt._actors
         assert actors is not None
-        key = COORDINATOR if kind.startswith("coordinator") else ("main", when.get("writer"))
+        key = (COORDINATOR if kind.startswith(("coordinator", "coord+writer"))
+               else ("main", when.get("writer")))
         if kind.endswith("process"):
             handle = actors.coordinator if key == COORDINATOR else actors.writers["main"][
                 int(when["writer"])]
@@ -256,7 +272,8 @@ def report(kind: str, values: list[float]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--removals", type=int, default=10,
-                        help="node removals per kind (writer, coordinator, executor node)")
+                        help="node removals per kind (writer, coordinator, coordinator "
+                        "with a writer, executor node)")
     parser.add_argument("--kills", type=int, default=10,
                         help="process kills per kind (writer, coordinator process)")
     parser.add_argument("--rows", type=int, default=20_000, help="rows per epoch")
@@ -271,6 +288,7 @@ def main(argv: list[str] | None = None) -> int:
     pg = PostgresServer()
     results: dict[str, list[float]] = {kind: [] for kind in KINDS}
     counts = {"writer node": args.removals, "coordinator node": args.removals,
+              "coord+writer node": args.removals,
               "executor node": 0 if args.no_spark else args.removals,
               "writer process": args.kills, "coordinator process": args.kills}
     if args.only:

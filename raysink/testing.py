@@ -37,6 +37,7 @@ import pyarrow as pa
 from raysink import _schema
 from raysink._faults import (
     HANDOFF_POINTS,
+    LIFECYCLE_POINTS,
     POINTS,
     InjectedFault,
     _arm_path,
@@ -798,8 +799,9 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    if point not in POINTS + HANDOFF_POINTS:
-        raise ConfigError(f"unknown fault point {point!r}; one of {POINTS + HANDOFF_POINTS}")
+    points = POINTS + HANDOFF_POINTS + LIFECYCLE_POINTS
+    if point not in points:
+        raise ConfigError(f"unknown fault point {point!r}; one of {points}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:
@@ -817,7 +819,7 @@ def disarm_faults(runtime: str) -> None:
     fault injection is off."""
     if not enabled():
         return
-    for point in POINTS + HANDOFF_POINTS:
+    for point in POINTS + HANDOFF_POINTS + LIFECYCLE_POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)

@@ -18,11 +18,14 @@ the name, as it may for an actor on a lost node until it declares the node dead)
 does not answer within ``ping_timeout`` seconds is replaced only when its node does not
 accept a connection to its raylet either: the node is lost, and every actor placed there is
 replaced (one may still answer for a moment, its process not yet ended), on other nodes,
-and placement leaves the node out for a while. Silence on a node that answers is a busy
+and placement leaves the node out for a while; a node whose raylet refuses connections
+is lost at once, without waiting for pings. Silence on a node that answers is a busy
 actor, or one Ray is restarting there (in a second or two): it is left alone, since
 replacing a healthy writer would fail an epoch whose producers cannot feed it again (a
-Ray Data write, a feed). Then the epoch in flight is resolved and fed again to the new
-actors.
+Ray Data write, a feed). An actor Ray's GCS lists as restarting or starting
+(``raysink.actors.raystate``) is not pinged at all. Then the epoch in flight is resolved
+and fed again: ``heal`` waits for a new coordinator, not for new writers (the epoch
+driver feeds around a writer still starting, or waits for it when the epoch is keyed).
 
 Why a replaced actor that is still running somewhere (a zombie: its node cut off, not
 dead) cannot get anything committed: with the gathered protocol a writer never talks to
@@ -49,8 +52,9 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysink._calls import watched
+from raysink._calls import ask, watched
 from raysink._metrics import DriverMetrics
+from raysink.actors import raystate
 from raysink.actors.placement import ClusterView, Placement, affinity, coordinator_node
 from raysink.actors.writer import NAMESPACE, SinkWriterActor, WriterConfig
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
@@ -154,6 +158,7 @@ class ActorSet:
     _index_nodes: dict[int, str | None] = field(default_factory=dict)
     _coordinator_node: str | None = None
     _probed: tuple[float, list[Key]] | None = None
+    _starting: set[Key] = field(default_factory=set)  # seen (re)starting, until they answer
     _retired_names: list[str] = field(default_factory=list)
     metrics: DriverMetrics = field(init=False, repr=False)
 
@@ -199,7 +204,7 @@ class ActorSet:
             self.stop()
             raise
         if self._await_answers(self._handles(), timeout):
-            self.heal(timeout)  # one could not start (its node lost meanwhile, say)
+            self.heal(timeout, writers=True)  # one could not start (its node lost, say)
 
     # ------------------------------------------------------------------ placement
 
@@ -320,24 +325,95 @@ class ActorSet:
         return failed, [key for key, ref in refs.items() if ref not in ready]
 
     def _probe(self) -> list[Key]:
-        """The actors to replace: those whose ping failed (dead), and, when one did not
-        answer within ``ping_timeout`` and its node's raylet does not answer either,
-        every actor on that node (the node is lost: an actor there may still answer for
-        a moment, its process not yet ended, but it is doomed). Such a node is left out
-        of placement for a while. An actor that is only silent, on a node that answers,
-        is busy or being restarted by Ray: left alone. A result is reused for
-        ``ping_timeout`` seconds."""
+        """The actors to replace: those whose ping failed (dead), and every actor of a
+        lost node: one whose raylet refuses connections, or does not answer when an actor
+        there did not answer a ping within ``ping_timeout`` (an actor there may still
+        answer for a moment, its process not yet ended, but it is doomed). Such a node is
+        left out of placement for a while. An actor Ray is (re)starting (its GCS says so)
+        is not pinged: its ping would only come back once it is up. It, and one that is
+        only silent, on a node that answers, is left alone (busy, or being restarted by
+        Ray). A result is reused for ``ping_timeout`` seconds."""
         now = time.monotonic()
         if self._probed is not None and now - self._probed[0] < self.ping_timeout:
             return list(self._probed[1])
         handles = self._handles()
-        failed, quiet = self._ping(handles, self.ping_timeout)
         view = self._cluster()
-        lost = {node for node in {self.node_of(k) for k in failed + quiet}
-                if node is not None and node != view.driver_node and view.lost(node)}
+        starting = self._keys_in(raystate.STARTING)
+        self._starting = set(starting)
+        refused = {node for node in {self.node_of(k) for k in handles}
+                   if node is not None and node != view.driver_node and view.refuses(node)}
+        failed, quiet = self._ping({k: h for k, h in handles.items() if k not in starting
+                                    and self.node_of(k) not in refused}, self.ping_timeout)
+        lost = refused | {node for node in {self.node_of(k) for k in failed + quiet + starting}
+                          if node is not None and node != view.driver_node
+                          and node not in refused and view.lost(node)}
         replace = failed + [k for k in handles if k not in failed and self.node_of(k) in lost]
         self._probed = (time.monotonic(), replace)
         return replace
+
+    # ------------------------------------------------------------------ Ray's view
+
+    def _keys_in(self, states: frozenset[str]) -> list[Key]:
+        """The actors of the set in one of ``states`` (``raysink.actors.raystate``)."""
+        ids = raystate.actors_in(states)
+        if not ids:
+            return []
+        return [key for key, handle in self._handles().items()
+                if handle._actor_id.binary() in ids]
+
+    def starting_writers(self) -> frozenset[int]:
+        """Writer indexes (of any sink) whose actor Ray is still restarting or starting,
+        among those seen so (by a probe, or replaced by ``heal``): the GCS is asked only
+        while there are such writers, and forgets them once they are up."""
+        if not self._starting - {COORDINATOR}:
+            return frozenset()
+        now = set(self._keys_in(raystate.STARTING))
+        self._starting &= now
+        return frozenset(index for key in self._starting - {COORDINATOR} for _, index in [key])
+
+    def await_writers(self, indexes: frozenset[int], timeout: float) -> None:
+        """Wait (up to ``timeout``) until the writers of ``indexes`` answer a ping; a call
+        sent while Ray restarts an actor fails once the actor is back, so nothing is sent
+        to a restarting writer before this."""
+        for sink, handles in self.writers.items():
+            for index in sorted(indexes):
+                ask(handles[index].ping.remote, what=f"writer {index} of {sink} starting",
+                    timeout=timeout, runtime=self.runtime)
+
+    def check_calls(self, refs: list[Any]) -> None:
+        """The quick check while the epoch driver waits for ``refs``:
+        ``RuntimeUnavailableError`` as soon as an actor one of them went to is being
+        restarted by Ray (the call is lost with its process: it would fail too, but only
+        once Ray gathered the details of the death) or sits on a node whose raylet
+        refuses connections (lost), or is the coordinator and dead. One or two GCS
+        requests, and a connection to the raylet of each node involved."""
+        targets = {raystate.target_of(ref) for ref in refs}
+        keys = [key for key, handle in self._handles().items()
+                if handle._actor_id.binary() in targets]
+        if not keys:
+            return
+        view = self._cluster()
+        lost = [key for key in keys if (node := self.node_of(key)) is not None
+                and node != view.driver_node and view.refuses(node)]
+        restarting = [k for k in self._keys_in(raystate.RESTARTING) if k in keys]
+        self._starting.update(restarting)
+        if COORDINATOR in keys and raystate.state_of(self.coordinator) == "DEAD":
+            restarting.append(COORDINATOR)  # Ray does not restart it: the driver replaces it
+        if lost or restarting:
+            names = [self._names.get(k, str(k)) for k in lost + restarting]
+            raise RuntimeUnavailableError(
+                f"{', '.join(names)} lost its process (restarting, or its node is gone) "
+                "with calls of this attempt: the attempt is given up", runtime=self.runtime)
+
+    def waitable(self, refs: list[Any]) -> tuple[list[Any], list[Any]]:
+        """Split calls of a failed attempt into those that end soon (to a current actor
+        that is up) and the others (to an actor replaced since, or (re)starting: such a
+        call ends only when Ray is done with it, seconds later). Asks the GCS afresh."""
+        self._starting.update(self._keys_in(raystate.STARTING))
+        ready = {handle._actor_id.binary() for key, handle in self._handles().items()
+                 if key not in self._starting}
+        soon = [ref for ref in refs if raystate.target_of(ref) in ready]
+        return soon, [ref for ref in refs if raystate.target_of(ref) not in ready]
 
     def check_responsive(self) -> None:
         """``RuntimeUnavailableError`` naming the actors to replace (dead, or on a lost
@@ -354,12 +430,14 @@ class ActorSet:
     def watching(self) -> AbstractContextManager[None]:
         """Within the block, waits of the epoch driver end with ``RuntimeUnavailableError``
         as soon as an actor stops answering (see ``raysink._calls.watched``)."""
-        return watched(self.check_responsive)
+        return watched(self.check_responsive, self.check_calls)
 
-    def heal(self, timeout: float = 60.0) -> list[str]:
+    def heal(self, timeout: float = 60.0, *, writers: bool = False) -> list[str]:
         """Replace every dead actor, and every actor of a lost node, by a new
-        incarnation, and wait (up to ``timeout``) until the new ones answer. Returns the
-        names of what was replaced."""
+        incarnation, and wait (up to ``timeout``) until a new coordinator answers (new
+        writers too with ``writers``; else the epoch driver sends around a writer still
+        starting, or waits for it: ``starting_writers``). Returns the names of what was
+        replaced."""
         silent = self._probe()
         if not silent:
             return []
@@ -367,16 +445,18 @@ class ActorSet:
         self.metrics.replaced("coordinator" if key == COORDINATOR else "writer" for key in silent)
         if COORDINATOR in silent:
             self.coordinator = self._start_coordinator()
-        writers = [key for key in silent if key != COORDINATOR]
-        for index in sorted({index for _, index in writers}):
+        new = [key for key in silent if key != COORDINATOR]
+        for index in sorted({index for _, index in new}):
             node = self._index_nodes.get(index)
             if node is None or self._cluster().is_suspect(node):
                 self._index_nodes[index] = self._choose_node(index)
-        for sink, index in writers:
+        for sink, index in new:
             self.writers[sink][index] = self._start_writer(sink, index)
         self._probed = None
+        self._starting.update(new)
         replaced = [self._names[key] for key in silent]
-        late = self._await_answers({k: h for k, h in self._handles().items() if k in silent},
+        awaited = silent if writers else [k for k in silent if k == COORDINATOR]
+        late = self._await_answers({k: h for k, h in self._handles().items() if k in awaited},
                                    timeout)
         log.warning("%s: replaced actors that did not answer: %s%s", self.runtime, replaced,
                     f" (not answering yet: {late})" if late else "")

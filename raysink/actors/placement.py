@@ -126,6 +126,7 @@ class ClusterView:
         self._driver_node = driver_node
         self._fixed = None if nodes is None else list(nodes)
         self._suspects = _suspects if suspects is None else suspects
+        self._rows: tuple[float, dict[str, Mapping[str, Any]]] | None = None
 
     @property
     def driver_node(self) -> str:
@@ -175,6 +176,24 @@ class ClusterView:
         if gone:
             self.suspect(node)
         return gone
+
+    def refuses(self, node: str) -> bool:
+        """Whether ``node``'s raylet refuses a connection now (nothing listens on its port:
+        the node is lost, and becomes suspect). Unlike ``lost``, a slow answer does not
+        count and Ray's node list is read at most every ``REACH_TTL`` seconds, so this is
+        cheap enough to ask while waiting for every call."""
+        row = self._row(node)
+        if row is None or not _raylet_refuses(row):
+            return False
+        self.suspect(node)
+        return True
+
+    def _row(self, node: str) -> Mapping[str, Any] | None:
+        now = time.monotonic()
+        if self._rows is None or now - self._rows[0] >= REACH_TTL or node not in self._rows[1]:
+            rows = self._fixed if self._fixed is not None else _ray_nodes()
+            self._rows = (now, {str(r["NodeID"]): r for r in rows})
+        return self._rows[1].get(node)
 
     def is_suspect(self, node: str) -> bool:
         with _lock:
@@ -253,6 +272,21 @@ def _raylet_answers(row: Mapping[str, Any], *, fresh: bool = False) -> bool:
     with _lock:
         _reached[node] = (time.monotonic(), answered)
     return answered
+
+
+def _raylet_refuses(row: Mapping[str, Any]) -> bool:
+    """Whether the node's raylet port refuses a connection now (a row without an address,
+    in tests, never does). A connection that is slow to open does not count."""
+    address, port = row.get("NodeManagerAddress"), row.get("NodeManagerPort")
+    if not address or not port:
+        return False
+    try:
+        with socket.create_connection((str(address), int(port)), timeout=REACH_TIMEOUT):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 
 
 def _ray_nodes() -> list[dict[str, Any]]:

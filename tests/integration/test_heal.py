@@ -1,16 +1,23 @@
 """``heal`` on one node: a dead actor is replaced by a new incarnation; one that is only
 slow to answer a ping, on a node whose raylet answers, is left alone (a busy or
-restarting actor: replacing it would fail an epoch its producers cannot feed again)."""
+restarting actor: replacing it would fail an epoch its producers cannot feed again).
+
+A writer Ray is restarting after a SIGKILL mid-epoch (held in its restart by a ``sleep``
+at ``writer.start``): the retry of an epoch without a routing key goes around it; a keyed
+retry waits for it instead of sending calls that Ray fails once the writer is back."""
 
 from __future__ import annotations
 
+import re
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 import ray
 
 from raysink import SinkRuntime
+from raysink.testing import arm_fault, fired
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import ParquetTarget, assert_ids_exact
 
@@ -50,4 +57,61 @@ def test_a_slow_actor_is_left_alone_and_a_dead_one_replaced(tmp_path: Path,
         replaced = actors.heal(timeout=30)
         assert len(replaced) == 1 and replaced[0].startswith(f"{name}.main.writer-1")
         assert rt.write_arrow(epoch_table(2, ROWS)).committed
+    assert_ids_exact(target.ids(), [1, 2], ROWS)
+
+
+def _halves(epoch: int) -> list[Any]:
+    """Two tables, one per writer (a small table would go whole to one writer)."""
+    table = epoch_table(epoch, ROWS)
+    return [table.slice(0, ROWS // 2), table.slice(ROWS // 2)]
+
+
+def _writers_of(target: ParquetTarget, epoch: int) -> set[int]:
+    """The writers whose files hold ``epoch``'s committed rows (``-w<k>`` in the names)."""
+    pattern = re.compile(rf"e{epoch:012d}-a\d{{4}}-w(\d{{4}})-")
+    return {int(m.group(1)) for f in target.path.glob("*.parquet")
+            if (m := pattern.search(f.name))}
+
+
+def _kill_writer_0_held_in_restart(name: str, epoch: int, seconds: float) -> None:
+    """Writer 0 SIGKILLs itself mid-write of ``epoch``; Ray's restart of it then sleeps
+    ``seconds`` in its constructor."""
+    arm_fault(name, "writer.start", action="sleep", seconds=seconds,
+              when={"writer": 0, "sink": "main"})
+    arm_fault(name, "writer.during_write", action="kill",
+              when={"epoch": epoch, "writer": 0, "sink": "main"})
+
+
+def test_an_unkeyed_retry_goes_around_a_writer_ray_is_restarting(tmp_path: Path,
+                                                                 name: str) -> None:
+    """Before: the retry's writes went to writer 0 while Ray restarted it, and Ray failed
+    them once it was back (another attempt lost, every attempt when the restart is slow)."""
+    target = ParquetTarget(tmp_path / "table")
+    with SinkRuntime(name, target.sink(), writers=2, progress=False,
+                     metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        for epoch in (1, 2):
+            assert rt.write_arrow(_halves(epoch)).committed
+        _kill_writer_0_held_in_restart(name, 3, seconds=8.0)
+        report = rt.write_arrow(_halves(3))
+        assert fired(name, "writer.during_write")
+        assert report.committed and report.attempts == 2
+        assert _writers_of(target, 3) == {1}, "the retry did not go around writer 0"
+        assert rt.write_arrow(_halves(4)).committed
+    assert_ids_exact(target.ids(), [1, 2, 3, 4], ROWS)
+
+
+def test_a_keyed_retry_waits_for_a_writer_ray_is_restarting(tmp_path: Path,
+                                                            name: str) -> None:
+    """Rows of a key belong to one writer: the retry waits until writer 0 answers, then
+    feeds it. Before: its calls failed while Ray restarted it, and a restart slower than
+    the attempts failed the epoch (EpochFailedError)."""
+    target = ParquetTarget(tmp_path / "table")
+    with SinkRuntime(name, target.sink(), writers=2, progress=False, key=["id"],
+                     metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        _kill_writer_0_held_in_restart(name, 2, seconds=4.0)
+        report = rt.write_arrow(epoch_table(2, ROWS))
+        assert fired(name, "writer.during_write") and fired(name, "writer.start")
+        assert report.committed and report.attempts == 2
+        assert _writers_of(target, 2) == {0, 1}
     assert_ids_exact(target.ids(), [1, 2], ROWS)
