@@ -112,6 +112,11 @@ class Bench:
     def trial(self, kind: str) -> float:
         """One epoch held at its point while the victim is lost; seconds from the loss
         to the epoch committed."""
+        actors = self.rt._actors
+        assert actors is not None
+        # every writer up first: an epoch goes around a writer Ray is still restarting (a
+        # previous trial's victim), and a victim held there must get its data
+        actors.await_writers(actors.starting_writers(), timeout=120)
         self.epoch += 1
         epoch = self.epoch
         point, when, write = self._plan(kind, epoch)

@@ -126,7 +126,9 @@ class EpochDriver:
         known, so the data goes at once and the open travels with the commit requests
         (one meta store transaction records both). Any other epoch is opened first."""
         with self._epoch_running():
-            return self._run(actors, epoch, plan)
+            report = self._run(actors, epoch, plan)
+        actors.tend_standby()
+        return report
 
     def _run(self, actors: ActorSet, epoch: int | None,
              plan: _feed.FeedPlan) -> EpochReport:

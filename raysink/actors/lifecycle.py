@@ -6,8 +6,9 @@ the Ray namespace ``raysink``, named ``<runtime>.coordinator`` and
 die with the driver. Where they run: ``raysink.actors.placement`` (writers spread over the
 nodes, the coordinator on the driver's node). Writers restart after a crash
 (``max_restarts=-1``; in-flight calls fail, ``max_task_retries=0``). The coordinator is
-not restarted by Ray: the driver re-creates it (``heal``), so a new coordinator always
-starts with the current writer layout (``rescale`` changes it).
+not restarted by Ray: the driver re-creates it (``heal``) with the current writer layout
+(``rescale`` changes it), or a standby started ahead takes over when node labels pin the
+coordinator (``raysink.actors.standby``: no process start while the epoch waits).
 
 Replacing what does not answer (``heal``). Ray declares a lost node dead only after its
 health checks time out (15-20 s with the defaults), and until then an actor there is
@@ -18,14 +19,14 @@ the name, as it may for an actor on a lost node until it declares the node dead)
 does not answer within ``ping_timeout`` seconds is replaced only when its node does not
 accept a connection to its raylet either: the node is lost, and every actor placed there is
 replaced (one may still answer for a moment, its process not yet ended), on other nodes,
-and placement leaves the node out for a while; a node whose raylet refuses connections
-is lost at once, without waiting for pings. Silence on a node that answers is a busy
-actor, or one Ray is restarting there (in a second or two): it is left alone, since
-replacing a healthy writer would fail an epoch whose producers cannot feed it again (a
-Ray Data write, a feed). An actor Ray's GCS lists as restarting or starting
-(``raysink.actors.raystate``) is not pinged at all. Then the epoch in flight is resolved
-and fed again: ``heal`` waits for a new coordinator, not for new writers (the epoch
-driver feeds around a writer still starting, or waits for it when the epoch is keyed).
+and placement leaves the node out for a while (at once, unpinged, when the raylet refuses
+connections). Silence on a node that answers is a busy actor, or one Ray is restarting
+there (in a second or two): it is left alone, since replacing a healthy writer would fail
+an epoch whose producers cannot feed it again (a Ray Data write, a feed); one Ray's GCS
+lists as (re)starting (``raysink.actors.raystate``) is not pinged at all. Then the epoch
+in flight is resolved and fed again: ``heal`` waits for a new coordinator, not for new
+writers (the epoch driver feeds around a writer still starting, or waits for it when the
+epoch is keyed).
 
 Why a replaced actor that is still running somewhere (a zombie: its node cut off, not
 dead) cannot get anything committed: with the gathered protocol a writer never talks to
@@ -44,7 +45,6 @@ idempotent by the target's marker).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import time
 from collections.abc import Callable, Mapping
@@ -56,23 +56,22 @@ from raysink._calls import ask, watched
 from raysink._metrics import DriverMetrics
 from raysink.actors import raystate
 from raysink.actors.placement import ClusterView, Placement, affinity, coordinator_node
-from raysink.actors.writer import NAMESPACE, SinkWriterActor, WriterConfig
-from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
+from raysink.actors.remote import coordinator_class, writer_class
+from raysink.actors.standby import take_over
+from raysink.actors.writer import NAMESPACE, WriterConfig
+from raysink.coordinator.coordinator import CoordinatorConfig
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
 
 __all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "writer_name"]
 
 log = logging.getLogger(__name__)
 
-_WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
-_WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "barrier",
-                         "seal": "barrier"}
-_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "ping",
-                   "status")
 _NAME_RELEASE_SECONDS = 10.0
 _REPLACE_NAME_WAIT = 0.3
 PING_TIMEOUT = 1.0
 """Seconds an actor may take to answer a ping before ``heal`` replaces it."""
+STANDBY_CHECK = 2.0
+"""Seconds between looks for a better node for a standby coordinator (``tend_standby``)."""
 
 Key = tuple[str, int]
 """An actor of the set: ``(sink, writer index)``, or ``COORDINATOR``."""
@@ -85,28 +84,6 @@ def coordinator_name(runtime: str) -> str:
 
 def writer_name(runtime: str, sink: str, index: int) -> str:
     return f"{runtime}.{sink}.writer-{index}"
-
-
-@functools.cache
-def _remote_writer_class() -> Any:
-    """The writer as a Ray actor class, made once per process: Ray exports a class to the
-    cluster once per job, but disassembles it again for each new ``ray.remote`` of it
-    (about 60 ms of driver CPU per writer started, measured with 16 writers)."""
-    import ray
-
-    for method in _WRITER_METHODS:
-        group = _WRITER_METHOD_GROUPS.get(method, "control")
-        ray.method(concurrency_group=group)(getattr(SinkWriterActor, method))
-    remote = ray.remote(concurrency_groups=_WRITER_GROUPS)  # type: ignore[call-overload]
-    return remote(SinkWriterActor)
-
-
-@functools.cache
-def _remote_coordinator_class() -> Any:
-    """The coordinator as a Ray actor class, made once per process (see the writer's)."""
-    import ray
-
-    return ray.remote(CoordinatorActor)
 
 
 def _exists(name: str) -> bool:
@@ -159,6 +136,8 @@ class ActorSet:
     _coordinator_node: str | None = None
     _probed: tuple[float, list[Key]] | None = None
     _starting: set[Key] = field(default_factory=set)  # seen (re)starting, until they answer
+    _standby: tuple[str, str | None, Any] | None = None  # name, node, handle
+    _standby_looked: float = 0.0
     _retired_names: list[str] = field(default_factory=list)
     metrics: DriverMetrics = field(init=False, repr=False)
 
@@ -205,6 +184,7 @@ class ActorSet:
             raise
         if self._await_answers(self._handles(), timeout):
             self.heal(timeout, writers=True)  # one could not start (its node lost, say)
+        self._keep_standby()
 
     # ------------------------------------------------------------------ placement
 
@@ -242,14 +222,16 @@ class ActorSet:
         options.update({"name": name, "namespace": NAMESPACE, "lifetime": None})
         return options
 
-    def _start_coordinator(self) -> Any:
-        """A new coordinator (a new generation: it claims the runtime in the meta store)."""
+    def _start_coordinator(self, *, standby: bool = False) -> Any:
+        """A new coordinator (a new generation: it claims the runtime in the meta store);
+        ``standby``: a standby (``_standby``) on another node its labels allow."""
         options_node: dict[str, Any] = {}
+        node: str | None = None
         if not self._user_schedules():
             node, hard = coordinator_node(self._cluster(), self.placement,
                                           self.coordinator_config.metastore or "sqlite:",
-                                          self.runtime)
-            self._coordinator_node = node
+                                          self.runtime,
+                                          avoid=self._coordinator_node if standby else None)
             options_node = affinity(node, soft=not hard)
 
         def make(name: str) -> Any:
@@ -258,11 +240,59 @@ class ActorSet:
                 options["max_restarts"] = 0  # the driver re-creates it with the current layout
             options["max_concurrency"] = 1000
             options.update(options_node)
-            return _remote_coordinator_class().options(**options).remote(
+            return coordinator_class(standby).options(**options).remote(
                 self.coordinator_config)
 
-        self._names[COORDINATOR], handle = _create(coordinator_name(self.runtime), make)
+        suffix = "-standby" if standby else ""
+        name, handle = _create(coordinator_name(self.runtime) + suffix, make)
+        if standby:
+            self._standby = (name, node, handle)
+        else:
+            self._names[COORDINATOR], self._coordinator_node = name, node
         return handle
+
+    def _keep_standby(self) -> None:
+        """A standby coordinator when node labels pin the coordinator (not waited for)."""
+        if (self._standby is not None or self.placement.coordinator_on_driver
+                or self._user_schedules()):
+            return
+        try:
+            self._start_coordinator(standby=True)
+        except Exception as exc:  # the runtime goes on without one
+            log.warning("%s: no standby coordinator: %s", self.runtime, exc)
+
+    def tend_standby(self) -> None:
+        """Between epochs: a standby that shares the coordinator's node (no other node
+        matched when it started: one was just lost, say), or none, is started on another
+        matching node once there is one. Looked for at most every ``STANDBY_CHECK`` s."""
+        standby, now = self._standby, time.monotonic()
+        if (self.placement.coordinator_on_driver or self._user_schedules()
+                or (standby is not None and standby[1] != self._coordinator_node)
+                or now - self._standby_looked < STANDBY_CHECK):
+            return
+        self._standby_looked = now
+        if standby is not None:
+            node, _ = coordinator_node(self._cluster(), self.placement,
+                                       self.coordinator_config.metastore or "sqlite:",
+                                       self.runtime, avoid=self._coordinator_node)
+            if node == self._coordinator_node:
+                return
+            self._standby = None
+            self.end([standby[2]])
+        self._keep_standby()
+
+    def _replace_coordinator(self, timeout: float) -> Any:
+        """The standby coordinator once it took over (unless its node is suspect); else,
+        or when it cannot, a new coordinator."""
+        if self._standby is not None:
+            (name, node, handle), self._standby = self._standby, None
+            if (node is None or not self._cluster().is_suspect(node)) and take_over(
+                    handle, self.coordinator_config, ping_timeout=self.ping_timeout,
+                    timeout=timeout):
+                self._names[COORDINATOR], self._coordinator_node = name, node
+                return handle
+            self.end([handle])
+        return self._start_coordinator()
 
     def _start_writer(self, sink: str, index: int) -> Any:
         config = self.writer_configs[sink][index]
@@ -276,7 +306,7 @@ class ActorSet:
                 options["resources"] = resources
             if node is not None:
                 options.update(affinity(node, soft=False))
-            return _remote_writer_class().options(**options).remote(config)
+            return writer_class().options(**options).remote(config)
 
         self._names[(sink, index)], handle = _create(
             writer_name(self.runtime, sink, index), make)
@@ -326,19 +356,18 @@ class ActorSet:
 
     def _probe(self) -> list[Key]:
         """The actors to replace: those whose ping failed (dead), and every actor of a
-        lost node: one whose raylet refuses connections, or does not answer when an actor
-        there did not answer a ping within ``ping_timeout`` (an actor there may still
-        answer for a moment, its process not yet ended, but it is doomed). Such a node is
-        left out of placement for a while. An actor Ray is (re)starting (its GCS says so)
-        is not pinged: its ping would only come back once it is up. It, and one that is
-        only silent, on a node that answers, is left alone (busy, or being restarted by
-        Ray). A result is reused for ``ping_timeout`` seconds."""
+        lost node (left out of placement for a while): its raylet refuses connections, or
+        does not answer when an actor there was silent for ``ping_timeout`` (one there may
+        answer a moment longer, but it is doomed). An actor Ray's GCS says it is
+        (re)starting is not pinged (the ping would come back only once it is up); it, and
+        a silent one on a node that answers, are left alone (busy, or restarted by Ray).
+        A result is reused for ``ping_timeout`` seconds."""
         now = time.monotonic()
         if self._probed is not None and now - self._probed[0] < self.ping_timeout:
             return list(self._probed[1])
         handles = self._handles()
         view = self._cluster()
-        starting = self._keys_in(raystate.STARTING)
+        starting = raystate.keys_in(self._handles(), raystate.STARTING)
         self._starting = set(starting)
         refused = {node for node in {self.node_of(k) for k in handles}
                    if node is not None and node != view.driver_node and view.refuses(node)}
@@ -353,28 +382,19 @@ class ActorSet:
 
     # ------------------------------------------------------------------ Ray's view
 
-    def _keys_in(self, states: frozenset[str]) -> list[Key]:
-        """The actors of the set in one of ``states`` (``raysink.actors.raystate``)."""
-        ids = raystate.actors_in(states)
-        if not ids:
-            return []
-        return [key for key, handle in self._handles().items()
-                if handle._actor_id.binary() in ids]
-
     def starting_writers(self) -> frozenset[int]:
         """Writer indexes (of any sink) whose actor Ray is still restarting or starting,
         among those seen so (by a probe, or replaced by ``heal``): the GCS is asked only
         while there are such writers, and forgets them once they are up."""
         if not self._starting - {COORDINATOR}:
             return frozenset()
-        now = set(self._keys_in(raystate.STARTING))
+        now = set(raystate.keys_in(self._handles(), raystate.STARTING))
         self._starting &= now
         return frozenset(index for key in self._starting - {COORDINATOR} for _, index in [key])
 
     def await_writers(self, indexes: frozenset[int], timeout: float) -> None:
-        """Wait (up to ``timeout``) until the writers of ``indexes`` answer a ping; a call
-        sent while Ray restarts an actor fails once the actor is back, so nothing is sent
-        to a restarting writer before this."""
+        """Wait (up to ``timeout``) until the writers of ``indexes`` answer a ping (a call
+        sent while Ray restarts an actor fails once the actor is back)."""
         for sink, handles in self.writers.items():
             for index in sorted(indexes):
                 ask(handles[index].ping.remote, what=f"writer {index} of {sink} starting",
@@ -382,20 +402,18 @@ class ActorSet:
 
     def check_calls(self, refs: list[Any]) -> None:
         """The quick check while the epoch driver waits for ``refs``:
-        ``RuntimeUnavailableError`` as soon as an actor one of them went to is being
-        restarted by Ray (the call is lost with its process: it would fail too, but only
-        once Ray gathered the details of the death) or sits on a node whose raylet
-        refuses connections (lost), or is the coordinator and dead. One or two GCS
-        requests, and a connection to the raylet of each node involved."""
-        targets = {raystate.target_of(ref) for ref in refs}
-        keys = [key for key, handle in self._handles().items()
-                if handle._actor_id.binary() in targets]
+        ``RuntimeUnavailableError`` once an actor they went to is being restarted by Ray
+        (the call is lost: Ray fails it only after gathering the details of the death),
+        sits on a node whose raylet refuses connections, or is the coordinator and dead.
+        One or two GCS requests, a connection to each node's raylet."""
+        handles = self._handles()
+        keys = raystate.targeted(handles, refs)
         if not keys:
             return
         view = self._cluster()
         lost = [key for key in keys if (node := self.node_of(key)) is not None
                 and node != view.driver_node and view.refuses(node)]
-        restarting = [k for k in self._keys_in(raystate.RESTARTING) if k in keys]
+        restarting = raystate.keys_in({k: handles[k] for k in keys}, raystate.RESTARTING)
         self._starting.update(restarting)
         if COORDINATOR in keys and raystate.state_of(self.coordinator) == "DEAD":
             restarting.append(COORDINATOR)  # Ray does not restart it: the driver replaces it
@@ -406,14 +424,12 @@ class ActorSet:
                 "with calls of this attempt: the attempt is given up", runtime=self.runtime)
 
     def waitable(self, refs: list[Any]) -> tuple[list[Any], list[Any]]:
-        """Split calls of a failed attempt into those that end soon (to a current actor
-        that is up) and the others (to an actor replaced since, or (re)starting: such a
-        call ends only when Ray is done with it, seconds later). Asks the GCS afresh."""
-        self._starting.update(self._keys_in(raystate.STARTING))
-        ready = {handle._actor_id.binary() for key, handle in self._handles().items()
-                 if key not in self._starting}
-        soon = [ref for ref in refs if raystate.target_of(ref) in ready]
-        return soon, [ref for ref in refs if raystate.target_of(ref) not in ready]
+        """Calls of a failed attempt that end soon (to a current actor that is up), and
+        the others (to one replaced since, or (re)starting); asks the GCS afresh."""
+        handles = self._handles()
+        self._starting.update(raystate.keys_in(handles, raystate.STARTING))
+        return raystate.split_calls(refs, [h for k, h in handles.items()
+                                           if k not in self._starting])
 
     def check_responsive(self) -> None:
         """``RuntimeUnavailableError`` naming the actors to replace (dead, or on a lost
@@ -433,18 +449,17 @@ class ActorSet:
         return watched(self.check_responsive, self.check_calls)
 
     def heal(self, timeout: float = 60.0, *, writers: bool = False) -> list[str]:
-        """Replace every dead actor, and every actor of a lost node, by a new
-        incarnation, and wait (up to ``timeout``) until a new coordinator answers (new
-        writers too with ``writers``; else the epoch driver sends around a writer still
-        starting, or waits for it: ``starting_writers``). Returns the names of what was
-        replaced."""
+        """Replace every dead actor, and every actor of a lost node, by a new incarnation
+        (the standby takes a coordinator's place), and wait (up to ``timeout``) until a
+        new coordinator answers; new writers too with ``writers`` (else the epoch driver
+        goes around a writer still starting, or waits for it). Returns what was replaced."""
         silent = self._probe()
         if not silent:
             return []
         self._retire(silent)
         self.metrics.replaced("coordinator" if key == COORDINATOR else "writer" for key in silent)
         if COORDINATOR in silent:
-            self.coordinator = self._start_coordinator()
+            self.coordinator = self._replace_coordinator(timeout)
         new = [key for key in silent if key != COORDINATOR]
         for index in sorted({index for _, index in new}):
             node = self._index_nodes.get(index)
@@ -460,6 +475,7 @@ class ActorSet:
                                    timeout)
         log.warning("%s: replaced actors that did not answer: %s%s", self.runtime, replaced,
                     f" (not answering yet: {late})" if late else "")
+        self._keep_standby()
         return replaced
 
     def _retire(self, keys: list[Key]) -> None:
@@ -555,8 +571,9 @@ class ActorSet:
         closes its sinks and meta store), so ending the processes drops nothing open.
         (Ray frees the name of a killed actor at once, of one that exits on its own only
         seconds later.)"""
-        self.end([self.coordinator, *self.all_writers()])
-        for name in self._names.values():
+        standby, self._standby = self._standby, None
+        self.end([self.coordinator, *self.all_writers(), standby and standby[2]])
+        for name in [*self._names.values(), *(standby[:1] if standby else [])]:
             _await_name_free(name)
         self.coordinator = None
         self.writers = {}

@@ -226,12 +226,13 @@ def affinity(node: str, *, soft: bool) -> dict[str, Any]:
 
 
 def coordinator_node(view: ClusterView, placement: Placement, metastore: str,
-                     runtime: str) -> tuple[str, bool]:
+                     runtime: str, avoid: str | None = None) -> tuple[str, bool]:
     """The coordinator's node and whether the affinity is hard.
 
     On the driver's node by default; hard there with SQLite on more than one node (with
-    a warning), soft otherwise. Labels: the first matching node, hard; refused with the
-    SQLite meta store on a cluster (its file is on the driver's node)."""
+    a warning), soft otherwise. Labels: the first matching node other than ``avoid``
+    (``avoid`` when no other matches), hard; refused with the SQLite meta store on a
+    cluster (its file is on the driver's node)."""
     nodes = view.size()
     sqlite = is_sqlite(metastore)
     if placement.coordinator_on_driver:
@@ -250,7 +251,7 @@ def coordinator_node(view: ClusterView, placement: Placement, metastore: str,
             f"the driver's node, but the meta store {metastore} is a SQLite file on the "
             "driver's node: use a PostgreSQL meta store (metastore='postgresql://...') or "
             "coordinator='driver'", runtime=runtime)
-    return view.choose({}, labels, {}), True
+    return view.choose({avoid: 1} if avoid else {}, labels, {}), True
 
 
 def _raylet_answers(row: Mapping[str, Any], *, fresh: bool = False) -> bool:

@@ -16,10 +16,13 @@ Nothing here calls an actor.
 from __future__ import annotations
 
 import logging
-from collections.abc import Iterable
-from typing import Any
+from collections.abc import Iterable, Mapping
+from typing import Any, TypeVar
 
-__all__ = ["RESTARTING", "STARTING", "actors_in", "state_of", "target_of"]
+__all__ = ["RESTARTING", "STARTING", "actors_in", "keys_in", "split_calls", "state_of",
+           "target_of", "targeted"]
+
+K = TypeVar("K")
 
 log = logging.getLogger(__name__)
 
@@ -67,3 +70,22 @@ def target_of(ref: Any) -> bytes | None:
     except Exception:
         return None
     return None if actor.is_nil() else bytes(actor.binary())
+
+
+def keys_in(handles: Mapping[K, Any], states: Iterable[str]) -> list[K]:
+    """The keys of the ``handles`` whose actor is in one of ``states`` now."""
+    ids = actors_in(states)
+    return [key for key, handle in handles.items() if handle._actor_id.binary() in ids]
+
+
+def targeted(handles: Mapping[K, Any], refs: Iterable[Any]) -> list[K]:
+    """The keys of the ``handles`` that calls ``refs`` went to."""
+    targets = {target_of(ref) for ref in refs}
+    return [key for key, handle in handles.items() if handle._actor_id.binary() in targets]
+
+
+def split_calls(refs: list[Any], up: Iterable[Any]) -> tuple[list[Any], list[Any]]:
+    """The calls to one of the actors ``up`` (handles), and the others."""
+    ids = {handle._actor_id.binary() for handle in up}
+    return ([ref for ref in refs if target_of(ref) in ids],
+            [ref for ref in refs if target_of(ref) not in ids])

@@ -4,7 +4,10 @@ restarting actor: replacing it would fail an epoch its producers cannot feed aga
 
 A writer Ray is restarting after a SIGKILL mid-epoch (held in its restart by a ``sleep``
 at ``writer.start``): the retry of an epoch without a routing key goes around it; a keyed
-retry waits for it instead of sending calls that Ray fails once the writer is back."""
+retry waits for it instead of sending calls that Ray fails once the writer is back.
+
+With node labels for the coordinator, a standby coordinator takes over a lost one (and a
+new coordinator is started when the standby is gone too)."""
 
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Any
 import pytest
 import ray
 
-from raysink import SinkRuntime
+from raysink import Placement, SinkRuntime
 from raysink.testing import arm_fault, fired
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import ParquetTarget, assert_ids_exact
@@ -115,3 +118,30 @@ def test_a_keyed_retry_waits_for_a_writer_ray_is_restarting(tmp_path: Path,
         assert report.committed and report.attempts == 2
         assert _writers_of(target, 2) == {0, 1}
     assert_ids_exact(target.ids(), [1, 2], ROWS)
+
+
+def test_a_standby_coordinator_takes_over(tmp_path: Path, name: str) -> None:
+    """Labels pin the coordinator (here: this node's id), so a standby waits beside it: a
+    coordinator killed with its epoch PENDING is followed by the standby (which rolls the
+    epoch forward, a standby of its own behind it); with that standby gone as well, a new
+    coordinator is started."""
+    target = ParquetTarget(tmp_path / "table")
+    here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
+    with SinkRuntime(name, target.sink(), writers=2, progress=False,
+                     placement=Placement(coordinator=here),
+                     metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        assert rt.write_arrow(_halves(1)).committed
+        actors = rt._actors
+        assert actors is not None and actors._standby is not None
+        standby = actors._standby[2]
+        assert ray.get(standby.ping.remote(), timeout=120) == 0  # up, not yet the coordinator
+        arm_fault(name, "coordinator.after_pending", action="kill", when={"epoch": 2})
+        assert rt.write_arrow(_halves(2)).committed
+        assert actors.coordinator is standby
+        assert actors._standby is not None and actors._standby[2] is not standby
+        ray.kill(actors._standby[2], no_restart=True)
+        arm_fault(name, "coordinator.after_pending", action="kill", when={"epoch": 3})
+        assert rt.write_arrow(_halves(3)).committed
+        assert actors.coordinator is not standby
+        assert "-standby" not in actors._names[("", -1)]  # a coordinator started anew
+    assert_ids_exact(target.ids(), [1, 2, 3], ROWS)
