@@ -260,8 +260,8 @@ class ProducerBody:
         self.first_of: dict[int, int] = {}  # epoch -> the first id written into it
         self.writing, self.closing = Spans(), Spans()
         Feed.write = self.writing.wrap(Feed.write)  # type: ignore[method-assign]
-        StreamFeed._close_part = self.closing.wrap(  # type: ignore[method-assign]
-            StreamFeed._close_part)
+        StreamFeed._close_claimed = self.closing.wrap(  # type: ignore[method-assign]
+            StreamFeed._close_claimed)
 
     def ready(self) -> bool:
         return True

@@ -16,6 +16,21 @@ epoch, and follows raysink's contract for streams:
 - when the source ends, ``feed.wait_committed()`` before stopping: a rewind until then
   still needs the producer's rows.
 
+``C`` is the last epoch *decided* when the producer's later writes were dropped: a
+decided epoch (committed, or decided and still committing) is never given up. The same
+handling covers every failure; what the runtime does meanwhile:
+
+- a writer killed (Ray restarts it) or replaced (the runtime re-creates it): the epochs it
+  held data of fail, the stream rewinds; a write whose send failed raises
+  ``StreamRewind`` (never Ray's error) once it did, and later writes go to the writers as
+  they are now;
+- the coordinator lost: the driver re-creates it and hands the stream over; the feed
+  finds the new one, and every producer rewinds to the last epoch decided before the
+  loss;
+- ``rt.rescale()`` is refused while the stream runs (``RescaleRefusedError``): close the
+  runtime, open it with ``writers=N``, start the stream again; producers resume from
+  ``feed.committed()``.
+
 Run: ``python examples/replayable_stream.py /tmp/replayable`` (local Ray, a Parquet
 table, a SQLite meta store under that directory).
 """

@@ -316,12 +316,16 @@ class EpochDriver:
 
     def _visible(self, epoch: int, rows: int, attempts: int, started: float,
                  outcome: CommitWait) -> EpochReport:
+        """The report of a decided epoch. Skipped by every sink (each held the epoch
+        already, from a decision not known to be this one): ``skipped``, no rows written;
+        by some: ``skipped_sinks`` names them, the rows went to the others."""
         if not outcome.committed:
             log.warning("%s: epoch %s is decided but not yet visible after %.0fs (%s); it "
                         "will roll forward", self.name, epoch, self._options.commit_timeout,
                         dict(outcome.errors))
-        return self._report(epoch, rows, outcome.committed, False, outcome.skipped_sinks,
-                            attempts, started)
+        skipped = len(set(outcome.skipped_sinks)) >= self.sinks
+        return self._report(epoch, 0 if skipped else rows, outcome.committed, skipped,
+                            outcome.skipped_sinks, attempts, started)
 
     def _committed(self, actors: ActorSet, epoch: int) -> CommitWait:
         """Wait (up to ``commit_timeout``) for a decided epoch to be visible."""

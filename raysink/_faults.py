@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_VAR", "HANDOFF_POINTS", "LIFECYCLE_POINTS", "POINTS", "InjectedFault",
-           "enabled", "fault_dir", "hit"]
+__all__ = ["ENV_VAR", "HANDOFF_POINTS", "LIFECYCLE_POINTS", "POINTS", "SINK_POINTS",
+           "InjectedFault", "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -68,6 +68,16 @@ LIFECYCLE_POINTS = (
 """Points of an actor's life, outside any epoch: ``writer.start``, a writer's process is
 starting it (its constructor, before anything; context ``writer``, ``sink``). A ``sleep``
 there holds a writer that Ray restarts, or the runtime replaces, in its (re)start."""
+
+
+SINK_POINTS = (
+    "kafka.before_finish",
+)
+"""Points inside one sink's commit, apart from the protocol's: ``kafka.before_finish``, a
+``KafkaSink`` commit began (its committer claimed the epoch) and has not asked any writer
+to commit the transaction it holds (context ``sink``, ``epoch``). Unlike
+``coordinator.after_pending``, whose ``sleep`` lets the commit run meanwhile, a ``sleep``
+here holds the epoch decided and uncommitted."""
 
 
 class InjectedFault(RuntimeError):

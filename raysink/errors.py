@@ -8,13 +8,14 @@
     ├── SchemaMismatchError           bad data: nothing of the epoch is written
     ├── EpochRegressionError          an epoch below one still in flight
     ├── StaleAttemptError             a request for an attempt that is no longer open
+    ├── StreamUnknownError            a coordinator that does not know the stream (internal)
     ├── BarrierOrderError (ValueError) an input broke the barrier protocol
     ├── BackpressureError             too many outstanding epochs, or a full mailbox
     ├── EpochFailedError              a write poisoned the epoch, or all attempts are used
     ├── SinkUnavailableError          target unreachable, refused, or holding something else
     ├── DataLossError                 a committed target or a pending marker disappeared
     ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink
-    ├── RuntimeInUseError             a runtime with this name is live elsewhere
+    ├── RuntimeInUseError             a runtime with this name is open in another driver
     ├── RuntimeUnavailableError       the runtime's actors could not be reached in time
     ├── RescaleRefusedError           a rescale while an epoch is in flight or actors recover
     └── FencedError                   a newer coordinator generation wrote first
@@ -28,6 +29,7 @@ boundaries by pickling, so each keeps its fields in ``args``-independent ``__red
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from typing import Any
 
 __all__ = [
@@ -47,6 +49,7 @@ __all__ = [
     "SinkUnavailableError",
     "StaleAttemptError",
     "StreamRewind",
+    "StreamUnknownError",
     "VnodeOverlapError",
 ]
 
@@ -180,6 +183,12 @@ class StreamRewind(RaySinkError):
         return {**super()._fields(), "committed": self.committed}
 
 
+class StreamUnknownError(RaySinkError):
+    """The coordinator does not know the runtime's continuous stream: it was replaced, or
+    restarted by Ray, since the stream began. The driver hands the stream over to it (its
+    producers rewind to the last decided epoch); it never reaches the user."""
+
+
 class SinkUnavailableError(RaySinkError):
     """The target is unreachable, refuses authentication or permission, or its path holds
     something else; or a Spark partition fetch timed out."""
@@ -196,7 +205,27 @@ class MetaStoreError(RaySinkError):
 
 
 class RuntimeInUseError(RaySinkError):
-    """A runtime with this name is live in the connected Ray cluster."""
+    """A runtime with this name is open in another driver: its lease in the meta store is
+    held by ``holder`` (what that driver said of itself: host, pid, Ray address) until
+    ``until`` (seconds since the Unix epoch, the meta store's clock), or its actors are live
+    in the connected Ray cluster."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        holder: Mapping[str, Any] | None = None,
+        until: float | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.holder = dict(holder) if holder is not None else None
+        self.until = until
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "holder": self.holder, "until": self.until}
 
 
 class RuntimeUnavailableError(RaySinkError):

@@ -14,7 +14,14 @@ SinkState = Literal["starting", "running", "stalled", "paused", "dropped"]
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class EpochReport:
-    """What one ``write*`` call did."""
+    """What one ``write*`` call did.
+
+    ``committed``: the epoch is visible in every sink (or, ``False``, decided and rolling
+    forward). ``skipped``: none of this call's rows were written, because every sink held
+    the epoch already (a replay of an epoch committed before, or one another driver of
+    the runtime committed with other data); ``skipped_sinks`` names the sinks that held
+    it. ``rows``: the rows written (counted once, whatever the sinks), 0 when skipped; with
+    some sinks skipped, the rows written to the others."""
 
     epoch: int
     rows: int

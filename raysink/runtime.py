@@ -26,7 +26,9 @@ from typing import TYPE_CHECKING, Any
 from raysink import _feed
 from raysink._calls import ask, get, short, typed_errors
 from raysink._epoch import EpochDriver, EpochSettings
+from raysink._lease import LEASE_SECONDS, LeaseKeeper
 from raysink._options import rejects_unknown_options
+from raysink._stream import StreamController
 from raysink.actors.lifecycle import PING_TIMEOUT, ActorSet, coordinator_name
 from raysink.actors.placement import Placement
 from raysink.actors.writer import WriterConfig
@@ -44,9 +46,10 @@ from raysink.handle import EpochHandle
 from raysink.progress import Progress
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
-from raysink.stream import StreamController, StreamFeed
+from raysink.stream import StreamFeed
 
 if TYPE_CHECKING:
+    from raysink.coordinator.metastore.base import MetaStore
     from raysink.datasink import EpochDatasink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
@@ -79,6 +82,7 @@ class _Options:
     drop_sinks: tuple[str, ...]
     placement: Placement
     ping_timeout: float
+    lease_timeout: float
 
     def validate(self, runtime: str) -> None:
         checks: list[tuple[bool, str]] = [
@@ -101,6 +105,7 @@ class _Options:
             (self.checkpoint_interval > 0,
              f"checkpoint_interval must be > 0; got {self.checkpoint_interval!r}"),
             (self.ping_timeout > 0, f"ping_timeout must be > 0; got {self.ping_timeout!r}"),
+            (self.lease_timeout > 0, f"lease_timeout must be > 0; got {self.lease_timeout!r}"),
             (isinstance(self.placement, Placement),
              f"placement must be a raysink.Placement; got {type(self.placement).__name__}"),
             (self.epoch_offset is None or self.epoch_offset >= 0,
@@ -146,6 +151,12 @@ class SinkRuntime:
     directory), an implicit epoch is a ``ConfigError`` until ``metastore=`` names the
     original store or ``epoch_offset=`` is at least the targets' last epoch.
 
+    One driver at a time: ``start()`` takes the runtime's lease in the meta store (see
+    ``raysink._lease``) and ``close()`` gives it up; while another live driver holds it,
+    ``start()`` raises ``RuntimeInUseError`` naming that driver and until when. A killed
+    driver's lease is taken over at once on its own machine, else when it expires:
+    ``lease_timeout`` seconds after its last renewal (a start waits that long for it).
+
     Every failure of a public method is a ``RaySinkError``; a Ray error behind it is its
     cause. Actors that are restarting are waited for, up to ``commit_timeout``.
     """
@@ -177,6 +188,7 @@ class SinkRuntime:
         progress: Progress | bool | None = None,
         placement: Placement | None = None,
         ping_timeout: float = PING_TIMEOUT,
+        lease_timeout: float = LEASE_SECONDS,
     ) -> None:
         _check_name(name)
         self.name = name
@@ -191,11 +203,12 @@ class SinkRuntime:
             feed_timeout=feed_timeout, checkpoint_interval=checkpoint_interval,
             add_sinks=tuple(add_sinks), drop_sinks=tuple(drop_sinks),
             placement=Placement() if placement is None else placement,
-            ping_timeout=ping_timeout)
+            ping_timeout=ping_timeout, lease_timeout=lease_timeout)
         self._options.validate(name)
         self._key = self._routing_key()
         self._bitmaps: list[Bitmap] = assign(writers)
         self._actors: ActorSet | None = None
+        self._lease: LeaseKeeper | None = None
         self._bound: tuple[str, int] | None = None
         self._progress = _progress(name, progress)
         self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
@@ -231,22 +244,25 @@ class SinkRuntime:
             return self
         if not ray.is_initialized():
             ray.init(namespace="raysink")
-        self._check_metastore()
-        for sink in self._sinks.values():
-            sink.validate()
-        actors = self._actor_set()
-        actors.start(timeout=max(self._options.commit_timeout, _START_SECONDS))
-        self._actors = actors
+        lease = LeaseKeeper(self._check_metastore(), self.name, self._options.lease_timeout)
+        actors: ActorSet | None = None
         try:
+            lease.acquire()  # before anything starts: one driver at a time
+            for sink in self._sinks.values():
+                sink.validate()
+            actors = self._actor_set(lease.holder)
+            actors.start(timeout=max(self._options.commit_timeout, _START_SECONDS))
             # wait for recovery (open attempts swept, markers checked against the meta
             # store): a deleted target or marker is an error of start() itself.
             # ``epoch_source`` is the cheapest call that waits for it.
             self._ask(actors, "waiting for recovery", actors.coordinator_call("epoch_source"),
                       timeout=max(self._options.commit_timeout, _START_SECONDS))
         except BaseException:
-            actors.stop()
-            self._actors = None
+            if actors is not None:
+                actors.stop()
+            lease.close()
             raise
+        self._actors, self._lease = actors, lease
         return self
 
     def _metastore_url(self) -> str:
@@ -256,9 +272,9 @@ class SinkRuntime:
 
         return self._options.metastore or default_url(self.name)
 
-    def _check_metastore(self) -> None:
+    def _check_metastore(self) -> MetaStore:
         """Reachable and writable, and the sink set is what it was (or changed on purpose):
-        refused here, in the driver, before any actor starts."""
+        refused here, in the driver, before any actor starts. Returns the store, open."""
         from raysink.coordinator.metastore import open_metastore
         from raysink.coordinator.metastore._sql import check_sink_set
 
@@ -269,17 +285,20 @@ class SinkRuntime:
                 check_sink_set(self.name, record.sinks,
                                {n: s.kind for n, s in self._sinks.items()},
                                self._options.add_sinks, self._options.drop_sinks)
-        finally:
+        except BaseException:
             store.close()
+            raise
+        return store
 
-    def _actor_set(self) -> ActorSet:
+    def _actor_set(self, holder: str) -> ActorSet:
         opts = self._options
         coordinator = CoordinatorConfig(
             runtime=self.name, metastore=self._metastore_url(),
             sinks=self._sinks, writers=opts.writers,
             max_pending_epochs=opts.max_pending_epochs, retry_cap=opts.retry_cap,
             add_sinks=opts.add_sinks, drop_sinks=opts.drop_sinks,
-            epoch_offset=opts.epoch_offset, warn_after=opts.warn_interval)
+            epoch_offset=opts.epoch_offset, warn_after=opts.warn_interval,
+            lease_holder=holder)
         return ActorSet(coordinator_config=coordinator,
                         writer_configs=self._writer_configs(opts.writers),
                         options=opts.actor_options, max_pending_calls=max(64, opts.credits * 8),
@@ -327,6 +346,9 @@ class SinkRuntime:
         finally:
             actors.stop()
             self._actors = None
+            if self._lease is not None:
+                self._lease.close()
+                self._lease = None
             if self._progress is not None:
                 self._progress.close()
 
@@ -436,7 +458,10 @@ class SinkRuntime:
         if poll_interval <= 0:
             raise ConfigError(f"poll_interval must be > 0; got {poll_interval!r}",
                               runtime=self.name)
-        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval)
+        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval,
+                          route_number=self._stream.route,
+                          timeout=max(_START_SECONDS, 2 * self._options.commit_timeout
+                                      + self._options.feed_timeout))
 
     def _check_no_open_handle(self) -> None:
         if self._stream is not None:
@@ -516,7 +541,7 @@ class SinkRuntime:
     @typed_errors(RuntimeUnavailableError, "rescale")
     def rescale(self, *, writers: int) -> None:
         """Change the number of writers per sink between epochs, without closing the
-        runtime (nodes joined, or a stream needs more writers).
+        runtime (nodes joined, say).
 
         New writers start first (placed like the others) and must answer; then the
         coordinator takes the new layout (``set_layout``: each writer's vnode bitmap by
@@ -525,8 +550,10 @@ class SinkRuntime:
         routed by its vnode, so with a routing key all rows of a key still reach one
         writer in every epoch (its vnode's writer in the layout of that epoch). Refused
         with ``RescaleRefusedError``, changing nothing, while an epoch is being written
-        or recovered (or is still open at the coordinator); an actor that stopped
-        answering is replaced first."""
+        or recovered (or is still open at the coordinator), and while a continuous
+        stream runs: its producers write at every moment, by the layout they joined with
+        (close the runtime, open it with ``writers=N``, start the stream again); an actor
+        that stopped answering is replaced first."""
         if not isinstance(writers, int) or writers < 1:
             raise ConfigError(f"writers must be at least 1; got {writers!r}", runtime=self.name)
         actors = self._require_started()
@@ -536,6 +563,13 @@ class SinkRuntime:
             raise RescaleRefusedError(
                 f"{self._handle!r} is open for producers: commit or abort it, then rescale",
                 runtime=self.name, epoch=self._handle.epoch)
+        if self._stream is not None:
+            raise RescaleRefusedError(
+                "a continuous stream runs (rt.stream()): its producers write an epoch at "
+                "every moment, routed by the layout they joined with. To rescale, close "
+                "the runtime (rt.close() drains the stream), open it again with "
+                f"writers={writers} and start the stream again (producers resume from "
+                "feed.committed())", runtime=self.name)
         with self._epochs.exclusive():
             actors.heal()
             removed = actors.resize(self._writer_configs(writers), commit=lambda: self._ask(
@@ -579,6 +613,8 @@ class SinkRuntime:
         if self._actors is None:
             raise ConfigError("the runtime is not started; call start() or use it as a "
                               "context manager", runtime=self.name)
+        if self._lease is not None and self._lease.lost is not None:
+            raise self._lease.lost
         return self._actors
 
     def _ask(self, actors: ActorSet, what: str, make: Callable[[], Any],

@@ -1,17 +1,17 @@
 """Continuous streams: ``feed = rt.stream()``, then ``feed.write(...)`` forever.
 
-The driver's ``StreamController`` ticks every ``checkpoint_interval`` seconds: the
-coordinator fixes the current epoch's members and gives each its barrier (its own
-``BarrierInjector``); every epoch then commits on its own, as an ``EpochHandle`` does,
-while the producers already write the next one. ``rt.close()`` ticks once more with
-``DRAIN``: the producers close their last epoch, it commits, the stream ends (further
-writes are a ``ConfigError``), and the writers close.
+The driver ticks every ``checkpoint_interval`` seconds (``raysink._stream``): the
+coordinator fixes the current epoch's members and gives each its barrier; every epoch
+then commits on its own, as an ``EpochHandle`` does, while the producers already write the
+next one. ``rt.close()`` ticks once more with ``DRAIN``: the producers close their last
+epoch, it commits, the stream ends (further writes are a ``ConfigError``).
 
-A ``StreamFeed`` polls the coordinator every ``poll_interval`` seconds from a thread:
-the poll is its heartbeat and brings its barrier, which it applies at its next batch
-boundary (or at once, from the poll, when it is idle). When an epoch fails (a producer
-lost, a sink down past the retries), the stream *rewinds*: everything after the last
-committed epoch is dropped and each producer's next ``write`` raises ``StreamRewind``.
+A ``StreamFeed`` polls the coordinator every ``poll_interval`` seconds from a thread: the
+poll is its heartbeat and brings its barrier, which it applies at its next batch boundary
+(or at once, from the poll, when it is idle). When an epoch fails, the stream *rewinds*:
+everything after the last *decided* epoch is dropped and each producer's next ``write``
+(or ``wait_committed``, or ``close``) raises ``StreamRewind``; only the producer's own
+calls apply a rewind, never its poll thread.
 
 The contract for producers: the producer owns its source offsets. It notes, durably and
 per epoch, where in its source its writes into that epoch ended: in the ``on_sent``
@@ -21,59 +21,82 @@ in between could leave a committed batch unnoted). On ``StreamRewind(committed=C
 drops its notes for the epochs after ``C`` and seeks to where its writes into epochs up
 to ``C`` ended. A producer that restarts does the same with ``C = feed.committed()``
 (its first poll: after a restart that forced a rewind, it returns once the rewind
-happened). ``C`` is the producer's *cut*: the last epoch committed when its later writes
-were dropped, which the stream keeps telling it until it applied the rewind (other
-producers' epochs may commit meanwhile). A source that cannot replay loses the rows of a
-failed epoch: that is at-most-once, not raysink's guarantee.
+happened); a restarted producer that writes without asking gets ``StreamRewind`` at its
+first write. ``C`` is the producer's *cut*: the last epoch decided (committed, or
+decided and still committing: a decided epoch is never given up) when its later writes
+were dropped, which the stream keeps telling it until it wrote again (other producers'
+epochs may commit meanwhile). A source that cannot replay loses the rows of a failed
+epoch: that is at-most-once, not raysink's guarantee.
+
+What the runtime does meanwhile, and guarantees:
+
+- a writer killed (Ray restarts it, empty) or replaced (the runtime re-creates it, on a
+  lost node say): the epochs it held data of fail and the stream rewinds; a producer
+  whose send to it failed reports its part lost and its call raises ``StreamRewind``
+  once the stream rewound (never Ray's error); producers then send to the writers as
+  they are now (the route comes with their next poll);
+- the coordinator lost: the driver re-creates it (or Ray restarts it) and hands the
+  stream over to it; the producers find it by its name, and every one rewinds to the
+  last epoch decided before the loss (undecided epochs were lost with it);
+- ``rt.rescale()`` while a stream runs is refused (``RescaleRefusedError``): producers
+  route by the layout they joined with at every moment. Rescale between streams: close
+  the runtime, open it with ``writers=N``, start the stream again (producers resume from
+  ``feed.committed()``).
+
+Every epoch is committed exactly once: its rows reach every target once, whatever of the
+above happens, provided producers follow the contract.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any, NoReturn
 
 import pyarrow as pa
 
 from raysink._calls import get, short
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.stream import StreamPosition, StreamTick
-from raysink.errors import ConfigError, EpochFailedError, StreamRewind
+from raysink.coordinator.barrier import CheckpointBarrier
+from raysink.coordinator.stream import StreamPosition
+from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError, StreamRewind
 from raysink.feeds import Feed, FeedRoute
-from raysink.handle import seal_writers, wait_for_feeds
 
-if TYPE_CHECKING:
-    from raysink._epoch import EpochDriver
-    from raysink.actors.lifecycle import ActorSet
-    from raysink.reports import EpochReport
-
-__all__ = ["StreamController", "StreamFeed"]
+__all__ = ["StreamFeed"]
 
 log = logging.getLogger(__name__)
 
 
 class StreamFeed:
     """A long-lived producer's feed of the runtime's stream (picklable; one per
-    producer: its ``id`` numbers its messages)."""
+    producer: its ``id`` numbers its messages). ``route_number``: the number of the
+    route (writers) it was given; ``timeout``: how long a call waits for the runtime
+    (the coordinator replaced, the stream rewinding after a failed send)."""
 
-    def __init__(self, route: FeedRoute, feed_id: int, poll_interval: float = 0.5) -> None:
+    def __init__(self, route: FeedRoute, feed_id: int, poll_interval: float = 0.5, *,
+                 route_number: int = 0, timeout: float = 300.0) -> None:
         self.route, self.id, self.poll_interval = route, feed_id, poll_interval
+        self.route_number, self.timeout = route_number, timeout
         self._reset()
 
     def _reset(self) -> None:
-        self._lock = threading.Lock()
+        self._lock = threading.Lock()  # the producer's calls, and the poll thread's closes
+        self._poll_lock = threading.Lock()  # one poll at a time: answers in order
         self._current: Feed | None = None
         self._seen: StreamPosition | None = None  # the newest poll
         self._barrier: tuple[CheckpointBarrier, int] | None = None  # claimed, not applied
-        self._rewinds: int | None = None
+        self._raised: int | None = None  # the rewinds this process was told of
+        self._applied: int | None = None  # ... and wrote again after (what polls say)
+        self._broken: str | None = None  # a part lost (a failed send): await the rewind
         self._stop: threading.Event | None = None
         self._joined = False  # polled once from this process
         self.last_epoch: int | None = None  # the epoch the last write went into
 
     def __getstate__(self) -> dict[str, Any]:
-        return {"route": self.route, "id": self.id, "poll_interval": self.poll_interval}
+        return {"route": self.route, "id": self.id, "poll_interval": self.poll_interval,
+                "route_number": self.route_number, "timeout": self.timeout}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -83,22 +106,29 @@ class StreamFeed:
         return f"StreamFeed({self.route.runtime!r}, id={self.id}, last_epoch={self.last_epoch})"
 
     def committed(self) -> int | None:
-        """The last epoch every target holds, or, with a rewind not yet applied, this
-        producer's cut (a restarted producer resumes after it; its first call returns
-        once the rewind its restart forces has happened)."""
-        position = self._poll()
-        return None if position is None else position.committed
+        """Where to resume: the last epoch decided (every target holds it, or will), or,
+        with a rewind not yet applied, this producer's cut (a restarted producer resumes
+        after it; its first call returns once the rewind its restart forces happened)."""
+        with self._lock:
+            position = self._position(fresh=True)
+            if self._raised is None:
+                self._raised = position.rewinds  # told where to resume
+            return position.committed
 
     def write(self, data: pa.Table | pa.RecordBatch | Sequence[Any], *,
               on_sent: Callable[[int], object] | None = None) -> int:
         """Send data into the stream's current epoch; returns the rows sent. ``on_sent``
         gets that epoch before the epoch's part can be closed: note your source offset
-        there. Raises ``StreamRewind`` after a failed epoch (replay from its
-        ``committed``)."""
+        there. Raises ``StreamRewind`` after a failed epoch or a failed send (replay from
+        its ``committed``)."""
         with self._lock:
             current = self._catch_up(raising=True)
             assert current is not None
-            rows = current.write(data)
+            try:
+                rows = current.write(data)
+            except _ray_errors() as exc:
+                self._lose_part(current, f"a send failed: {short(exc)}")
+                self._raise_rewind()
             self.last_epoch = current.epoch
             if on_sent is not None:
                 on_sent(current.epoch)
@@ -112,10 +142,9 @@ class StreamFeed:
         while True:
             with self._lock:
                 self._catch_up(raising=True, start_epoch=False)
-                seen = self._seen
-                assert seen is not None
+                seen = self._position(fresh=True)
                 if self.last_epoch is None or (
-                        seen.committed is not None and seen.committed >= self.last_epoch):
+                        seen.visible is not None and seen.visible >= self.last_epoch):
                     return
             if time.monotonic() > deadline:
                 raise EpochFailedError(
@@ -125,69 +154,174 @@ class StreamFeed:
 
     def close(self) -> None:
         """Leave the stream: the part of the current epoch written so far is closed with
-        the epoch's barrier when the driver's next tick brings it (this waits for it)."""
+        the epoch's barrier when the driver's next tick brings it (this waits for it).
+        Raises ``StreamRewind`` when the stream rewound first: replay, then close."""
         while True:
             with self._lock:
                 if self._current is None:
                     break
-                self._catch_up(raising=False)
+                self._catch_up(raising=True, start_epoch=False)
             time.sleep(self.poll_interval)
         if self._stop is not None:
             self._stop.set()
-        get(self.route.coordinator.stream_leave.remote(self.id))
+        self._call("stream_leave", self.id)
 
     # ------------------------------------------------------------------ the position
 
-    def _poll(self) -> StreamPosition | None:
-        position: StreamPosition | None = get(self.route.coordinator.stream_poll.remote(
-            self.id, not self._joined, self._rewinds))
-        self._joined = True
-        if self._stop is None:
-            self._start_polling()
-        if position is not None:
-            self._seen = position
-            if position.barrier is not None:
-                self._barrier = (position.barrier, position.barrier_attempt)
-        return position
-
     def _catch_up(self, *, raising: bool, start_epoch: bool = True) -> Feed | None:
-        """Apply what the polls brought (under the lock): a rewind drops the epoch in
-        progress (raising ``StreamRewind``), a barrier closes it; then the feed of the
-        epoch to write."""
-        if self._seen is None:
-            self._poll()
-        seen = self._seen
-        if seen is None:
-            raise ConfigError("the runtime has no stream; call rt.stream() on the driver")
-        if self._rewinds is not None and seen.rewinds != self._rewinds:
-            self._current, self._barrier = None, None
-            self._rewinds = seen.rewinds
-            if raising:
-                raise StreamRewind(
-                    f"an epoch of the stream failed; nothing after epoch {seen.committed} "
-                    "is kept: replay your source from there and write on",
-                    committed=seen.committed, epoch=seen.epoch, runtime=self.route.runtime)
-        self._rewinds = seen.rewinds
-        if self._barrier is not None:
-            self._close_part(*self._barrier)
-            self._barrier = None
-        if self._current is None and raising and start_epoch:
-            if seen.ended:
-                raise ConfigError("the stream was drained (rt.close()); it takes no more data",
-                                  runtime=self.route.runtime)
-            self._current = Feed(self.route, epoch=seen.epoch, attempt=seen.attempt,
-                                 feed_id=self.id, checkpoint_id=0)
+        """Apply what the polls brought (under the lock): a rewind, or a part lost,
+        drops the epoch in progress and raises ``StreamRewind`` (only with ``raising``:
+        the poll thread leaves it to the producer); a barrier closes the part; then the
+        feed of the epoch to write (joining the stream first when not a member)."""
+        seen = self._position()
+        if self._raised is None and not seen.rewound:
+            self._raised = seen.rewinds  # a new process with nothing to replay
+        if self._broken is not None or seen.rewinds != self._raised:
+            if not raising:
+                return None
+            self._raise_rewind()
+        if self._barrier is not None and not self._close_claimed():
+            if not raising:
+                return None
+            self._raise_rewind()
+        if self._current is not None or not (raising and start_epoch):
+            return self._current
+        return self._start_part(seen)
+
+    def _start_part(self, seen: StreamPosition) -> Feed:
+        """The feed of the epoch to write; joins first (a poll with every rewind it was
+        told of applied: it writes again) when not a member."""
+        self._applied = self._raised
+        if not seen.member:
+            joined = self._poll()
+            seen = seen if joined is None else joined
+            if seen.rewinds != self._raised:
+                self._raise_rewind()
+        if seen.ended:
+            raise ConfigError("the stream was drained (rt.close()); it takes no more data",
+                              runtime=self.route.runtime)
+        if not seen.member:
+            raise ConfigError(f"{self!r} left the stream (close()); it takes no more data",
+                              runtime=self.route.runtime)
+        self._current = Feed(self.route, epoch=seen.epoch, attempt=seen.attempt,
+                             feed_id=self.id, checkpoint_id=0)
         return self._current
 
-    def _close_part(self, barrier: CheckpointBarrier, attempt: int) -> None:
-        """Close this producer's part of ``barrier.epoch``: the barrier to the writers it
-        sent data to; a member that wrote nothing in it closes an empty part."""
+    def _raise_rewind(self) -> NoReturn:
+        """Drop the part in progress and raise ``StreamRewind`` with this producer's cut,
+        once the stream rewound (after a lost part: waiting for the rewind it forces)."""
+        seen = self._position()
+        if self._broken is not None and seen.rewinds == self._raised:
+            seen = self._await_rewind()
+        self._current, self._barrier, self._broken = None, None, None
+        self._raised = seen.rewinds
+        raise StreamRewind(
+            f"an epoch of the stream failed; nothing after epoch {seen.committed} is "
+            "kept: replay your source from there and write on", committed=seen.committed,
+            epoch=seen.epoch, runtime=self.route.runtime)
+
+    def _await_rewind(self) -> StreamPosition:
+        """Poll until the stream rewound (the driver rewinds it after the lost part)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            seen = self._poll()
+            if seen is not None and seen.rewinds != self._raised:
+                return seen
+            if seen is not None and seen.ended:
+                raise ConfigError(f"the stream was drained (rt.close()) after {self!r} "
+                                  f"lost its part ({self._broken}): those rows are not "
+                                  "kept", runtime=self.route.runtime)
+            if time.monotonic() > deadline:
+                raise EpochFailedError(
+                    f"{self!r} lost its part ({self._broken}), and the stream did not "
+                    f"rewind within {self.timeout:g} s: is the driver's stream still "
+                    "ticking?", runtime=self.route.runtime)
+            time.sleep(self.poll_interval)
+
+    def _lose_part(self, current: Feed, why: str) -> None:
+        """A send of the part failed (a writer restarted or replaced, the coordinator
+        lost): it is given up; the epoch fails and the stream rewinds."""
+        log.warning("%r: %s; its part of epoch %s is lost, waiting for the stream to "
+                    "rewind", self, why, current.epoch)
+        self._broken, self._current = why, None
+        current.cancel(why)
+
+    def _close_claimed(self) -> bool:
+        """Close this producer's part of the claimed barrier's epoch: the barrier to the
+        writers it sent data to; a member that wrote nothing in it closes an empty part.
+        False when that failed (the part is lost)."""
+        assert self._barrier is not None
+        (barrier, attempt), self._barrier = self._barrier, None
         current = self._current
-        if current is not None and current.epoch == barrier.epoch:
-            current.close(barrier.checkpoint_id)
-            self._current = None
-        else:
-            get(self.route.coordinator.feed_closed.remote(barrier.epoch, attempt, self.id, {}))
+        try:
+            if current is not None and current.epoch == barrier.epoch:
+                current.close(barrier.checkpoint_id)
+                self._current = None
+            else:
+                self._call("feed_closed", barrier.epoch, attempt, self.id, {})
+        except _ray_errors() as exc:
+            if current is not None:
+                self._lose_part(current, f"closing epoch {barrier.epoch}: {short(exc)}")
+            else:
+                self._broken = f"closing epoch {barrier.epoch}: {short(exc)}"
+            return False
+        return True
+
+    def _position(self, fresh: bool = False) -> StreamPosition:
+        """The newest poll (``fresh``: a new one), waiting while the coordinator has no
+        stream (a successor the driver has not handed it to yet)."""
+        deadline = time.monotonic() + self.timeout
+        seen = self._seen
+        while fresh or seen is None:
+            fresh = False
+            seen = self._poll() or self._seen
+            if seen is None:
+                if time.monotonic() > deadline:
+                    raise ConfigError("the runtime has no stream: call rt.stream() on the "
+                                      "driver (or it ended with rt.close())",
+                                      runtime=self.route.runtime)
+                time.sleep(self.poll_interval)
+        return seen
+
+    def _poll(self) -> StreamPosition | None:
+        with self._poll_lock:
+            position: StreamPosition | None = self._call(
+                "stream_poll", self.id, not self._joined, self._applied, self.route_number)
+            self._joined = True
+            if position is not None:
+                if position.writers is not None:
+                    self.route = dataclasses.replace(self.route, writers=position.writers)
+                    self.route_number = position.route
+                self._seen = position
+                if position.barrier is not None:
+                    self._barrier = (position.barrier, position.barrier_attempt)
+            if self._stop is None:
+                self._start_polling()
+        return position
+
+    def _call(self, method: str, *args: Any) -> Any:
+        """A call to the coordinator; one that is gone is looked up again by name (the
+        driver replaces it), up to ``timeout``."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            try:
+                return get(getattr(self.route.coordinator, method).remote(*args))
+            except _ray_errors() as exc:
+                if time.monotonic() > deadline:
+                    raise RuntimeUnavailableError(
+                        f"{self!r}: the coordinator did not answer within {self.timeout:g} "
+                        f"s ({short(exc)})", runtime=self.route.runtime) from exc
+                log.debug("%r: %s: %s; looking the coordinator up", self, method, exc)
+                self._relocate()
+
+    def _relocate(self) -> None:
+        from raysink.actors.lifecycle import find_coordinator
+
+        handle = find_coordinator(self.route.runtime)
+        if handle is None:
+            time.sleep(self.poll_interval)
+            return
+        self.route = dataclasses.replace(self.route, coordinator=handle)
 
     def _start_polling(self) -> None:
         stop = self._stop = threading.Event()
@@ -195,10 +329,12 @@ class StreamFeed:
         def poll() -> None:
             while not stop.wait(self.poll_interval):
                 try:
-                    self._poll()
+                    seen = self._poll()
                 except Exception as exc:  # the coordinator restarting: poll again
                     log.debug("%r: poll failed: %s", self, exc)
                     continue
+                if seen is not None and seen.ended and self._barrier is None:
+                    return  # drained: nothing more to close
                 if self._barrier is not None and self._lock.acquire(blocking=False):
                     try:  # idle: close the epoch from here
                         self._catch_up(raising=False)
@@ -210,85 +346,9 @@ class StreamFeed:
         threading.Thread(target=poll, daemon=True, name=f"raysink-stream-{self.id}").start()
 
 
-class StreamController:
-    """The driver's side of the stream: ticks, commits each epoch, rewinds on failure."""
+def _ray_errors() -> type[Exception]:
+    """Ray's errors of a call (an actor gone, restarting or unreachable); raysink's own
+    errors (bad data, a drained writer) pass through."""
+    from ray.exceptions import RayError
 
-    def __init__(self, driver: EpochDriver, actors: ActorSet, *, interval: float,
-                 feed_timeout: float, commit_timeout: float) -> None:
-        self._driver, self._actors = driver, actors
-        self.interval = interval
-        self._feed_timeout, self._commit_timeout = feed_timeout, commit_timeout
-        self._stop = threading.Event()
-        self._thread: threading.Thread | None = None
-        self.reports: list[EpochReport] = []
-        self.failures: list[str] = []
-        self._ids = 0
-
-    def start(self) -> None:
-        get(self._actors.coordinator.stream_start.remote(self._commit_timeout))
-        self._thread = threading.Thread(target=self._loop, daemon=True,
-                                        name="raysink-stream-ticks")
-        self._thread.start()
-
-    def next_feed_id(self) -> int:
-        self._ids += 1
-        return self._ids
-
-    def drain(self) -> None:
-        """Stop ticking; one last ``DRAIN`` tick closes and commits the last epoch."""
-        self._stop.set()
-        if self._thread is not None:
-            self._thread.join()
-        self._epoch(drain=True)
-
-    def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            try:
-                self._epoch(drain=False)
-            except Exception as exc:  # keep ticking: the next epoch may well commit
-                log.warning("stream tick failed: %s", short(exc))
-
-    def _epoch(self, *, drain: bool) -> None:
-        tick: StreamTick | None = get(self._actors.coordinator.stream_tick.remote(
-            self._driver.next_checkpoint(), drain))
-        if tick is None:
-            return
-        started = time.monotonic()
-        state = wait_for_feeds(self._actors, tick.epoch, tick.attempt, list(tick.members),
-                               timeout=self._commit_timeout, lease=self._feed_timeout)
-        if state.lost or state.waiting:
-            why = "; ".join(f"feed {f}: {w}" for f, w in sorted(state.lost.items())) or (
-                f"feeds {list(state.waiting)} did not close in time")
-            self._rewind(tick, why)
-            return
-        try:
-            rows, outcome = self._driver.commit_barriers(
-                self._actors, tick.epoch, tick.attempt,
-                seal_writers(self._actors, self._barrier(tick), tick.attempt, state),
-                tick.generation)
-        except Exception as exc:
-            if self._driver.recover_attempt(self._actors, tick.epoch, tick.attempt):
-                self.reports.append(self._driver.settled(self._actors, tick.epoch, started))
-                return
-            self._rewind(tick, short(exc))
-            return
-        self.reports.append(self._driver.visible(tick.epoch, rows, started, outcome))
-
-    @staticmethod
-    def _barrier(tick: StreamTick) -> CheckpointBarrier:
-        """The seal's barrier (the writers close on the runtime's DRAIN afterwards)."""
-        return CheckpointBarrier(tick.checkpoint_id, tick.epoch, BarrierFlags.NONE)
-
-    def _rewind(self, tick: StreamTick, why: str) -> None:
-        """Give up the failed epoch and what the producers wrote after it; open it again;
-        producers replay from the last committed epoch."""
-        log.warning("stream epoch %s failed (%s); rewinding: producers replay from the "
-                    "last committed epoch", tick.epoch, why)
-        self.failures.append(f"epoch {tick.epoch}: {why}")
-        self._actors.metrics.rewound()
-        self._driver.give_up(self._actors, tick.epoch, tick.attempt)
-        self._driver.give_up(self._actors, tick.epoch + 1, tick.next_attempt)
-        if tick.drain:
-            raise EpochFailedError(f"the stream's last epoch {tick.epoch} failed: {why}",
-                                   epoch=tick.epoch)
-        get(self._actors.coordinator.stream_rewind.remote(tick.epoch, self._commit_timeout))
+    return RayError

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
 import fcntl
 import json
 import os
@@ -39,16 +40,19 @@ from raysink._faults import (
     HANDOFF_POINTS,
     LIFECYCLE_POINTS,
     POINTS,
+    SINK_POINTS,
     InjectedFault,
     _arm_path,
     enabled,
     fault_dir,
     hit,
 )
+from raysink.coordinator.metastore import _leases
 from raysink.coordinator.metastore.base import (
     HISTORY_LIMIT,
     EpochRecord,
     EpochState,
+    Lease,
     RuntimeRecord,
     SinkStatusRecord,
 )
@@ -500,6 +504,9 @@ class FailingSink(Sink):
     def committed_epoch(self) -> int | None:
         return self._inner.committed_epoch()
 
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        return self._inner.holds_decision(epoch, manifests)
+
     def recreate_marker(self, epoch: int) -> None:
         self._inner.recreate_marker(epoch)
 
@@ -569,6 +576,8 @@ class InMemoryMetaStore:
     def __init__(self) -> None:
         self._lock = threading.RLock()
         self._runtimes: dict[str, RuntimeRecord] = {}
+        self._leases: dict[str, Lease] = {}
+        self.clock = time.time  # the store's clock (a test may move it)
         self._epochs: dict[tuple[str, str, int], dict[str, Any]] = {}
         self._statuses: dict[tuple[str, str], SinkStatusRecord] = {}
 
@@ -578,8 +587,13 @@ class InMemoryMetaStore:
 
     # runtimes ------------------------------------------------------------------------
     def claim(self, runtime: str, sinks: Mapping[str, str], *,
-              add: Collection[str] = (), drop: Collection[str] = ()) -> RuntimeRecord:
+              add: Collection[str] = (), drop: Collection[str] = (),
+              holder: str | None = None) -> RuntimeRecord:
         with self._lock:
+            if holder is not None:
+                current = self.lease(runtime)
+                if current is None or current.holder != holder:
+                    raise _leases.in_use(runtime, current)
             old = self._runtimes.get(runtime)
             if old is None:
                 record = RuntimeRecord(name=runtime, generation=1, sinks=dict(sinks))
@@ -603,6 +617,35 @@ class InMemoryMetaStore:
             self._runtimes[runtime] = RuntimeRecord(
                 name=old.name, generation=old.generation, sinks=old.sinks,
                 dropped=old.dropped, epoch_source=decoded)
+
+    # the lease -----------------------------------------------------------------------
+    def acquire_lease(self, runtime: str, holder: str, owner: Mapping[str, Any],
+                      seconds: float, *, replace: str | None = None) -> Lease:
+        with self._lock:
+            current = self.lease(runtime)
+            now = self.clock()
+            if current is not None and current.holder not in (holder, replace) \
+                    and current.live:
+                return current
+            token = (0 if current is None else current.token) + (
+                0 if current is not None and current.holder == holder else 1)
+            lease = Lease(runtime=runtime, holder=holder, owner=_json_round_trip(
+                dict(owner), "lease owner"), token=token, expires_at=now + seconds, now=now)
+            self._leases[runtime] = lease
+            return copy.deepcopy(lease)
+
+    def release_lease(self, runtime: str, holder: str) -> None:
+        with self._lock:
+            current = self._leases.get(runtime)
+            if current is not None and current.holder == holder:
+                self._leases[runtime] = dataclasses.replace(current, expires_at=min(
+                    current.expires_at, self.clock()))
+
+    def lease(self, runtime: str) -> Lease | None:
+        with self._lock:
+            current = self._leases.get(runtime)
+            return None if current is None else dataclasses.replace(
+                copy.deepcopy(current), now=self.clock())
 
     def _fence(self, runtime: str, generation: int) -> RuntimeRecord:
         record = self._runtimes.get(runtime)
@@ -799,7 +842,7 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    points = POINTS + HANDOFF_POINTS + LIFECYCLE_POINTS
+    points = POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS
     if point not in points:
         raise ConfigError(f"unknown fault point {point!r}; one of {points}")
     if action not in ("kill", "raise", "sleep"):

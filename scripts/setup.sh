@@ -48,3 +48,17 @@ if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
   "$VENV/bin/python" -m pip install -q -e ".[dev]"
   touch "$stamp"
 fi
+
+# The Kafka broker the Kafka tests start (jars from Maven Central, cached outside git).
+if ! command -v mvn >/dev/null 2>&1; then
+  if [ "$(id -u)" -eq 0 ] && command -v apt-get >/dev/null 2>&1; then
+    echo "setup: installing maven with apt-get (fetches the Kafka broker for the tests)"
+    apt-get update -qq
+    DEBIAN_FRONTEND=noninteractive apt-get install -y -qq maven >/dev/null
+  fi
+fi
+bash scripts/kafka/fetch.sh >/dev/null
+
+# The Spark packages (Delta's, Iceberg's connectors...) the spark tests load, from Maven
+# Central into raysink's cache (~/.cache/raysink/ivy); a no-op once they are there.
+"$VENV/bin/python" scripts/fetch_spark_packages.py

@@ -1,8 +1,9 @@
 """Shared fixtures: one local Ray per test session.
 
 Layers (pytest markers) and their budgets in the default run:
-unit (no Ray) 1 min, integration (real ray.init) 13 min, spark (RayDP) 8 min,
-chaos sample 3 min, cluster (a multi-node Ray on this machine) 5 min. Modules under
+unit (no Ray) 1 min, integration (real ray.init) 13 min, kafka (a real Kafka broker,
+one per session) 5 min, spark (RayDP) 8 min, chaos sample 3 min, cluster (a multi-node Ray
+on this machine) 5 min. Modules under
 tests/<layer>/ get their layer's marker automatically. The cluster layer runs last: it
 ends the session's single-node Ray before its own cluster starts.
 """
@@ -26,10 +27,10 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # at import): a private directory of this test session, inherited by Ray and its actors.
 os.environ.setdefault("RAYSINK_FAULT_DIR", tempfile.mkdtemp(prefix="raysink-faults-"))
 
-_LAYERS = ("unit", "integration", "spark", "chaos", "cluster")
+_LAYERS = ("unit", "integration", "kafka", "spark", "chaos", "cluster")
 # Seconds each layer may take in the default run; the summary flags a layer over budget.
-BUDGETS = {"unit": 60.0, "integration": 780.0, "spark": 480.0, "chaos": 180.0,
-           "cluster": 300.0}
+BUDGETS = {"unit": 60.0, "integration": 780.0, "kafka": 300.0, "spark": 480.0,
+           "chaos": 180.0, "cluster": 300.0}
 _SPENT: dict[str, float] = dict.fromkeys(_LAYERS, 0.0)
 
 
@@ -74,6 +75,14 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
+@pytest.fixture(autouse=True)
+def _pg_server_running(request: pytest.FixtureRequest) -> None:
+    """The session's PostgreSQL is up when a test starts: a test that stopped it and failed
+    before starting it again costs that test only, not every later one."""
+    if "pg_server" in request.fixturenames:
+        request.getfixturevalue("pg_server").start()
+
+
 @pytest.fixture
 def name(request: pytest.FixtureRequest) -> Iterator[str]:
     """A runtime name no other test or session uses; its fault arms removed afterwards."""
@@ -85,4 +94,5 @@ def name(request: pytest.FixtureRequest) -> Iterator[str]:
     disarm_faults(runtime)
 
 
+from tests.support.kafka import kafka_broker  # noqa: E402,F401
 from tests.support.postgres import pg_server  # noqa: E402,F401

@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import threading
 import time
 from collections.abc import Callable, Mapping
 from contextlib import AbstractContextManager
@@ -56,17 +57,26 @@ from raysink._calls import ask, watched
 from raysink._metrics import DriverMetrics
 from raysink.actors import raystate
 from raysink.actors.placement import ClusterView, Placement, affinity, coordinator_node
-from raysink.actors.remote import coordinator_class, writer_class
+from raysink.actors.remote import (
+    await_name_free,
+    coordinator_class,
+    coordinator_name,
+    create,
+    exists,
+    find_coordinator,
+    in_use,
+    writer_class,
+    writer_name,
+)
 from raysink.actors.standby import take_over
 from raysink.actors.writer import NAMESPACE, WriterConfig
 from raysink.coordinator.coordinator import CoordinatorConfig
-from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.errors import RuntimeUnavailableError
 
-__all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "writer_name"]
+__all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
 
 log = logging.getLogger(__name__)
 
-_NAME_RELEASE_SECONDS = 10.0
 _REPLACE_NAME_WAIT = 0.3
 PING_TIMEOUT = 1.0
 """Seconds an actor may take to answer a ping before ``heal`` replaces it."""
@@ -76,42 +86,6 @@ STANDBY_CHECK = 2.0
 Key = tuple[str, int]
 """An actor of the set: ``(sink, writer index)``, or ``COORDINATOR``."""
 COORDINATOR: Key = ("", -1)
-
-
-def coordinator_name(runtime: str) -> str:
-    return f"{runtime}.coordinator"
-
-
-def writer_name(runtime: str, sink: str, index: int) -> str:
-    return f"{runtime}.{sink}.writer-{index}"
-
-
-def _exists(name: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return False
-    return True
-
-
-def _create(name: str, make: Callable[[str], Any]) -> tuple[str, Any]:
-    """``make(name)`` the actor; when Ray still holds the name (an actor that died in its
-    constructor, or one on a lost node, may keep it a while), under the first free
-    ``<name>.<n>``. Returns the name used and the handle."""
-    from ray.exceptions import ActorAlreadyExistsError
-
-    for incarnation in range(64):
-        candidate = name if incarnation == 0 else f"{name}.{incarnation}"
-        if incarnation and _exists(candidate):
-            continue
-        try:
-            return candidate, make(candidate)
-        except ActorAlreadyExistsError:
-            log.warning("the name %s is still taken; starting the actor under another",
-                        candidate)
-    raise RuntimeUnavailableError(f"no free name for a new incarnation of {name}")
 
 
 @dataclass(kw_only=True)
@@ -139,6 +113,8 @@ class ActorSet:
     _standby: tuple[str, str | None, Any] | None = None  # name, node, handle
     _standby_looked: float = 0.0
     _retired_names: list[str] = field(default_factory=list)
+    # one heal at a time: a stream's ticks and the user's calls may both heal
+    _healing: threading.Lock = field(default_factory=threading.Lock, repr=False)
     metrics: DriverMetrics = field(init=False, repr=False)
 
     def __post_init__(self) -> None:
@@ -159,12 +135,11 @@ class ActorSet:
             for configs in self.writer_configs.values() for c in configs]
 
     def refuse_if_live(self) -> None:
+        """``RuntimeInUseError`` when an actor of the runtime is live in this Ray cluster
+        (a cheap check first; creating the actors checks again, atomically)."""
         for name in self.names():
-            if _exists(name):
-                raise RuntimeInUseError(
-                    f"an actor named {name!r} is live in this Ray cluster: the runtime is open "
-                    "in another driver. Close it there, or pick another runtime name",
-                    runtime=self.runtime)
+            if exists(name):
+                raise in_use(name, self.runtime)
 
     def start(self, timeout: float = 300.0) -> None:
         """Start the coordinator and the writers where placement puts them, and wait (up
@@ -173,12 +148,12 @@ class ActorSet:
         self.refuse_if_live()
         self.view = self.view or ClusterView()
         try:
-            self.coordinator = self._start_coordinator()
+            self.coordinator = self._start_coordinator(first=True)
             self.writers = {sink: [] for sink in self.writer_configs}
             for index in range(self.writer_count):
                 self._index_nodes[index] = self._choose_node(index)
                 for sink in self.writer_configs:
-                    self.writers[sink].append(self._start_writer(sink, index))
+                    self.writers[sink].append(self._start_writer(sink, index, first=True))
         except BaseException:
             self.stop()
             raise
@@ -222,8 +197,9 @@ class ActorSet:
         options.update({"name": name, "namespace": NAMESPACE, "lifetime": None})
         return options
 
-    def _start_coordinator(self, *, standby: bool = False) -> Any:
+    def _start_coordinator(self, *, first: bool = False, standby: bool = False) -> Any:
         """A new coordinator (a new generation: it claims the runtime in the meta store);
+        ``first``: at ``start``, never under another name (see ``remote.create``);
         ``standby``: a standby (``_standby``) on another node its labels allow."""
         options_node: dict[str, Any] = {}
         node: str | None = None
@@ -244,7 +220,8 @@ class ActorSet:
                 self.coordinator_config)
 
         suffix = "-standby" if standby else ""
-        name, handle = _create(coordinator_name(self.runtime) + suffix, make)
+        name, handle = create(coordinator_name(self.runtime) + suffix, make,
+                               runtime=self.runtime, first=first)
         if standby:
             self._standby = (name, node, handle)
         else:
@@ -294,7 +271,7 @@ class ActorSet:
             self.end([handle])
         return self._start_coordinator()
 
-    def _start_writer(self, sink: str, index: int) -> Any:
+    def _start_writer(self, sink: str, index: int, first: bool = False) -> Any:
         config = self.writer_configs[sink][index]
         node = self._index_nodes.get(index)
 
@@ -308,8 +285,8 @@ class ActorSet:
                 options.update(affinity(node, soft=False))
             return writer_class().options(**options).remote(config)
 
-        self._names[(sink, index)], handle = _create(
-            writer_name(self.runtime, sink, index), make)
+        self._names[(sink, index)], handle = create(
+            writer_name(self.runtime, sink, index), make, runtime=self.runtime, first=first)
         return handle
 
     # ------------------------------------------------------------------ liveness
@@ -452,7 +429,12 @@ class ActorSet:
         """Replace every dead actor, and every actor of a lost node, by a new incarnation
         (the standby takes a coordinator's place), and wait (up to ``timeout``) until a
         new coordinator answers; new writers too with ``writers`` (else the epoch driver
-        goes around a writer still starting, or waits for it). Returns what was replaced."""
+        goes around a writer still starting, or waits for it). Returns what was replaced.
+        One heal at a time (a second one probes again)."""
+        with self._healing:
+            return self._heal(timeout, writers)
+
+    def _heal(self, timeout: float, writers: bool) -> list[str]:
         silent = self._probe()
         if not silent:
             return []
@@ -494,7 +476,7 @@ class ActorSet:
         for key in keys:
             name = self._names.get(key)
             if name is not None:
-                _await_name_free(name, max(0.0, deadline - time.monotonic()))
+                await_name_free(name, max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ rescale
 
@@ -553,7 +535,7 @@ class ActorSet:
                 log.debug("kill: %s", exc)
         names, self._retired_names[:] = list(self._retired_names), []
         for name in names:
-            _await_name_free(name)
+            await_name_free(name)
 
     # ------------------------------------------------------------------ calls, stop
 
@@ -574,7 +556,7 @@ class ActorSet:
         standby, self._standby = self._standby, None
         self.end([self.coordinator, *self.all_writers(), standby and standby[2]])
         for name in [*self._names.values(), *(standby[:1] if standby else [])]:
-            _await_name_free(name)
+            await_name_free(name)
         self.coordinator = None
         self.writers = {}
 
@@ -587,9 +569,3 @@ def _answered(ref: Any) -> bool:
     except Exception:
         return False
     return True
-
-
-def _await_name_free(name: str, seconds: float = _NAME_RELEASE_SECONDS) -> None:
-    deadline = time.monotonic() + seconds
-    while _exists(name) and time.monotonic() < deadline:
-        time.sleep(0.05)

@@ -41,14 +41,14 @@ class StandbyCoordinatorActor(CoordinatorActor):
         importlib.import_module("raysink.coordinator.metastore")  # what a start imports
         if (config.metastore or "").startswith("postgres"):
             importlib.import_module("psycopg")
-        self._runtime = config.runtime
+        self._standby_of = config.runtime
         self._taking: asyncio.Future[None] | None = None
 
     async def take_over(self, config: CoordinatorConfig) -> int:
         """Become the coordinator of ``config`` (the current layout): the coordinator's
         start, once however often it is asked. Returns the generation claimed."""
         if self._taking is None:
-            log.info("standby coordinator of %s (pid %s) takes over", self._runtime,
+            log.info("standby coordinator of %s (pid %s) takes over", self._standby_of,
                      os.getpid())
             self._taking = asyncio.ensure_future(
                 asyncio.to_thread(CoordinatorActor.__init__, self, config))

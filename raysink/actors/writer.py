@@ -17,8 +17,16 @@ cancel         control     a ``CANCEL`` barrier: the attempt was abandoned; stop
 drain          control     a ``DRAIN`` barrier between epochs (``rt.close()``): drop what an
                            undecided attempt staged, close the sink writer (files closed,
                            connections closed); nothing is taken after it
+finish         control     a sink whose writers hold their part open (``holds_transactions``:
+                           Kafka): the sink's commit or abort, in the coordinator, asks the
+                           writer to end it
 status, ping   control     answer at once
 =============  ==========  ==================================================================
+
+A sink with ``holds_transactions`` pre-commits an epoch only once the coordinator's status
+shows every earlier epoch committed to it: its records are written
+at the pre-commit, so no later epoch's records precede an earlier one's in the target,
+even when an earlier epoch had to be written again (replayed) by its commit.
 
 A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a watchdog
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
@@ -57,7 +65,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks.base import Sink
+from raysink.sinks.base import Held, Sink
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
 
@@ -292,6 +300,8 @@ class SinkWriterActor:
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         rows = slot.rows if slot else 0
         schema = None if slot is None or slot.schema is None else _schema.encode(slot.schema)
+        if self._config.sink.holds_transactions:
+            self._await_earlier_commits(epoch)
         with self._lock:
             self._open_writer()
             self._sink_call("flush", self._writer.flush)
@@ -345,6 +355,34 @@ class SinkWriterActor:
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
             runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
 
+    def _await_earlier_commits(self, epoch: int) -> None:
+        """Wait until every epoch before ``epoch`` that the coordinator decided is
+        committed to this sink (``Sink.holds_transactions``), polling its status (sinks
+        commit their epochs in order); a coordinator being replaced is asked again, up
+        to ``barrier_timeout``."""
+        import ray
+
+        sink = self._config.sink_name
+        deadline = time.monotonic() + self._config.barrier_timeout
+        while True:
+            try:
+                status = ray.get(self._coordinator().status.remote(), timeout=30)
+                done = status.sinks[sink].last_committed_epoch
+                if not any(p < epoch and (done is None or done < p)
+                           for p in status.pending_epochs):
+                    return
+                error: Exception | None = None
+            except Exception as exc:
+                self._coordinator_handle = None
+                error = exc
+            if time.monotonic() > deadline:
+                raise EpochFailedError(
+                    f"writer {self._config.writer_id} waited {self._config.barrier_timeout:g}"
+                    f" s for the epochs before {epoch} to be committed to sink {sink!r}"
+                    + (f" ({error})" if error else ""), runtime=self._config.runtime,
+                    sink=sink, epoch=epoch)
+            time.sleep(0.5 if error else 0.02)
+
     def _coordinator(self) -> Any:
         import ray
 
@@ -388,6 +426,14 @@ class SinkWriterActor:
         swept = (slots[0].epoch, slots[0].attempt) if slots else None
         return DrainReport(sink=self._config.sink_name, writer=self._config.writer_id,
                            rows_total=self._rows_total, swept=swept)
+
+    def finish(self, epoch: int, attempt: int, commit: bool) -> Held:
+        """End what the sink writer holds open for ``(epoch, attempt)`` (see
+        ``SinkWriter.finish``): the sink's commit or abort asks, from the coordinator."""
+        with self._lock:
+            self._open_writer()
+            return self._sink_call("finish", functools.partial(
+                self._writer.finish, epoch, attempt, commit=commit))
 
     def ping(self) -> int:
         return os.getpid()

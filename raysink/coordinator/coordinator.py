@@ -13,7 +13,8 @@ Writers report whether they can reach their target (``writer_health``): a writer
 cannot makes its sink ``stalled`` with the error until it can again.
 
 A restarted actor (Ray's restart after a crash) re-runs the constructor: it claims a new
-generation in the meta store, which fences the previous one, and recovers.
+generation in the meta store (only for the holder of the runtime's lease), which fences the
+previous one, and recovers.
 """
 
 from __future__ import annotations
@@ -41,11 +42,10 @@ from raysink.coordinator.epochs import (
 from raysink.coordinator.feeds import FeedRegistry, FeedsState
 from raysink.coordinator.health import SinkHealthBook
 from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
-from raysink.coordinator.stream import StreamBook, StreamPosition, StreamTick
+from raysink.coordinator.stream_calls import StreamCalls
 from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
-    EpochFailedError,
     FencedError,
     MetaStoreError,
     RaySinkError,
@@ -77,12 +77,13 @@ class CoordinatorConfig:
     drop_sinks: tuple[str, ...] = ()
     epoch_offset: int | None = None
     warn_after: float = 5.0
-    """A sink commit still running after this many seconds logs a warning, and again
-    after each further period."""
+    """A sink commit running this many seconds logs a warning (again each period)."""
+    lease_holder: str | None = None  # the driver's lease: claims need it held
 
 
-class CoordinatorActor:
-    """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace."""
+class CoordinatorActor(StreamCalls):
+    """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace (the
+    continuous stream's calls: ``StreamCalls``)."""
 
     def __init__(self, config: CoordinatorConfig) -> None:
         from raysink.coordinator.metastore import open_metastore
@@ -91,7 +92,7 @@ class CoordinatorActor:
         self._store = open_metastore(config.metastore, config.runtime)
         kinds = {name: sink.kind for name, sink in config.sinks.items()}
         record = self._store.claim(config.runtime, kinds, add=config.add_sinks,
-                                   drop=config.drop_sinks)
+                                   drop=config.drop_sinks, holder=config.lease_holder)
         self._dropped = tuple(record.dropped)
         bitmaps: dict[str, list[Bitmap]] = {
             name: assign(config.writers) for name in config.sinks}
@@ -101,8 +102,6 @@ class CoordinatorActor:
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
         self._feeds = FeedRegistry()
-        self._stream: StreamBook | None = None
-        self._stream_timeout = 300.0  # a restarted member waits this long for its rewind
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
@@ -370,8 +369,10 @@ class CoordinatorActor:
     async def set_layout(self, writers: int) -> dict[str, Any]:
         """Rescale: ``writers`` writers per sink (their vnode bitmaps by
         ``vnodes.assign``) from the next epoch on. Refused (``RescaleRefusedError``)
-        while an epoch is open. Returns the new layout (as OPEN records keep it)."""
+        while an epoch is open or a continuous stream runs. Returns the new layout (as
+        OPEN records keep it)."""
         await self._until_recovered()
+        self._refuse_rescale_in_stream()
         bitmaps = {name: assign(writers) for name in self._config.sinks}
         await self._locked(lambda: self._core.set_layout(bitmaps))
         log.info("%s: writer layout now %s writers per sink", self._config.runtime, writers)
@@ -471,79 +472,6 @@ class CoordinatorActor:
             if state.done or left <= 0:
                 return state
             await self._wait_change(min(left, 0.5))
-
-    # ------------------------------------------------------------------ the stream
-
-    async def stream_start(self, timeout: float) -> StreamPosition:
-        """Begin the continuous stream at the next epoch (opened as ``open_epoch(None)``
-        opens one: the targets' markers are checked first)."""
-        opened = await self.open_epoch(None, timeout)
-        self._stream = StreamBook(opened.epoch, opened.attempt)
-        self._stream_timeout = timeout
-        return self._stream.position(self._core.committed_through())
-
-    async def stream_poll(self, feed: int, joining: bool = False,
-                          applied_rewinds: int | None = None) -> StreamPosition | None:
-        """A producer's poll: where to write, and its barrier once (``None``: no stream).
-        ``joining``: the first poll of the feed in its process; a member joining again was
-        restarted, and what it wrote before is lost with its old process: its epoch fails,
-        and the poll returns once the stream rewound, with the member's cut (an epoch it
-        closed before may still be committing: only the rewind says where to resume)."""
-        self._ensure_started()
-        if self._stream is None:
-            return None
-        writing = self._stream.writing(feed)
-        if writing is not None and joining:
-            self._feeds.failed(*writing, feed, "its producer restarted")
-            await self._notify()
-            await self._until_cut(feed)
-            if self._stream is None:
-                return None
-        position = self._stream.poll(feed, self._core.committed_through(), applied_rewinds)
-        writing = self._stream.writing(feed)
-        if writing is not None:  # the poll is the member's heartbeat too
-            self._feeds.alive(*writing, feed, time.monotonic())
-        return position
-
-    async def _until_cut(self, feed: int) -> None:
-        """Wait for the rewind that cuts ``feed`` (its epoch failed), or the stream's end."""
-        deadline = time.monotonic() + self._stream_timeout
-        while (stream := self._stream) is not None and not stream.ended \
-                and not stream.has_cut(feed):
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise EpochFailedError(
-                    f"feed {feed} restarted, and the stream did not rewind within "
-                    f"{self._stream_timeout:g} s: is the driver's stream still ticking?",
-                    runtime=self._config.runtime)
-            await self._wait_change(min(left, 0.5))
-
-    async def stream_tick(self, checkpoint_id: int, drain: bool) -> StreamTick | None:
-        """Close the stream's current epoch (see ``StreamBook.tick``)."""
-        await self._until_recovered()
-        if self._stream is None:
-            return None
-        book = self._stream
-        return book.tick(checkpoint_id, self._core.next_attempt(book.epoch + 1),
-                         self._core.generation, drain=drain)
-
-    async def stream_rewind(self, epoch: int, timeout: float) -> StreamPosition:
-        """``epoch`` failed (its attempt is resolved): open it again; producers replay."""
-        opened = await self.open_epoch(epoch, timeout)
-        if self._stream is None:
-            self._stream = StreamBook(opened.epoch, opened.attempt)
-        self._stream.rewind(opened.epoch, opened.attempt, self._core.committed_through())
-        await self._notify()
-        return self._stream.position(self._core.committed_through())
-
-    async def stream_leave(self, feed: int) -> None:
-        """A producer leaves the stream; an epoch ticked for it that it did not claim is
-        closed empty for it (it wrote nothing there)."""
-        self._ensure_started()
-        owed = None if self._stream is None else self._stream.leave(feed)
-        if owed is not None:
-            self._feeds.closed(*owed, feed, {}, time.monotonic())
-            await self._notify()
 
     # ------------------------------------------------------------------ writer calls
 

@@ -110,8 +110,10 @@ class CommitStep:
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class CommitOutcome:
-    """One sink commit step done: skipped by its marker or committed; ``marked``: the
-    commit left the marker in the target."""
+    """One sink commit step done: committed, or ``skipped``: the target held the epoch
+    already and its data is not known to be this decision's (another driver's, with a
+    meta store of its own, or one the target cannot tell); ``marked``: the commit left the
+    marker in the target."""
 
     epoch: int
     sink: str
@@ -219,6 +221,13 @@ class EpochCoordinator:
                  if e is not None]
         return max(known, default=None)
 
+    def decided_through(self) -> int | None:
+        """The highest epoch every sink holds or will hold: ``committed_through`` or a
+        PENDING epoch above it (decided: it only rolls forward, it is never given up)."""
+        known = [e for e in (self.committed_through(), *self.pending_epochs())
+                 if e is not None]
+        return max(known, default=None)
+
     def skipped_sinks(self, epoch: int) -> tuple[str, ...]:
         entry = self._epochs.get(epoch)
         return tuple(sorted(entry.skipped)) if entry else ()
@@ -284,19 +293,19 @@ class EpochCoordinator:
         self._sweep_left(raising=False)
 
     def _sweep_left(self, raising: bool = True, epoch: int | None = None) -> None:
-        """Sweep what ``_sweep_unrecorded`` could not yet (all, or only ``epoch``)."""
+        """Sweep, by epoch, the staging no sweep could reach yet (all, or only ``epoch``:
+        before it is opened again). ``raising``: a target still unreachable is
+        ``SinkUnavailableError`` (the epoch cannot be written before it is swept)."""
         for left in sorted(self._unswept if epoch is None else self._unswept & {epoch}):
-            try:
-                self._sweep(left, 0, manifests=None, recorded=False)
-            except (FencedError, MetaStoreError):
-                raise
-            except Exception as exc:
-                if raising:
-                    raise
-                log.warning("could not sweep epoch %s yet (%s); it is swept before it is "
-                            "written", left, exc)
-                continue
-            self._unswept.discard(left)
+            failed = self._sweep(left, 0, manifests=None, recorded=False)
+            if not failed:
+                self._unswept.discard(left)
+            elif raising:
+                sink, error = next(iter(failed.items()))
+                raise SinkUnavailableError(
+                    f"the staging of epoch {left} in sink {sink!r} could not be swept "
+                    f"({error}); the epoch is written again once it is, so retry when the "
+                    "target is reachable", runtime=self.runtime, sink=sink, epoch=left)
 
     def next_attempt(self, epoch: int) -> int:
         """The attempt number ``epoch`` would be opened with now."""
@@ -644,9 +653,15 @@ class EpochCoordinator:
         del self._epochs[epoch]
 
     def _sweep(self, epoch: int, attempt: int, manifests: Mapping[str, Any] | None,
-               recorded: bool = True) -> None:
+               recorded: bool = True) -> dict[str, str]:
         """Sweep every sink's staging of ``epoch`` (``recorded``: with its records ABORTED
-        first and deleted after).
+        first and deleted after). Returns the sinks that could not be swept, with why.
+
+        The attempt number counts as used whatever the sweep does (an attempt number is
+        never staged twice). A sink that cannot be swept now (its target unreachable)
+        leaves the epoch *unswept*: it is swept by its number before the epoch is opened
+        again (``_sweep_left``), and its ABORTED records stay until then. What an aborted
+        attempt staged is never part of a decision, so until then it is only garbage.
 
         An epoch the store has no record of is swept by its number alone, and so never in
         a sink whose marker holds it: that epoch was committed there (by a meta store this
@@ -654,14 +669,24 @@ class EpochCoordinator:
         the table other than the current one may still reference (time travel)."""
         if recorded:
             self.store.put_aborted(self.runtime, self.generation, epoch, attempt)
+        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+        failed: dict[str, str] = {}
         for name, sink in self.sinks.items():
             with self._io[name]:
-                if not recorded and _holds(sink, epoch):
-                    continue
-                sink.abort(epoch, None if manifests is None else manifests.get(name))
-        if recorded:
+                try:
+                    if recorded or not _holds(sink, epoch):
+                        sink.abort(epoch, None if manifests is None else manifests.get(name))
+                except (FencedError, MetaStoreError):
+                    raise
+                except Exception as exc:
+                    failed[name] = f"{type(exc).__name__}: {exc}"
+        if failed:
+            self._unswept.add(epoch)
+            log.warning("could not sweep the staging of epoch %s in %s yet; it is swept "
+                        "before the epoch is written again", epoch, failed)
+        elif recorded:
             self.store.delete_aborted(self.runtime, self.generation, epoch)
-        self._aborted[epoch] = max(attempt, self._aborted.get(epoch, -1))
+        return failed
 
     def resolve(self, epoch: int, attempt: int | None = None) -> Resolution:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an OPEN attempt is aborted first, and
@@ -712,25 +737,36 @@ class EpochCoordinator:
         target = self.sinks[step.sink]
         key = (step.epoch, step.sink)
         with self._io[step.sink]:
-            # an earlier try of this commit in this process may have landed (its answer
-            # lost, or its record failed): the marker then shows this epoch's own rows,
-            # which is no skip
-            ours = key in self._tried
+            tried = key in self._tried
             marker = target.committed_epoch()
             self._check_marker_for_pending(step.sink, marker, step.epoch)
-            landed = marker is not None and marker >= step.epoch
-            skipped, marked = landed and not ours, True
-            if not landed:
+            held, marked = marker is not None and marker >= step.epoch, True
+            if not held:
                 self._tried.add(key)
                 started = time.monotonic()
                 result = target.commit(step.epoch, list(step.manifests))
                 marked = result is not CommitResult.NO_TARGET
-                skipped = result is CommitResult.ALREADY and not ours
+                held = result is CommitResult.ALREADY
                 log.debug("sink %s committed epoch %s in %.3fs%s", step.sink, step.epoch,
                           time.monotonic() - started, "" if marked else " (no target, no marker)")
+            skipped = held and not self._own_commit(target, step, tried)
             _faults.hit("coordinator.after_commit", runtime=self.runtime, epoch=step.epoch,
                         sink=step.sink)
         return CommitOutcome(epoch=step.epoch, sink=step.sink, skipped=skipped, marked=marked)
+
+    def _own_commit(self, target: Sink, step: CommitStep, tried: bool) -> bool:
+        """Whether the data the target already holds as the step's epoch is this
+        decision's: a commit of it landed before (its answer lost, its record failed, or
+        its coordinator crashed before recording it), which is no skip. The target tells
+        (``Sink.holds_decision``: another driver of the runtime, with a meta store of its own, may
+        have committed other data as the epoch); where it cannot, whether this process
+        took the commit to it before (``tried``)."""
+        held = target.holds_decision(step.epoch, list(step.manifests))
+        if held is False:
+            log.warning("sink %s holds another decision of epoch %s (a driver of %s with a "
+                        "meta store of its own?): this one's rows are not written",
+                        step.sink, step.epoch, self.runtime)
+        return tried if held is None else held
 
     def record_commit(self, outcome: CommitOutcome) -> None:
         """Record one sink's commit COMMITTED; the epoch is complete once every sink is."""

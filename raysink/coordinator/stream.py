@@ -5,48 +5,100 @@ the driver ticks: the current epoch's members are fixed, each member's own
 ``BarrierInjector`` gets the epoch's barrier, and the stream moves on to the next epoch.
 Each producer claims its pending barrier once, at its next batch boundary (or, idle, from
 its poll), closes its part of the epoch and writes the next one. A producer that joins
-(first poll, or after a restart) writes the current epoch from then on.
+(its first write, or its first after a rewind) writes the current epoch from then on.
 
-After an epoch failed, the stream *rewinds*: the epoch is written again from the last
-committed one, every producer leaves (its next write raises ``StreamRewind``: it replays
-its source from there and joins again). Each member is told the epoch the rewind cut its
-history at (its *cut*: the last epoch committed when its writes after it were dropped),
-until it says it applied the rewind: the stream may commit later epochs without it
-meanwhile, and a producer that replayed from one of those would lose the rows it had
-written into the dropped epochs before them. A producer restarted while still a member
-learns its cut the same way, once the rewind its restart forces has happened.
+Rewinds and cuts. After an epoch failed, the stream *rewinds*: the failed epoch is written
+again (a new attempt) and every member leaves (its next write raises ``StreamRewind``: it
+replays its source and joins again). Each member is told the epoch the rewind cut its
+history at, its *cut*: the last epoch *decided* when its later writes were dropped
+(committed, or PENDING: a decided epoch only rolls forward, it is never given up, so its
+rows are kept whatever fails after it). It is told so until it *applied* the rewind (its
+process wrote again after being told: ``applied_rewinds``), and is no member until then,
+so no tick hands it a barrier it could only close empty. The stream may commit later
+epochs without it meanwhile: a producer that replayed from one of those would lose the
+rows it had written into the dropped epochs before them. A producer restarted while a
+member learns its cut the same way, once the rewind its restart forces has happened.
+
+A stream taken over. A coordinator that was replaced, or restarted by Ray, does not know
+the stream. The driver keeps what a successor needs from the answers it gets
+(``StreamState``: the rewinds so far, the cuts not applied as of its last tick, the feeds
+handed out) and hands it over (``StreamBook.taken_over``). Every write into an epoch not
+decided was lost with the coordinator (its successor's recovery swept them), so every
+feed handed out before is cut at the last decided epoch (the *floor*), unless its recorded
+cut is older. The successor counts its rewinds above any the lost coordinator can have
+reached (the record, plus a rewind it may have made without answering, plus the loss).
+The record may lag behind a cut a feed applied since the driver's last tick; that feed
+then resumes from its older recorded cut, which replays nothing decided: it wrote only
+into epochs ticked after that answer, none of them decided (a decision follows a tick
+answer, which lists the cuts applied before it).
 
 Pure bookkeeping; the coordinator serves it.
 """
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 from raysink.coordinator.barrier import BarrierFlags, BarrierInjector, CheckpointBarrier
 
-__all__ = ["StreamBook", "StreamPosition", "StreamTick"]
+__all__ = ["Cut", "StreamBook", "StreamPosition", "StreamState", "StreamTick"]
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Cut:
+    """Where rewind number ``since`` cut a feed's history: after ``epoch`` (the last epoch
+    decided then; ``None``: none), nothing it wrote was kept."""
+
+    epoch: int | None
+    since: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class StreamState:
+    """What the driver keeps of its stream, for a successor coordinator to take it over:
+    the rewinds so far, the cuts not yet applied, the feeds handed out (ids ``1..feeds``)
+    and the route (``route``: its number, the writers' handles the driver gives). As
+    answered by a rewind: ``(epoch, attempt)``, the epoch the stream goes on with."""
+
+    epoch: int = 0
+    attempt: int = 0
+    rewinds: int = 0
+    cuts: Mapping[int, Cut] = field(default_factory=dict)
+    feeds: int = 0
+    route: int = 0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamPosition:
-    """What a producer's poll learns: write ``(epoch, attempt)``; ``barrier``: close
-    your part of ``barrier.epoch`` first (claimed once); ``rewinds``: how many times the
-    stream rewound (a change means: replay from ``committed``); ``ended``: the stream
-    was drained, nothing more is taken."""
+    """What a producer's poll learns. ``member``: write ``(epoch, attempt)``; else join
+    first (poll with every rewind applied). ``barrier``: close your part of
+    ``barrier.epoch`` first (claimed once). ``rewinds``: how many times the stream rewound
+    (a change means: replay from ``committed``). ``rewound``: this feed has a rewind to
+    apply. ``committed``: where to resume, the feed's cut while it has one, else the last
+    decided epoch; ``visible``: every target holds the epochs up to it. ``ended``: the
+    stream was drained, nothing more is taken. ``writers``: the route's writers (number
+    ``route``), when the feed's route is another."""
 
     epoch: int
     attempt: int
     rewinds: int
     committed: int | None
+    visible: int | None = None
+    rewound: bool = False
+    member: bool = False
     barrier: CheckpointBarrier | None = None
     barrier_attempt: int = 0  # the attempt of ``barrier.epoch``
     ended: bool = False
+    route: int = 0
+    writers: Mapping[str, Sequence[Any]] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamTick:
-    """An epoch whose members must now close it: commit it over them."""
+    """An epoch whose members must now close it: commit it over them. ``state``: the
+    stream's rewinds and cuts now (the driver's record)."""
 
     epoch: int
     attempt: int
@@ -55,6 +107,7 @@ class StreamTick:
     next_attempt: int = 0  # of the epoch after it, which the members write next
     drain: bool = False
     generation: int | None = None  # the coordinator's, for an epoch not opened first
+    state: StreamState = field(default_factory=StreamState)
 
 
 @dataclass(kw_only=True, slots=True)
@@ -64,31 +117,59 @@ class _Member:
 
 
 class StreamBook:
-    """The stream's current epoch, its members, and each member's pending barrier."""
+    """The stream's current epoch, its members, each member's pending barrier, and the
+    cuts of the feeds that have a rewind to apply."""
 
-    def __init__(self, epoch: int, attempt: int) -> None:
+    def __init__(self, epoch: int, attempt: int, *, opened: bool = True) -> None:
         self.epoch, self.attempt = epoch, attempt
-        self.opened = epoch  # the epoch opened at the coordinator; the later ones are not
+        # the epoch opened at the coordinator (its OPEN recorded); the others' opens
+        # travel with their decision
+        self.opened: int | None = epoch if opened else None
         self.rewinds = 0
         self.ended = False
+        self.route = 0
+        self.writers: Mapping[str, Sequence[Any]] | None = None
         self._closing_attempt = attempt  # of the epoch ticked last, still being closed
         self._members: dict[int, _Member] = {}
         self._left: set[int] = set()  # feeds that left on purpose
-        self._cuts: dict[int, int | None] = {}  # feed -> its cut, until it applied the rewind
+        self._cuts: dict[int, Cut] = {}  # feed -> its cut, until it applied the rewind
+        self._floor: Cut | None = None  # taken over: the cut of every feed handed out
+        self._floor_feeds = 0
 
-    def poll(self, feed: int, committed: int | None,
-             applied_rewinds: int | None = None) -> StreamPosition:
-        """A member's poll (joining when it is not one): its pending barrier, claimed.
-        ``applied_rewinds``: the rewinds the producer has applied (``None``: a new
-        process); until it applied the last one, ``committed`` is its cut."""
-        if feed in self._cuts:
-            if applied_rewinds == self.rewinds:
-                del self._cuts[feed]
-            else:
-                committed = self._cuts[feed]
+    @classmethod
+    def taken_over(cls, state: StreamState, epoch: int, attempt: int, cut: int | None, *,
+                   opened: bool) -> StreamBook:
+        """A successor coordinator's book of a stream its predecessor kept: the stream
+        goes on with ``(epoch, attempt)``; every feed handed out (``state.feeds``) is cut
+        at ``cut``, the last decided epoch, unless its recorded cut is older."""
+        book = cls(epoch, attempt, opened=opened)
+        book.rewinds = state.rewinds + 2
+        book._cuts = dict(state.cuts)
+        book._floor, book._floor_feeds = Cut(epoch=cut, since=book.rewinds), state.feeds
+        book.route = state.route
+        return book
+
+    def state(self) -> StreamState:
+        """The rewinds and the cuts not applied yet (the driver adds the rest)."""
+        return StreamState(epoch=self.epoch, attempt=self.attempt, rewinds=self.rewinds,
+                           cuts=dict(self._cuts), route=self.route)
+
+    def set_route(self, route: int, writers: Mapping[str, Sequence[Any]]) -> None:
+        """The writers producers send to from now on (route number ``route``)."""
+        self.route, self.writers = route, writers
+
+    def poll(self, feed: int, applied_rewinds: int | None = None, *, committed: int | None,
+             decided: int | None = None, route: int | None = None) -> StreamPosition:
+        """A feed's poll: a member's pending barrier, claimed. ``applied_rewinds``: the
+        rewinds its producer applied (``None``: a new process); with every one applied
+        the feed joins (a member from the current epoch on), else it is told its cut.
+        ``committed``: every target holds the epochs up to it; ``decided``: the last
+        decided epoch (default ``committed``); ``route``: the feed's route number."""
+        decided = committed if decided is None else decided
+        cut = self._cut(feed, applied_rewinds)
         member = self._members.get(feed)
-        if member is None and not self.ended and feed not in self._left:
-            member = self._members[feed] = _Member(epoch=self.epoch)
+        if applied_rewinds == self.rewinds and member is None:
+            member = self._join(feed)
         barrier, barrier_attempt = None, 0
         if member is not None:
             if member.injector.has_pending:
@@ -97,15 +178,39 @@ class StreamBook:
                 barrier_attempt = self._attempt_of(barrier.epoch)
                 member.epoch = max(barrier.epoch + 1, self.epoch)
         epoch = self.epoch if member is None else member.epoch
-        return StreamPosition(epoch=epoch, attempt=self._attempt_of(epoch),
-                              rewinds=self.rewinds, committed=committed, barrier=barrier,
-                              barrier_attempt=barrier_attempt,
-                              ended=self.ended and (member is None or barrier is None))
+        writers = self.writers if route is not None and route != self.route else None
+        return StreamPosition(
+            epoch=epoch, attempt=self._attempt_of(epoch), rewinds=self.rewinds,
+            committed=decided if cut is None else cut.epoch, visible=committed,
+            rewound=cut is not None, member=member is not None, barrier=barrier,
+            barrier_attempt=barrier_attempt, route=self.route, writers=writers,
+            ended=self.ended and (member is None or barrier is None))
+
+    def _cut(self, feed: int, applied: int | None) -> Cut | None:
+        """The feed's cut, while it has not applied the rewind that set it (a recorded
+        cut it applied is forgotten)."""
+        recorded = self._cuts.get(feed)
+        if recorded is not None:
+            if applied is None or applied < recorded.since:
+                return recorded
+            del self._cuts[feed]
+        floor = self._floor
+        if floor is not None and feed <= self._floor_feeds and (
+                applied is None or applied < floor.since):
+            return floor
+        return None
+
+    def _join(self, feed: int) -> _Member | None:
+        if self.ended or feed in self._left:
+            return None
+        member = self._members[feed] = _Member(epoch=self.epoch)
+        return member
 
     def position(self, committed: int | None) -> StreamPosition:
         """Where the stream is, for the driver (nobody joins)."""
         return StreamPosition(epoch=self.epoch, attempt=self.attempt, rewinds=self.rewinds,
-                              committed=committed, ended=self.ended)
+                              committed=committed, visible=committed, ended=self.ended,
+                              route=self.route)
 
     def writing(self, feed: int) -> tuple[int, int] | None:
         """The ``(epoch, attempt)`` member ``feed`` writes now (its heartbeat's)."""
@@ -129,21 +234,23 @@ class StreamBook:
             self._members[feed].injector.trigger(checkpoint_id, flags)
         tick = StreamTick(epoch=self.epoch, attempt=self.attempt, members=members,
                           checkpoint_id=checkpoint_id, drain=drain, next_attempt=next_attempt,
-                          generation=None if self.epoch == self.opened else generation)
+                          generation=None if self.epoch == self.opened else generation,
+                          state=self.state())
         self._closing_attempt = self.attempt
         self.epoch, self.attempt = self.epoch + 1, next_attempt
         self.ended = drain
         return tick
 
-    def rewind(self, epoch: int, attempt: int, committed: int | None) -> None:
-        """``epoch`` failed: write it again (``attempt``); every producer leaves and
-        replays from ``committed``, the last committed epoch (its cut; an earlier cut
-        it has not applied yet stays)."""
+    def rewind(self, epoch: int, attempt: int, cut: int | None, *,
+               opened: bool = True) -> None:
+        """The stream failed: write ``epoch`` again (``attempt``; ``opened``: its OPEN is
+        recorded); every member leaves, cut at ``cut`` (the last decided epoch); a feed
+        with an older cut it has not applied keeps that one."""
         self.epoch, self.attempt = epoch, attempt
-        self.opened = epoch
+        self.opened = epoch if opened else None
         self.rewinds += 1
         for feed in self._members:
-            self._cuts.setdefault(feed, committed)
+            self._cuts[feed] = Cut(epoch=cut, since=self.rewinds)
         self._members.clear()
 
     def has_cut(self, feed: int) -> bool:

@@ -1,8 +1,8 @@
 """The sinks raysink ships.
 
 Each is imported on first use (module ``__getattr__``), so ``import raysink.sinks`` never
-imports ``deltalake``, ``pyiceberg`` or ``psycopg``; a sink whose library is missing says
-which extra to install when it is used.
+imports ``deltalake``, ``pyiceberg``, ``psycopg`` or ``confluent_kafka``; a sink whose
+library is missing says which extra to install when it is used.
 """
 
 from __future__ import annotations
@@ -15,14 +15,15 @@ from raysink.sinks.base import Manifest, Sink, SinkWriter
 if TYPE_CHECKING:
     from raysink.sinks.parquet import ParquetSink
 
-__all__ = ["DeltaSink", "IcebergSink", "Manifest", "ParquetSink", "PostgresSink", "Sink",
-           "SinkWriter"]
+__all__ = ["DeltaSink", "IcebergSink", "KafkaSink", "Manifest", "ParquetSink", "PostgresSink",
+           "Sink", "SinkWriter"]
 
 _LAZY = {
     "ParquetSink": "raysink.sinks.parquet",
     "DeltaSink": "raysink.sinks.delta",
     "IcebergSink": "raysink.sinks.iceberg",
     "PostgresSink": "raysink.sinks.postgres",
+    "KafkaSink": "raysink.sinks.kafka",
 }
 
 

@@ -22,11 +22,16 @@ Lifecycle, and where each call runs::
                  w.pre_commit(epoch, attempt)    -> Manifest: durable, staged, invisible
                  w.rollback(epoch, attempt)      drop what this attempt staged
                  w.close()                       at the draining close (``rt.close()``), once
+    writer actor w.finish(epoch, attempt, commit)  holds_transactions sinks only: end what
+                                                 the writer holds open, asked by commit/abort
     coordinator  sink.target_exists()            is the target there (markers vs deletions)
                  sink.committed_epoch()          highest epoch whose marker is in the target
                  sink.commit(epoch, manifests)   make the epoch visible with its marker;
                                                  idempotent, safe to re-run after a crash;
                                                  -> CommitResult
+                 sink.holds_decision(epoch, manifests)
+                                                 whether the epoch the marker holds is this
+                                                 decision (after a skip by the marker)
                  sink.abort(epoch, manifests)    remove staged data; ``None`` sweeps by epoch;
                                                  idempotent; never removes committed data
                  sink.recreate_marker(epoch)     a deleted marker, nothing pending
@@ -54,6 +59,17 @@ evolves the schemas of the epochs decided before it (by the same rules), and ``c
 applies the change in the same commit as the data. A writer never changes the target's
 schema itself.
 
+One decision per epoch. Two drivers of one runtime with meta stores of their own (so
+neither's lease sees the other) can decide the same epoch with different data. ``commit``
+lets exactly one decision of an epoch land: the target's marker is set atomically with
+the data (Delta's app transaction, Iceberg's compare-and-swap, PostgreSQL's progress row
+in the data's transaction), or, where making the data visible takes several steps (a
+Parquet directory's renames, PostgreSQL's ``COMMIT PREPARED`` per writer), the decision
+first claims the epoch in the target (``decision_id``) and only the claimant moves data.
+A commit that finds another decision holding its epoch returns ``ALREADY`` and makes
+nothing of its own visible; ``holds_decision`` then says whose data the epoch is, so the report of
+the decision that did not land says so.
+
 Staged data is named by ``(epoch, attempt, writer)`` so that an old attempt never mixes
 with a new one. A manifest is small and JSON-serialisable (paths, row counts, schema); the
 meta store keeps it as JSON, never pickle. A writer that received nothing in an attempt
@@ -64,6 +80,8 @@ from __future__ import annotations
 
 import copy
 import enum
+import hashlib
+import json
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
@@ -73,7 +91,8 @@ from raysink._schema import Rules, SchemaEvolution
 if TYPE_CHECKING:
     import pyarrow as pa
 
-__all__ = ["CommitResult", "Manifest", "Sink", "SinkWriter", "staged_name"]
+__all__ = ["CommitResult", "Held", "Manifest", "Sink", "SinkWriter", "decision_id",
+           "staged_name"]
 
 
 class _ManifestRequired(TypedDict):
@@ -103,6 +122,12 @@ class Manifest(_ManifestRequired, total=False):
     # PostgresSink with schema_evolution="add_columns": the writer's own stage table holding
     # every row it wrote in the attempt (the commit alters the target, then moves them in)
     evolving: str | None
+    # KafkaSink: the writer's transactional id, its actor's Ray name, the data topic and
+    # the offsets its records got per partition ([[first, count], ...] per partition)
+    txn: str
+    actor: str | None
+    topic: str
+    runs: dict[str, list[list[int]]]
 
 
 class CommitResult(enum.Enum):
@@ -111,12 +136,38 @@ class CommitResult(enum.Enum):
     COMMITTED = "committed"
     """The epoch is visible now, with its marker."""
     ALREADY = "already"
-    """The epoch was in the target already (its marker said so): nothing changed."""
+    """The epoch was in the target already (its marker said so, or another decision's
+    claim of it): nothing of this call's manifests was made visible by it."""
     NO_TARGET = "no_target"
     """There is no target, and the epoch carried nothing to create one with (an empty
     epoch whose schema no writer saw): nothing was written, not even the marker."""
 
+class Held(enum.Enum):
+    """What a writer's ``finish`` did with the transaction it held for an epoch (sinks
+    whose writers hold what they staged: ``Sink.holds_transactions``)."""
+
+    COMMITTED = "committed"
+    """Committed, now or earlier, by this process."""
+    ABORTED = "aborted"
+    """Aborted now."""
+    GONE = "gone"
+    """Not held by this process, and no other process can end it any more (this process
+    took the transaction's identity over, which ended whatever an earlier holder left)."""
+    UNKNOWN = "unknown"
+    """Not held by this process, which cannot say who else might: the caller must fence
+    the transaction's identity before it acts on the epoch."""
+
+
 SinkT = TypeVar("SinkT", bound="Sink")
+
+
+def decision_id(epoch: int, manifests: Sequence[Manifest]) -> str:
+    """A digest naming one decision of ``epoch``: its manifests, as the meta store keeps
+    them (the same after a JSON round trip, so a restarted coordinator names it alike).
+    Staged names are unique per writer file, so two decisions never share one."""
+    text = json.dumps({"epoch": epoch, "manifests": list(manifests)}, sort_keys=True,
+                      separators=(",", ":"), default=str)
+    return hashlib.sha256(text.encode()).hexdigest()[:32]
 
 
 def staged_name(epoch: int, attempt: int, writer_id: int, unique: str) -> str:
@@ -156,6 +207,12 @@ class SinkWriter(ABC):
         """Release files and connections. Called once by the draining close
         (``rt.close()``), never after; not called when the actor crashes or is killed."""
 
+    def finish(self, epoch: int, attempt: int, *, commit: bool) -> Held:
+        """Commit (``commit``) or abort what this writer holds open for ``(epoch,
+        attempt)``; called by the sink's ``commit``/``abort`` in the coordinator, through
+        the writer actor, only for sinks with ``holds_transactions``. Idempotent."""
+        raise NotImplementedError(f"{type(self).__name__} holds no transactions")
+
 
 class Sink(ABC):
     """The picklable, driver-side description of a target.
@@ -168,6 +225,12 @@ class Sink(ABC):
     runtime: str = ""
     name: str = ""
     schema_evolution: SchemaEvolution = "fail"
+    holds_transactions: bool = False
+    """The sink's writers keep what they staged open in their own processes (a Kafka
+    transaction, which only the producer that opened it can end). The runtime then lets a
+    writer pre-commit an epoch only once every earlier epoch is committed to this sink
+    (so records of epochs never interleave in the target, a replayed one included), and
+    serves ``SinkWriter.finish`` to the sink's ``commit``/``abort``."""
 
     def __init_subclass__(cls, **kwargs: Any) -> None:
         """A subclass's constructor answers an unknown or misspelt option with
@@ -232,6 +295,13 @@ class Sink(ABC):
     @abstractmethod
     def committed_epoch(self) -> int | None:
         """The highest epoch whose marker is in the target, or ``None``."""
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the data the target holds as ``epoch`` is the decision ``manifests``
+        (``True``: a commit of it landed before, say before a crash) or another's
+        (``False``); ``None``: the target cannot tell. Asked when the marker skipped a
+        commit: only ``True`` makes the epoch's report count its rows as written."""
+        return None
 
     def target_exists(self) -> bool:
         """Whether the target is there. Checked before a missing marker is re-created: a

@@ -30,7 +30,9 @@ per key (manifest order, then row order) and MERGEs them. ``commit`` checks
 ``transaction_version(marker_id) >= epoch`` first (delta-rs does not skip an app
 transaction already committed), so it is idempotent; a concurrent commit of the same
 epoch from another instance makes ours fail with ``CommitFailedError`` (app id conflict),
-after which the marker is re-checked.
+after which the marker is re-checked. The commit's metadata names the decision
+(``raysink.sink``, ``raysink.epoch``, ``raysink.decision``), so ``holds_decision`` can tell a
+decision's own earlier commit from another driver's.
 
 Schema evolution (``schema_evolution="add_columns"``): writers check each batch against
 the table's schema (``raysink._schema.evolve``: new columns are added, a type narrower
@@ -52,6 +54,7 @@ creates nothing: ``commit`` returns ``False`` and the meta store records it unma
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import json
 import logging
@@ -86,13 +89,16 @@ from raysink.sinks._staging import (
     new_unique,
     staged_file_path,
 )
-from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter, decision_id
 
 __all__ = ["DeltaSink", "DeltaSinkWriter"]
 
 logger = logging.getLogger(__name__)
 
 STAGING_PREFIX = "raysink"
+DECISION_KEYS = ("raysink.sink", "raysink.epoch", "raysink.decision")
+"""Commit metadata of a raysink commit: its marker id, epoch and decision (``holds_decision``)."""
+HISTORY_SEARCHED = 100
 _STAT_STRING_MAX = 32
 _SEQ = "__raysink_seq"
 _REMEMBERED_ATTEMPTS = 8  # staged attempts a writer can still roll back
@@ -149,11 +155,13 @@ def _table_schema(dt: Any) -> pa.Schema:
 @dataclass(frozen=True, slots=True)
 class _SchemaPlan:
     """What a commit does to the table's schema: ``schema`` after it, ``changed`` (an
-    existing table gains columns), ``rewrite`` (the staged rows are written again)."""
+    existing table gains columns), ``rewrite`` (the staged rows are written again); and
+    the ``decision`` it commits (``decision_id``, kept in the commit's metadata)."""
 
     schema: pa.Schema | None
     changed: bool = False
     rewrite: bool = False
+    decision: str | None = None
 
 
 def _file_schemas(manifests: Sequence[Manifest]) -> list[pa.Schema]:
@@ -529,13 +537,14 @@ class DeltaSink(Sink):
             logger.info("Delta sink %s: epoch %d is empty and there is no table yet; "
                         "nothing to commit", self.marker_id, epoch)
             return None
-        plan = self._plan_schema(dt, epoch, manifests, schema)
+        plan = dataclasses.replace(self._plan_schema(dt, epoch, manifests, schema),
+                                   decision=decision_id(epoch, manifests))
         if self._opts.mode == "upsert":
             self._commit_upsert(dt, epoch, manifests, plan)
         elif plan.rewrite:
             self._commit_rewritten(dt, epoch, files, plan)
         else:
-            self._commit_append(dt, epoch, files, schema)
+            self._commit_append(dt, epoch, files, plan)
         return plan
 
     def _plan_schema(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
@@ -556,26 +565,31 @@ class DeltaSink(Sink):
         return _SchemaPlan(schema=final, changed=evolution.changed,
                            rewrite=evolution.changed or not fits)
 
-    def _commit_properties(self, epoch: int) -> Any:
+    def _commit_properties(self, epoch: int, plan: _SchemaPlan | None = None) -> Any:
+        """The marker (an app transaction) and, for a decision, which one it is."""
         dl = _deltalake()
+        metadata = None if plan is None or plan.decision is None else {
+            DECISION_KEYS[0]: self.marker_id, DECISION_KEYS[1]: str(epoch),
+            DECISION_KEYS[2]: plan.decision}
         return dl.CommitProperties(
+            custom_metadata=metadata,
             app_transactions=[dl.Transaction(app_id=self.marker_id, version=epoch)])
 
     def _commit_append(self, dt: Any | None, epoch: int, files: list[dict[str, Any]],
-                       schema: pa.Schema | None) -> None:
+                       plan: _SchemaPlan) -> None:
         from deltalake.transaction import AddAction, create_table_with_add_actions
 
         actions = [AddAction(f["path"], int(f["size"]), dict(f["partition_values"]),
                              int(f["modification_time"]), True, f["stats"]) for f in files]
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
         if dt is None:
-            assert schema is not None
+            assert plan.schema is not None
             try:
                 create_table_with_add_actions(
-                    self._opts.uri, _deltalake().Schema.from_arrow(schema), actions,
+                    self._opts.uri, _deltalake().Schema.from_arrow(plan.schema), actions,
                     mode="error", partition_by=list(self._opts.partition_by) or None,
                     storage_options=self._opts.storage_options,
-                    commit_properties=self._commit_properties(epoch))
+                    commit_properties=self._commit_properties(epoch, plan))
             except _deltalake().exceptions.DeltaError as exc:
                 # another committer created the table first: never append blindly
                 if self._opts.load() is None:
@@ -583,7 +597,7 @@ class DeltaSink(Sink):
                 raise _deltalake().exceptions.CommitFailedError(str(exc)) from exc
             return
         dt.create_write_transaction(actions, "append", dt.schema(),
-                                    commit_properties=self._commit_properties(epoch))
+                                    commit_properties=self._commit_properties(epoch, plan))
 
     def _commit_upsert(self, dt: Any | None, epoch: int, manifests: Sequence[Manifest],
                        plan: _SchemaPlan) -> None:
@@ -599,15 +613,17 @@ class DeltaSink(Sink):
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
         if source is None or source.num_rows == 0:
             if plan.changed:  # no rows, but new columns: the metadata action and the marker
-                self._write_merged(dt, _schema.loosen(plan.schema).empty_table(), epoch)
+                self._write_merged(dt, _schema.loosen(plan.schema).empty_table(), epoch,
+                                   plan)
                 return
             dt.create_write_transaction([], "append", dt.schema(),
-                                        commit_properties=self._commit_properties(epoch))
+                                        commit_properties=self._commit_properties(epoch, plan))
             return
         assert self._opts.key is not None
         predicate = " AND ".join(f"t.`{k}` = s.`{k}`" for k in self._opts.key)
         (dt.merge(source, predicate, source_alias="s", target_alias="t",
-                  merge_schema=plan.changed, commit_properties=self._commit_properties(epoch))
+                  merge_schema=plan.changed,
+                  commit_properties=self._commit_properties(epoch, plan))
          .when_matched_update_all().when_not_matched_insert_all().execute())
 
     def _latest_rows(self, epoch: int, manifests: Sequence[Manifest],
@@ -641,15 +657,16 @@ class DeltaSink(Sink):
                 else plan.schema.empty_table())
         rows = rows.cast(_data_schema(rows.schema, plan.schema))
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
-        self._write_merged(dt, rows, epoch)
+        self._write_merged(dt, rows, epoch, plan)
 
-    def _write_merged(self, dt: Any | None, rows: pa.Table, epoch: int) -> None:
+    def _write_merged(self, dt: Any | None, rows: pa.Table, epoch: int,
+                      plan: _SchemaPlan) -> None:
         """One ``write_deltalake`` commit: ``rows``, the schema they add, the marker."""
         _deltalake().write_deltalake(
             dt if dt is not None else self._opts.uri, rows, mode="append", schema_mode="merge",
             partition_by=list(self._opts.partition_by) or None,
             storage_options=None if dt is not None else self._opts.storage_options,
-            commit_properties=self._commit_properties(epoch))
+            commit_properties=self._commit_properties(epoch, plan))
 
     def _check_fits(self, dt: Any, schema: pa.Schema, epoch: int) -> None:
         """``fail``: the epoch's schema must be the table's (Delta types, by name)."""
@@ -657,6 +674,19 @@ class DeltaSink(Sink):
                                   where=self._where(epoch))
         if refused is not None:
             raise refused
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the commit that carried this sink's marker at ``epoch`` (looked for in
+        the last ``HISTORY_SEARCHED`` versions' commit metadata) is the decision
+        ``manifests``; ``None`` when it is not found there."""
+        dt = self._opts.load()
+        if dt is None:
+            return None
+        for info in dt.history(limit=HISTORY_SEARCHED):
+            if (info.get(DECISION_KEYS[0]), info.get(DECISION_KEYS[1])) == (
+                    self.marker_id, str(epoch)) and DECISION_KEYS[2] in info:
+                return bool(info[DECISION_KEYS[2]] == decision_id(epoch, manifests))
+        return None
 
     def _has_marker(self, dt: Any, epoch: int) -> bool:
         version = dt.transaction_version(self.marker_id)

@@ -14,7 +14,8 @@ Manifest of one writer for one attempt::
      "rows": 1000, "bytes": 5120, "schema": "<base64 Arrow IPC schema>" | null}
 
 Commit: one fast-append snapshot of every staged file, whose summary carries
-``raysink.sink = marker_id`` and ``raysink.epoch = epoch``; the same table commit sets the
+``raysink.sink = marker_id``, ``raysink.epoch = epoch`` and ``raysink.decision`` (which
+decision it is: ``holds_decision``); the same table commit sets the
 table property ``raysink.epoch.<marker_id>`` (a high-water mark that survives snapshot
 expiry). ``commit`` is idempotent: it first looks for the marker (property, then the
 snapshot ancestry); pyiceberg's own commit retry is switched off on the table
@@ -66,7 +67,7 @@ from raysink.sinks._staging import (
     new_unique,
     staged_file_path,
 )
-from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
+from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter, decision_id
 
 __all__ = ["IcebergSink", "IcebergSinkWriter"]
 
@@ -74,6 +75,7 @@ logger = logging.getLogger(__name__)
 
 SINK_PROPERTY = "raysink.sink"
 EPOCH_PROPERTY = "raysink.epoch"
+DECISION_PROPERTY = "raysink.decision"
 NO_RETRY = {"commit.retry.num-retries": "0"}
 _SECRET = re.compile(r"secret|password|token|credential|key", re.IGNORECASE)
 _URI_PASSWORD = re.compile(r"(://[^:/@]+:)[^@]+@")
@@ -318,7 +320,8 @@ class IcebergSink(Sink):
                 return CommitResult.ALREADY
             uris = self._checked_files(epoch, manifests, table)
             try:
-                self._append(self._without_retry(table), epoch, uris, schema)
+                self._append(self._without_retry(table), epoch, uris, schema,
+                             decision_id(epoch, manifests))
             except (errors.CommitFailedException, errors.CommitStateUnknownException) as exc:
                 last = exc
                 continue
@@ -353,7 +356,8 @@ class IcebergSink(Sink):
             tx.set_properties(NO_RETRY)
         return self._opts.load_table()
 
-    def _append(self, table: Any, epoch: int, uris: list[str], schema: pa.Schema | None) -> None:
+    def _append(self, table: Any, epoch: int, uris: list[str], schema: pa.Schema | None,
+                decision: str | None = None) -> None:
         evolved = None
         if schema is not None and self._opts.evolving:
             evolution = _schema.evolve(table.schema().as_arrow(), schema,
@@ -362,6 +366,8 @@ class IcebergSink(Sink):
         elif schema is not None:
             _check_schema(table, self._opts.identifier, schema, self._where(epoch))
         props = {SINK_PROPERTY: self.marker_id, EPOCH_PROPERTY: str(epoch)}
+        if decision is not None:
+            props[DECISION_PROPERTY] = decision
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
         with table.transaction() as tx:
             if evolved is not None:  # the schema update, in the data's own commit
@@ -373,6 +379,24 @@ class IcebergSink(Sink):
                 with tx.update_snapshot(snapshot_properties=props).fast_append():
                     pass
             tx.set_properties({self.epoch_property: str(epoch)})
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the snapshot on the ancestry carrying this sink's marker at ``epoch``
+        names the decision ``manifests``; ``None`` when there is none (expired) or it
+        names none."""
+        from pyiceberg.table.snapshots import ancestors_of
+
+        table = self._opts.load_table()
+        if table is None:
+            return None
+        for snapshot in ancestors_of(table.current_snapshot(), table.metadata):
+            summary = snapshot.summary
+            if summary is None or summary.get(SINK_PROPERTY) != self.marker_id \
+                    or summary.get(EPOCH_PROPERTY) != str(epoch):
+                continue
+            found = summary.get(DECISION_PROPERTY)
+            return None if found is None else bool(found == decision_id(epoch, manifests))
+        return None
 
     def _is_committed(self, table: Any, epoch: int) -> bool:
         high = table.properties.get(self.epoch_property)
@@ -472,7 +496,13 @@ class IcebergSink(Sink):
 
 
 def _referenced(table: Any | None) -> set[str]:
-    if table is None or table.current_snapshot() is None:
+    """The data files the table's current snapshot references. A snapshot with no
+    manifest at all (a table created by an empty epoch) references none: pyiceberg's
+    ``inspect.files()`` cannot list it (it concatenates zero tables)."""
+    if table is None:
+        return set()
+    snapshot = table.current_snapshot()
+    if snapshot is None or not snapshot.manifests(table.io):
         return set()
     return set(table.inspect.files().column("file_path").to_pylist())
 

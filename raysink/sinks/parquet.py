@@ -9,6 +9,7 @@ Layout of one sink directory (it belongs to one runtime's sink)::
           _writing/w0003-<session>/<uuid>.parquet         flushed, not yet pre-committed
           000000000012/0001/e000000000012-a0001-w0003-<uuid>.parquet    pre-committed
         commits/000000000012.json                          commit log entry: the marker
+        commits/000000000013.claim -> <decision>           a commit under way (see commit)
 
 ``pyarrow.dataset`` and Spark skip names starting with ``_`` or ``.``, so ``_raysink`` and
 temporary files (``.<name>.tmp``) are never read as data.
@@ -32,12 +33,18 @@ and never followed.
 
 Coordinator side (``ParquetSink``):
 
-* ``commit(epoch, manifests)`` renames every staged file to ``part-<staged name>`` in the
-  directory, fsyncs it, writes the commit log entry (temporary file, fsync, rename, fsync),
-  then removes the epoch's staging. Idempotent: with the entry present (or a newer one:
-  older entries are pruned) only the staging is swept; a file already moved is skipped; a
-  staged file missing without its final file is a ``DataLossError``. A re-run after a
-  crash at any step converges.
+* ``commit(epoch, manifests)`` first claims the epoch for its decision
+  (``commits/<epoch>.claim``, a symbolic link created exclusively, its directory fsynced:
+  ``raysink.sinks._claims``), renames
+  every staged file to ``part-<staged name>`` in the directory, fsyncs it, writes the
+  commit log entry (temporary file, fsync, rename, fsync; it names the decision), drops
+  the claim, then removes the epoch's staging. Idempotent: with the entry present (or a
+  newer one: older entries are pruned) only the staging is swept; a file already moved is
+  skipped; a staged file missing without its final file is a ``DataLossError``. A re-run
+  after a crash at any step converges (it finds its own claim). A commit that finds
+  another decision's claim (another driver of the runtime, with a meta store of its own,
+  committing the same epoch) moves nothing, drops its own staged files and returns
+  ``ALREADY``: two decisions of one epoch never both land. ``holds_decision`` tells them apart.
 * ``abort(epoch, manifests)`` deletes the listed staged files (``None``: the whole
   ``staging/<epoch>``); idempotent; never touches committed files.
 * The commit log keeps the newest ``COMMIT_LOG_KEEP`` entries (older ones are deleted
@@ -81,8 +88,16 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.sinks._claims import claim, claimant
 from raysink.sinks._staging import dictionary_columns
-from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter, staged_name
+from raysink.sinks.base import (
+    CommitResult,
+    Manifest,
+    Sink,
+    SinkWriter,
+    decision_id,
+    staged_name,
+)
 
 __all__ = ["ParquetSink", "ParquetSinkWriter"]
 
@@ -186,6 +201,9 @@ class _Layout:
 
     def commit_entry(self, epoch: int) -> Path:
         return self.commits / f"{epoch:012d}.json"
+
+    def claim(self, epoch: int) -> Path:
+        return self.commits / f"{epoch:012d}.claim"
 
 
 @dataclass(frozen=True, slots=True)
@@ -394,11 +412,18 @@ class ParquetSink(Sink):
         entries = self._staged_entries(epoch, manifests)
         result = CommitResult.ALREADY
         if not self._is_committed(epoch):
+            decision = decision_id(epoch, manifests)
+            if not self._claim(epoch, decision):
+                for entry in entries:  # this decision's, never moved: another one holds it
+                    entry.staged.unlink(missing_ok=True)
+                return CommitResult.ALREADY
             schema = self._epoch_schema(epoch, manifests, entries)
             moved = self._move_into_place(epoch, entries, schema)
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
             self._write_commit_entry(epoch, moved,
-                                     None if schema is None else _schema.encode(schema))
+                                     None if schema is None else _schema.encode(schema),
+                                     decision=decision)
+            self.layout.claim(epoch).unlink(missing_ok=True)
             self._unpruned += 1
             if self._unpruned >= _PRUNE_EVERY:
                 self._prune_commit_log()
@@ -407,6 +432,28 @@ class ParquetSink(Sink):
             result = CommitResult.COMMITTED
         _rmtree(self.layout.epoch_dir(epoch))
         return result
+
+    def _claim(self, epoch: int, decision: str) -> bool:
+        """Claim ``epoch`` for ``decision``; ``False`` when another decision holds it."""
+        _makedirs(self.layout.commits)
+        holder = claim(self.layout.claim(epoch), decision)
+        if holder == decision:
+            return True
+        logger.warning("parquet sink %r: epoch %d is claimed by another decision (%s): this "
+                       "one's rows are not written", self.name, epoch, holder)
+        return False
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the commit log entry of ``epoch`` (or its claim, while its commit is
+        under way) names the decision ``manifests``; ``None`` when neither is there or
+        names one (an entry pruned, re-created, or written by an older raysink)."""
+        decision = decision_id(epoch, manifests)
+        try:
+            found = json.loads(self.layout.commit_entry(epoch).read_text()).get("decision")
+        except (OSError, ValueError, AttributeError):
+            found = None
+        found = found or claimant(self.layout.claim(epoch))
+        return None if found is None else bool(found == decision)
 
     def _epoch_schema(self, epoch: int, manifests: Sequence[Manifest],
                       entries: Sequence[_StagedEntry]) -> pa.Schema | None:
@@ -434,10 +481,14 @@ class ParquetSink(Sink):
         return latest is not None and latest >= epoch
 
     def _prune_commit_log(self) -> None:
-        """Delete all but the newest ``COMMIT_LOG_KEEP`` entries (the newest is the marker)."""
+        """Delete all but the newest ``COMMIT_LOG_KEEP`` entries (the newest is the marker),
+        and the claims a crash left of epochs the marker holds."""
         epochs = sorted(self._logged_epochs())
         for old in epochs[:-COMMIT_LOG_KEEP]:
             self.layout.commit_entry(old).unlink(missing_ok=True)
+        for path in self.layout.commits.glob("*.claim"):
+            if epochs and path.stem.isdigit() and int(path.stem) <= epochs[-1]:
+                path.unlink(missing_ok=True)
         self._unpruned = 0
 
     def _move_into_place(self, epoch: int, entries: list[_StagedEntry],

@@ -12,7 +12,10 @@ environment need, and returns the ``SparkSession``:
   running without it, that is a :class:`~raysink.errors.ConfigError`;
 * enough logical CPUs for the executors when it starts Ray itself (RayDP hangs waiting
   for resources when executors do not fit in ``num_cpus``);
-* the session time zone UTC and Arrow enabled, unless ``configs`` says otherwise.
+* the session time zone UTC and Arrow enabled, unless ``configs`` says otherwise;
+* Spark packages (``packages=`` or ``spark.jars.packages``) checked against this Spark,
+  resolved from Maven Central once and cached (``raysink.spark.packages``), and handed
+  to the session as local jars that the driver loads and every executor fetches.
 
 Only one RayDP session lives in a process. ``stop_spark()`` ends it and may be called
 any number of times; it leaves Ray running (``ray.shutdown()`` stops that).
@@ -27,12 +30,13 @@ import shutil
 import subprocess
 import sys
 import threading
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 
 import ray
 from pyspark.sql import SparkSession
 
 from raysink.errors import ConfigError
+from raysink.spark import packages as spark_packages
 
 __all__ = ["JAVA_17_OPTIONS", "active_spark", "init_spark", "stop_spark"]
 
@@ -78,6 +82,7 @@ _DEFAULT_CONFIGS: Mapping[str, str] = {
     "spark.sql.execution.arrow.pyspark.enabled": "true",
 }
 
+_EXTENSIONS_KEY = "spark.sql.extensions"
 _MIN_JAVA = 17
 _INSTALL_JAVA = "install Java 17 (`apt-get install openjdk-17-jre-headless`)"
 _MIN_RAY_CPUS = 8
@@ -94,19 +99,28 @@ def init_spark(
     executor_cores: int = 1,
     executor_memory: str = "1g",
     configs: Mapping[str, str] | None = None,
+    packages: Iterable[str] = (),
 ) -> SparkSession:
     """Start RayDP on the connected Ray (or a new local one) and return its session.
 
     ``configs`` are extra Spark settings; they override raysink's defaults, except that
     the ``extraJavaOptions`` keys are merged after the Java 17 flags rather than replacing
-    them. Raises :class:`~raysink.errors.ConfigError` when Java is missing or older than
-    17, when Ray runs without ``PYSPARK_PYTHON`` pointing at this interpreter, when the
-    sizes are invalid, or when a RayDP session is already running.
+    them. ``packages`` are Maven coordinates of Spark packages (``raysink.spark.packages``
+    names Delta's, Iceberg's and Spark's Kafka connector for this Spark), joined with any
+    ``spark.jars.packages`` in ``configs``; the first session on a machine downloads them
+    into the cache (``spark.jars.ivy``, by default ``~/.cache/raysink/ivy``), later ones
+    reuse it. Raises :class:`~raysink.errors.ConfigError` when Java is missing or older
+    than 17, when Ray runs without ``PYSPARK_PYTHON`` pointing at this interpreter, when
+    the sizes are invalid, when a package is malformed, built for another Spark or Scala,
+    or cannot be resolved, or when a RayDP session is already running.
     """
     import raydp
 
     _check_sizes(executors, executor_cores)
     check_java()
+    given = dict(configs or {})
+    coordinates = spark_packages.parse_packages(
+        [*packages, given.pop(spark_packages.PACKAGES_KEY, "")])
     with _lock:
         global _session
         _ensure_ray(executors * executor_cores)
@@ -121,7 +135,7 @@ def init_spark(
             executor_cores,
             executor_memory,
             fault_tolerant_mode=True,
-            configs=spark_configs(configs),
+            configs=spark_configs(with_packages(given, coordinates)),
         )
         logger.info("RayDP Spark session %r started with %d executors", app_name, executors)
         return _session
@@ -148,6 +162,25 @@ def spark_configs(configs: Mapping[str, str] | None = None) -> dict[str, str]:
     merged = {**_DEFAULT_CONFIGS, **given}
     for key in _JAVA_OPTION_KEYS:
         merged[key] = " ".join(part for part in (JAVA_17_OPTIONS, given.get(key, "")) if part)
+    return merged
+
+
+def with_packages(configs: Mapping[str, str],
+                  coordinates: tuple[spark_packages.Coordinate, ...]) -> dict[str, str]:
+    """``configs`` with the resolved jars of ``coordinates`` added to ``spark.jars`` and
+    the session settings their connectors need (Delta's SQL extension and catalog) where
+    ``configs`` lacks them."""
+    merged = dict(configs)
+    if not coordinates:
+        return merged
+    jars = spark_packages.resolve_packages(coordinates, merged)
+    merged["spark.jars"] = ",".join(part for part in (merged.get("spark.jars"), *jars) if part)
+    for key, value in spark_packages.session_settings(coordinates).items():
+        if key == _EXTENSIONS_KEY and merged.get(key):
+            listed = merged[key].split(",")
+            merged[key] = ",".join(listed + [v for v in value.split(",") if v not in listed])
+        else:
+            merged.setdefault(key, value)
     return merged
 
 

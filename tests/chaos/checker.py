@@ -1,15 +1,17 @@
 """Compare a trial's target with its input, row by row.
 
-Every input row carries an attempt-independent ``id`` (``epoch * 1e6 + i``), its ``epoch``
-and the ``feed`` (which driver call carried it). Given the epochs that must be visible and
-the target's commit order, ``check`` counts:
+Every input row carries an attempt-independent ``id`` (``group * 1e6 + i``) and the
+``feed`` that carried it (which driver call, or which generation of a stream producer).
+A group is an epoch for the epoch-by-epoch ways in, a producer for a stream (whose epochs
+the runtime cuts). Given the rows each group must show and the target's commit order,
+``check`` counts:
 
 * lost rows: expected ids the target lacks;
 * duplicated rows: extra copies of an id, all from one feed (a re-applied write);
 * aborted rows: extra copies of an id from a different feed (an aborted attempt leaked);
-* uncommitted rows: rows of an epoch the target has no commit marker for, or that the
-  driver never saw committed, and rows of ids nobody wrote;
-* order problems: the commit order is not strictly increasing, or misses an epoch.
+* uncommitted rows: rows of a group nobody wrote, or past its end;
+* order problems: the commit order is not strictly increasing, or misses an epoch that
+  must be committed (``must_commit``: by default every group is an epoch that must).
 """
 
 from __future__ import annotations
@@ -50,10 +52,11 @@ class Check:
 
 
 def check(sink: str, rows: pa.Table, expected: dict[int, int], order: Sequence[int],
-          *, partial: Iterable[int] = ()) -> Check:
-    """``expected``: epoch -> rows that must be visible exactly once. ``partial``: epochs
+          *, partial: Iterable[int] = (), must_commit: Iterable[int] | None = None) -> Check:
+    """``expected``: group -> rows that must be visible exactly once. ``partial``: groups
     allowed to show any subset of their rows, never a duplicate (a commit still rolling
-    forward in a sink without atomic visibility)."""
+    forward in a sink without atomic visibility). ``must_commit``: the epochs the commit
+    order must hold (default: the groups, which are epochs)."""
     allowed_partial = set(partial)
     result = Check(sink=sink, rows_expected=sum(expected.values()), rows_seen=rows.num_rows)
     feeds: dict[int, Counter[int]] = defaultdict(Counter)
@@ -62,7 +65,8 @@ def check(sink: str, rows: pa.Table, expected: dict[int, int], order: Sequence[i
         feeds[int(rid)][int(feed)] += 1
     _count_copies(result, feeds)
     _count_lost_and_foreign(result, feeds, expected, allowed_partial)
-    _check_order(result, order, expected, allowed_partial)
+    must = set(expected if must_commit is None else must_commit) - allowed_partial
+    _check_order(result, order, {e: expected.get(e, 1) for e in must})
     return result
 
 
@@ -102,13 +106,12 @@ def _count_lost_and_foreign(result: Check, feeds: dict[int, Counter[int]],
                                f"{dict(foreign)}")
 
 
-def _check_order(result: Check, order: Sequence[int], expected: dict[int, int],
-                 partial: set[int]) -> None:
+def _check_order(result: Check, order: Sequence[int], must: dict[int, int]) -> None:
+    """``must``: epoch -> its rows, for the epochs the order must hold."""
     result.order = list(order)
     if any(b <= a for a, b in pairwise(order)):
         result.problems.append(f"commits out of epoch order: {list(order)}")
-    must = {e for e, n in expected.items() if e not in partial}
-    missing = sorted(must - set(order))
+    missing = sorted(set(must) - set(order))
     # An epoch with rows must have a marker; an empty epoch may leave none in some sinks.
-    if missing and any(expected[e] > 0 for e in missing):
+    if missing and any(must[e] > 0 for e in missing):
         result.problems.append(f"epochs visible without a commit marker: {missing}")

@@ -1,8 +1,11 @@
 """Options and fixtures of the chaos suite.
 
-``--chaos-seed`` (default 1) and ``--chaos-trials`` (default 12: the sample in the default
-test run, a few minutes) choose the trials; ``--chaos-report`` the directory the report goes
-to (default ``bench/out/chaos``). ``make chaos SEED=1 TRIALS=200`` runs the full suite.
+``--chaos-seed`` (default 1) and ``--chaos-trials`` choose the trials: without
+``--chaos-trials``, the default test run's sample (``tests.chaos.plan.sample``: the first
+block of the seed's plan, its trials that need no RayDP session and no second driver);
+with it, the plan's first N trials. ``--chaos-report`` names the directory the report
+goes to (default ``bench/out/chaos``). ``make chaos SEED=1 TRIALS=200`` runs the full
+suite.
 The report (JSON and Markdown) is written and printed at the end of the session.
 """
 
@@ -14,11 +17,10 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import TrialResult
-from tests.chaos.plan import make_plan
+from tests.chaos.plan import TrialSpec, make_plan, sample
 from tests.chaos.report import markdown, summarise, write_report
 
 DEFAULT_SEED = 1
-DEFAULT_TRIALS = 12
 _REPO = Path(__file__).resolve().parents[2]
 _RESULTS = pytest.StashKey[list[TrialResult]]()
 
@@ -28,7 +30,8 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--chaos-seed", type=int, default=None,
                     help=f"seed of the chaos trials (default {DEFAULT_SEED})")
     group.addoption("--chaos-trials", type=int, default=None,
-                    help=f"number of chaos trials (default {DEFAULT_TRIALS})")
+                    help="the plan's first N trials (default: the sample of the default "
+                         "test run, from the first block)")
     group.addoption("--chaos-report", default=None,
                     help="directory for the chaos report (default bench/out/chaos)")
 
@@ -45,13 +48,15 @@ def chaos_seed(config: pytest.Config) -> int:
     return int(_option(config, "--chaos-seed", DEFAULT_SEED))
 
 
-def chaos_trials(config: pytest.Config) -> int:
-    return int(_option(config, "--chaos-trials", DEFAULT_TRIALS))
+def chaos_plan(config: pytest.Config) -> list[TrialSpec]:
+    trials = _option(config, "--chaos-trials", None)
+    seed = chaos_seed(config)
+    return sample(seed) if trials is None else make_plan(seed, int(trials))
 
 
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "trial" in metafunc.fixturenames:
-        plan = make_plan(chaos_seed(metafunc.config), chaos_trials(metafunc.config))
+        plan = chaos_plan(metafunc.config)
         metafunc.parametrize("trial", plan, ids=[spec.name for spec in plan])
 
 
@@ -61,13 +66,25 @@ def chaos_results(request: pytest.FixtureRequest) -> list[TrialResult]:
     return request.config.stash.setdefault(_RESULTS, [])
 
 
+def report_dir(config: pytest.Config) -> Path:
+    return Path(_option(config, "--chaos-report", _REPO / "bench" / "out" / "chaos"))
+
+
+@pytest.fixture(scope="session")
+def trial_log(request: pytest.FixtureRequest) -> Path:
+    """One JSON line per finished trial, appended as it ends (a long run that stops
+    half-way keeps what it found): ``trials-seed<N>.jsonl`` in the report directory."""
+    directory = report_dir(request.config)
+    directory.mkdir(parents=True, exist_ok=True)
+    return directory / f"trials-seed{chaos_seed(request.config)}.jsonl"
+
+
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
     results = config.stash.get(_RESULTS, [])
     if not results:
         return
-    summary = summarise(results, seed=chaos_seed(config), trials=chaos_trials(config))
-    directory = Path(_option(config, "--chaos-report", _REPO / "bench" / "out" / "chaos"))
-    json_path, md_path = write_report(summary, directory)
+    summary = summarise(results, seed=chaos_seed(config), trials=len(chaos_plan(config)))
+    json_path, md_path = write_report(summary, report_dir(config))
     terminalreporter.write_sep("=", "raysink chaos report")
     terminalreporter.write_line(markdown(summary))
     terminalreporter.write_line(f"report: {json_path} and {md_path}")

@@ -12,14 +12,15 @@ import signal
 import subprocess
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from raysink.testing import fired
 from tests.integration.helpers import run_in_thread
 
-__all__ = ["FiredWatch", "Tmpfs", "kill_actor", "kill_executor", "run_in_thread", "wait_fired"]
+__all__ = ["FiredWatch", "Tmpfs", "kill_actor", "kill_executor", "kill_marked", "run_in_thread",
+           "wait_fired"]
 
 log = logging.getLogger(__name__)
 
@@ -64,6 +65,32 @@ def kill_executor(which: int, wait: float = 60.0) -> str:
     name, pid = alive[which % len(alive)]
     os.kill(pid, signal.SIGKILL)
     return f"sigkill {name} pid {pid}"
+
+
+def kill_marked(marker: Path, timeout: float, box: dict[str, Any], *, delay: float,
+                note: Callable[[Callable[[], str]], None]) -> bool:
+    """Once a producer announced its pid in ``marker`` (see ``tests.chaos.producers.Hold``),
+    wait ``delay`` and SIGKILL it, through ``note`` (which records the moment and what was
+    done). ``False`` when ``box``'s call ended, or ``timeout`` passed, with no announcement."""
+    deadline = time.monotonic() + timeout
+    while True:
+        with contextlib.suppress(OSError, ValueError):
+            pid = int(marker.read_text())
+            break
+        if time.monotonic() > deadline or "ended" in box:
+            return False
+        time.sleep(0.01)
+    time.sleep(delay)
+
+    def kill() -> str:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            return f"producer pid {pid} already gone"
+        return f"sigkill producer pid {pid}"
+
+    note(kill)
+    return True
 
 
 def wait_fired(runtime: str, point: str, timeout: float, box: dict[str, Any] | None = None

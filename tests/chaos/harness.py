@@ -1,10 +1,12 @@
-"""Run one chaos trial: write a few epochs while the killer injects the trial's fault.
+"""Run one chaos trial: write through its way in while the killer injects its fault.
 
-Every trial writes epochs ``1..n`` (explicit epoch numbers) through ``write_arrow`` into its
-sinks; at ``fault_epoch`` the fault of its kind happens (see ``tests.chaos.plan``). A
-driver call that fails with a raysink error is retried (after the fault is removed) with a
-new ``feed`` value, so an aborted attempt's rows are told apart from a duplicate. At the
-end every epoch must be committed; the checker then compares each target with the input.
+An epoch way in (see ``tests.chaos.ways``) writes epochs ``1..n`` (explicit epoch
+numbers) into the trial's sinks; at ``fault_epoch`` the fault of its kind happens (see
+``tests.chaos.plan``). A driver call that fails with a raysink error (or whose producers
+failed) is retried, after the fault is removed, with a new ``feed`` value, so an aborted
+attempt's rows are told apart from a duplicate. At the end every epoch must be
+committed. A stream trial (``tests.chaos.streams``) runs its producers while the fault
+happens, then drains. The checker then compares each target with the input.
 
 Recovery time is from the fault (the kill, the restart, the point firing; for filesystem
 faults the moment the fault is removed) to the next epoch the driver saw committed.
@@ -13,14 +15,11 @@ faults the moment the fault is removed) to the next epoch the driver saw committ
 from __future__ import annotations
 
 import contextlib
-import json
 import logging
-import os
 import subprocess
-import sys
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,20 +27,23 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import RaySinkError, SinkRuntime
-from raysink.errors import RuntimeInUseError, SinkUnavailableError
 from raysink.testing import arm_fault, disarm_faults
 from tests.chaos import node_loss
 from tests.chaos.checker import Check, check
+from tests.chaos.driver_kill import kill_driver, reopen
 from tests.chaos.faults import (
     FiredWatch,
     Tmpfs,
     kill_actor,
     kill_executor,
+    kill_marked,
     run_in_thread,
     wait_fired,
 )
 from tests.chaos.plan import TrialSpec
+from tests.chaos.streams import StreamRun, expected_rows
 from tests.chaos.targets import build_sinks, commit_order, epoch_table, read_target, sink_specs
+from tests.chaos.ways import ProducerFailed, WayIn
 
 __all__ = ["TrialEnv", "TrialResult", "run_trial"]
 
@@ -49,8 +51,8 @@ log = logging.getLogger(__name__)
 
 _POINT_STALL = 2.0
 _FS_COMMIT_TIMEOUT = 4.0
-_REPO = Path(__file__).resolve().parents[2]
-_SPARK_SCHEMA = "id long, epoch long, feed int, payload string"
+_FS_HOLD = 2.5  # seconds a filesystem fault lasts in a stream trial
+_FEED_TIMEOUT = 5.0  # a killed producer is found lost this soon
 
 
 @dataclass(kw_only=True)
@@ -97,6 +99,9 @@ def run_trial(spec: TrialSpec, env: TrialEnv) -> TrialResult:
         log.exception("trial %s failed", spec.name)
     finally:
         disarm_faults(spec.name)
+        trial.way.close()
+        if trial.way.producer_errors:
+            trial.result.notes.append(f"producers' errors: {trial.way.producer_errors}")
         trial.result.seconds = round(time.monotonic() - started, 3)
     return trial.result
 
@@ -111,6 +116,9 @@ class _Trial:
         self.fault_at: float | None = None
         self.tmpfs: Tmpfs | None = None
         self.specs: dict[str, dict[str, Any]] = {}
+        self.way = WayIn(spec, env, self.dir)
+        self.stream: StreamRun | None = None
+        self.fault_epoch = spec.fault_epoch  # a stream's: counted from its first data
 
     # ------------------------------------------------------------------ set-up
 
@@ -125,6 +133,8 @@ class _Trial:
                 self._driver_kill()
             elif self.spec.fault == "node_loss":  # a cluster of its own, in a child
                 node_loss.run(self.spec, self.specs, self._metastore(), self.dir, self.result)
+            elif self.spec.via == "stream":
+                self._streamed()
             else:
                 self._in_process()
             self._check()
@@ -157,15 +167,19 @@ class _Trial:
             return str(self.env.pg.dsn())
         return f"sqlite:///{self.dir / 'meta.db'}"
 
-    def _commit_timeout(self) -> float:
-        if self.spec.fault in ("fs_readonly", "fs_full"):
-            return _FS_COMMIT_TIMEOUT
-        return float(self.spec.extra.get("commit_timeout", 60.0))
+    def options(self) -> dict[str, Any]:
+        """The runtime's options beyond the sinks, writers and meta store."""
+        timeout = (_FS_COMMIT_TIMEOUT if self.spec.fault in ("fs_readonly", "fs_full")
+                   else float(self.spec.extra.get("commit_timeout", 60.0)))
+        options: dict[str, Any] = {"commit_timeout": timeout, "feed_timeout": _FEED_TIMEOUT}
+        if self.spec.via == "stream":
+            options["checkpoint_interval"] = float(self.spec.extra["stream"]["interval"])
+        return options
 
     def runtime(self) -> SinkRuntime:
         return SinkRuntime(self.spec.name, build_sinks(self.specs), writers=2,
                            metastore=self._metastore(), flush_interval=self.spec.flush_interval,
-                           commit_timeout=self._commit_timeout(), retry_cap=0.5, max_attempts=3)
+                           retry_cap=0.5, max_attempts=3, progress=False, **self.options())
 
     # ------------------------------------------------------------------ writing
 
@@ -177,28 +191,12 @@ class _Trial:
         parts = [table.slice(i, step) for i in range(0, table.num_rows, step)]
         return parts or [table]
 
-    def _feed(self, rt: SinkRuntime, epoch: int) -> Any:
-        """One driver call for ``epoch``: ``write_arrow``, or ``rt.write(df)`` of a Spark
-        DataFrame with the same rows in as many partitions as the plan's pieces."""
-        parts = self.data(epoch)
-        if self.spec.via != "spark":
-            return rt.write_arrow(parts, epoch=epoch)
-        table = pa.concat_tables(parts)
-        df = self.env.spark.createDataFrame(table.to_pandas(), schema=_SPARK_SCHEMA)
-        try:
-            return rt.write(df.repartition(max(1, len(parts))), epoch=epoch)
-        except SinkUnavailableError:
-            # what the error tells a user after an executor died for good: restart Spark
-            if self.spec.fault == "executor_kill" and self.env.restart_spark is not None:
-                self.env.spark = self.env.restart_spark()
-            raise
-
     def write(self, rt: SinkRuntime, epoch: int, tries: int = 6) -> bool:
         """Write ``epoch`` until the driver call succeeds; ``True`` when it is visible."""
         for _ in range(tries):
             try:
-                report = self._feed(rt, epoch)
-            except RaySinkError as exc:
+                report = self.way.write(rt, epoch, self.data(epoch))
+            except (RaySinkError, ProducerFailed) as exc:
                 self._error(exc)
                 time.sleep(getattr(exc, "retry_after", None) or 0.3)
                 continue
@@ -237,93 +235,140 @@ class _Trial:
         try:
             for epoch in range(1, self.spec.epochs + 1):
                 if epoch == self.spec.fault_epoch:
-                    self._faulted(rt, epoch)
+                    self._faulted(rt, epoch, lambda e=epoch: self.write(rt, e))
                 else:
                     self.write(rt, epoch)
             self._wait_all_committed(rt)
         finally:
             rt.close()
 
-    def _faulted(self, rt: SinkRuntime, epoch: int) -> None:
+    def _streamed(self, rt: SinkRuntime | None = None) -> None:
+        """The stream's producers write while the fault happens; then it drains."""
+        rt = rt or self.runtime().start()
+        try:
+            self.stream = stream = StreamRun(rt, self.dir, self.spec.extra["stream"])
+            if self.spec.fault == "driver_kill":
+                stream.run()
+            else:
+                thread, box = run_in_thread(stream.run)
+                first = stream.first_data_epoch(120.0, box)
+                # the fault comes in the next epoch or the one after (one the producers
+                # certainly write into, none sealed before the fault is armed)
+                self.fault_epoch = (first or 0) + 1 + (self.spec.fault_epoch - 1) % 2
+                self._faulted(rt, self.fault_epoch, lambda: self._join(thread, box))
+        finally:
+            rt.close()
+            if self.stream is not None:
+                self.stream.stop()
+        self.result.notes.append(f"stream: {self.stream.outcomes}, producer restarts "
+                                 f"{self.stream.restarts}")
+        if self.fault_at is not None:
+            self.result.recovery_seconds = self.stream.committed_after(self.fault_at)
+
+    def _faulted(self, rt: SinkRuntime, epoch: int, work: Callable[[], Any]) -> None:
+        """Run ``work`` (the fault epoch's write, or the stream) under the trial's fault."""
         kind = self.spec.fault
         if kind in ("writer_point", "coordinator_point"):
-            self._self_kill(rt, epoch)
+            self._self_kill(work)
         elif kind == "point_external":
-            self._point_then(rt, epoch, lambda: self._kill(rt))
+            self._point_then(work, lambda: self._kill(rt))
         elif kind == "random_kill":
-            self._after_delay(rt, epoch, lambda: self._kill(rt))
+            self._after_delay(work, lambda: self._kill(rt))
         elif kind == "executor_kill":
-            self._after_delay(rt, epoch, lambda: kill_executor(self.spec.writer))
+            self._after_delay(work, lambda: kill_executor(self.spec.writer))
+        elif kind == "producer_kill":
+            self._producer_kill(work)
         elif kind == "pg_restart":
-            self._pg_restart(rt, epoch)
+            self._pg_restart(work)
         elif kind in ("fs_readonly", "fs_full"):
-            self._filesystem(rt, epoch)
+            if self.stream is not None:
+                self._filesystem_stream(rt, work)
+            else:
+                self._filesystem(rt, epoch)
         else:  # stall_commit: the sink stalls by itself
             self.fault_at = time.monotonic()
             self.result.fired = True
-            self.write(rt, epoch)
+            work()
 
-    def _when(self, point: str) -> dict[str, Any]:
-        when: dict[str, Any] = {"epoch": self.spec.fault_epoch}
+    def when(self, point: str) -> dict[str, Any]:
+        when: dict[str, Any] = {"epoch": self.fault_epoch}
         if point.startswith("writer."):
             when.update({"writer": self.spec.writer, "sink": "main"})
         elif point == "sink.mid_commit":
             when["sink"] = "main"
         return when
 
-    def _self_kill(self, rt: SinkRuntime, epoch: int) -> None:
+    def _self_kill(self, work: Callable[[], Any]) -> None:
         point = self.spec.point
         assert point is not None
-        arm_fault(self.spec.name, point, action="kill", when=self._when(point))
+        arm_fault(self.spec.name, point, action="kill", when=self.when(point))
         watch = FiredWatch(self.spec.name, point)
         try:
-            self.write(rt, epoch)
+            work()
         finally:
             self.fault_at = watch.stop()
-        self.result.fired = self.fault_at is not None
+            self.result.fired = self.fault_at is not None
         if self.fault_at is not None and self.result.recovery_seconds is None:
             self.result.recovery_seconds = round(time.monotonic() - self.fault_at, 3)
 
-    def _point_then(self, rt: SinkRuntime, epoch: int, inject: Any) -> None:
-        """Stall the epoch at the trial's point, inject meanwhile, finish the epoch."""
+    def _point_then(self, work: Callable[[], Any], inject: Callable[[], Any]) -> None:
+        """Stall the epoch at the trial's point, inject meanwhile, finish the work."""
         point = self.spec.point
         assert point is not None
         arm_fault(self.spec.name, point, action="sleep", seconds=_POINT_STALL,
-                  when=self._when(point))
-        thread, box = run_in_thread(lambda: self.write(rt, epoch))
+                  when=self.when(point))
+        thread, box = run_in_thread(work)
         if wait_fired(self.spec.name, point, 60.0, box):
             time.sleep(self.spec.delay)
-            self.fault_at = time.monotonic()
-            self.result.fired = True
-            self.result.notes.append(str(inject()))
+            self._inject(inject)
         else:
             self.result.notes.append(f"{point} never fired")
-        self._join(thread, box, epoch)
+        self._join(thread, box)
 
-    def _after_delay(self, rt: SinkRuntime, epoch: int, inject: Any) -> None:
-        thread, box = run_in_thread(lambda: self.write(rt, epoch))
+    def _after_delay(self, work: Callable[[], Any], inject: Callable[[], Any]) -> None:
+        thread, box = run_in_thread(work)
         time.sleep(self.spec.delay)
+        self._inject(inject)
+        self._join(thread, box)
+
+    def _inject(self, inject: Callable[[], Any]) -> None:
         self.fault_at = time.monotonic()
         self.result.fired = True
         self.result.notes.append(str(inject()))
-        self._join(thread, box, epoch)
 
-    def _join(self, thread: threading.Thread, box: dict[str, Any], epoch: int) -> None:
+    def _join(self, thread: threading.Thread, box: dict[str, Any]) -> None:
         thread.join(timeout=300)
         if thread.is_alive():
-            raise AssertionError(f"epoch {epoch} never finished")
+            raise AssertionError(f"the fault epoch ({self.fault_epoch}) never finished")
         if "error" in box:
             raise box["error"]
         if box.get("ended") and self.fault_at is not None and box["ended"] < self.fault_at:
-            self.result.notes.append("the epoch finished before the fault")
+            self.result.notes.append("the work finished before the fault")
 
     def _kill(self, rt: SinkRuntime) -> str:
         victim, how = self.spec.victim or "writer", self.spec.how or "sigkill"
         return kill_actor(rt, victim, how, self.spec.writer)
 
+    # ------------------------------------------------------------------ producers killed
+
+    def _producer_kill(self, work: Callable[[], Any]) -> None:
+        """SIGKILL the victim producer mid-epoch: a stream producer ``delay`` seconds
+        into the stream; a feed or write task's worker, or the feed producer actor, once
+        it announced itself (it holds, having sent part of its data)."""
+        if self.stream is not None:
+            stream = self.stream
+            self._after_delay(work, lambda: stream.kill_producer(self.spec.writer))
+            return
+        marker = self.dir / f"victim-{self.spec.fault_epoch}.pid"
+        self.way.hold_next(str(self.spec.victim), marker)
+        thread, box = run_in_thread(work)
+        if not kill_marked(marker, 120.0, box, delay=self.spec.delay, note=self._inject):
+            self.result.notes.append(f"the victim {self.spec.victim} never announced itself")
+        self._join(thread, box)
+
     # ------------------------------------------------------------------ PostgreSQL restart
 
-    def _pg_restart(self, rt: SinkRuntime, epoch: int) -> None:
+    def _pg_restart(self, work: Callable[[], Any]) -> None:
         pg = self.env.pg
 
         def restart() -> str:
@@ -331,9 +376,9 @@ class _Trial:
             return "postgres crash-restarted"
 
         if self.spec.point is None:
-            self._after_delay(rt, epoch, restart)
+            self._after_delay(work, restart)
         else:
-            self._point_then(rt, epoch, restart)
+            self._point_then(work, restart)
 
     # ------------------------------------------------------------------ filesystem faults
 
@@ -359,20 +404,22 @@ class _Trial:
         if self.spec.variant == "before_epoch":
             self._apply_fs()
             try:
-                report = rt.write_arrow(self.data(epoch), epoch=epoch)
+                report = self.way.write(rt, epoch, self.data(epoch))
                 self.result.notes.append(f"write under the fault returned "
                                          f"committed={report.committed}")
-            except RaySinkError as exc:
+            except (RaySinkError, ProducerFailed) as exc:
                 self._error(exc)
         else:
             arm_fault(self.spec.name, "coordinator.after_pending", action="sleep",
                       seconds=1.5, when={"epoch": epoch})
-            thread, box = run_in_thread(lambda: rt.write_arrow(self.data(epoch), epoch=epoch))
+            thread, box = run_in_thread(lambda: self.way.write(rt, epoch, self.data(epoch)))
             wait_fired(self.spec.name, "coordinator.after_pending", 60.0, box)
             self._apply_fs()
             thread.join(timeout=120)
-            if "error" in box:
+            if isinstance(box.get("error"), RaySinkError | ProducerFailed):
                 self._error(box["error"])
+            elif "error" in box:
+                raise box["error"]
             elif "result" in box:
                 self.result.notes.append(f"write under the fault returned "
                                          f"committed={box['result'].committed}")
@@ -380,17 +427,44 @@ class _Trial:
         self._remove_fs()
         self.write(rt, epoch)
 
-    def _observe_under_fault(self, rt: SinkRuntime, epoch: int) -> None:
+    def _filesystem_stream(self, rt: SinkRuntime, work: Callable[[], Any]) -> None:
+        """The fault for ``_FS_HOLD`` seconds while the producers write: from the
+        moment the stream started (``before_epoch``) or from the fault epoch's PENDING
+        record (``after_pending``); the stream must go on once it is removed."""
+        self.result.fired = True
+        point = "coordinator.after_pending"
+        if self.spec.variant == "after_pending":
+            arm_fault(self.spec.name, point, action="sleep", seconds=1.5,
+                      when={"epoch": self.fault_epoch})
+        thread, box = run_in_thread(work)
+        if self.spec.variant != "after_pending" or wait_fired(self.spec.name, point, 60.0,
+                                                              box):
+            self._apply_fs()
+            time.sleep(_FS_HOLD)
+            self._observe_under_fault(rt, None)
+            self._remove_fs()
+        self._join(thread, box)
+
+    def _observe_under_fault(self, rt: SinkRuntime, epoch: int | None) -> None:
         """Nothing half-committed: an undecided epoch shows no row; a decided one shows all
-        or none of them in an atomic sink (Parquet may show a part until it rolls forward)."""
+        or none of them in an atomic sink (Parquet may show a part until it rolls forward).
+        A stream's epochs are not known row by row: each row shows at most once."""
         status = rt.status()
-        decided = epoch in status.pending_epochs or (
-            status.last_committed_epoch is not None and status.last_committed_epoch >= epoch)
         for name, spec in self.specs.items():
             rows = read_target(spec, self.env.pg)
+            state = status.sinks[name].state
+            if epoch is None:
+                ids = rows.column("id").to_pylist()
+                self.result.notes.append(f"under the fault: sink {name} {state}, "
+                                         f"{len(ids)} rows visible")
+                if len(set(ids)) != len(ids):
+                    raise AssertionError(f"sink {name} shows a row twice under the fault")
+                continue
+            decided = epoch in status.pending_epochs or (
+                status.last_committed_epoch is not None
+                and status.last_committed_epoch >= epoch)
             seen = sum(1 for e in rows.column("epoch").to_pylist() if e == epoch)
             total = self.spec.rows[epoch - 1]
-            state = status.sinks[name].state
             self.result.notes.append(f"under the fault: sink {name} {state}, epoch {epoch} "
                                      f"decided={decided}, {seen}/{total} rows visible")
             atomic = spec["kind"] != "parquet"
@@ -401,13 +475,17 @@ class _Trial:
     # ------------------------------------------------------------------ driver kill
 
     def _driver_kill(self) -> None:
-        child = _Child(self, self._child_config())
-        try:
-            self._kill_child(child)
-        finally:
-            child.stop()
-        self.result.notes.append(f"driver output: {child.lines[-6:]}")
-        rt = self._reopen()
+        self.feed += 1
+        config = {"name": self.spec.name, "sinks": self.specs, "metastore": self._metastore(),
+                  "address": self.env.ray_address, "epochs": self.spec.epochs,
+                  "rows": self.spec.rows, "pieces": self.spec.pieces, "feed": self.feed,
+                  "flush_interval": self.spec.flush_interval, "via": self.spec.via,
+                  "extra": self.spec.extra, "dir": str(self.dir), "options": self.options()}
+        kill_driver(self, config)
+        rt = reopen(self.runtime)
+        if self.spec.via == "stream":
+            self._streamed(rt)
+            return
         try:
             for epoch in range(self.spec.fault_epoch, self.spec.epochs + 1):
                 self.write(rt, epoch)
@@ -415,94 +493,16 @@ class _Trial:
         finally:
             rt.close()
 
-    def _child_config(self) -> dict[str, Any]:
-        self.feed += 1
-        return {"name": self.spec.name, "sinks": self.specs, "metastore": self._metastore(),
-                "address": self.env.ray_address, "epochs": self.spec.epochs,
-                "rows": self.spec.rows, "pieces": self.spec.pieces, "feed": self.feed,
-                "flush_interval": self.spec.flush_interval}
-
-    def _kill_child(self, child: _Child) -> None:
-        point, epoch = self.spec.point, self.spec.fault_epoch
-        if point is not None:
-            arm_fault(self.spec.name, point, action="sleep", seconds=5.0, when=self._when(point))
-            reached = child.wait_for(lambda: _fired(self.spec.name, point), 120.0)
-        else:
-            reached = child.wait_for(lambda: f"START {epoch}" in child.lines, 120.0)
-        if not reached:
-            raise AssertionError(f"the driver never reached its fault: {child.lines[-10:]} "
-                                 f"{child.stderr_tail()}")
-        time.sleep(self.spec.delay)
-        self.fault_at = time.monotonic()
-        child.kill()
-        self.result.fired = True
-        disarm_faults(self.spec.name)
-
-    def _reopen(self, timeout: float = 60.0) -> SinkRuntime:
-        """The same name and meta store, once the dead driver's actors are gone."""
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                return self.runtime().start()
-            except RuntimeInUseError:
-                if time.monotonic() > deadline:
-                    raise
-                time.sleep(0.2)
-
     # ------------------------------------------------------------------ checking
 
     def _check(self) -> None:
-        expected = {e: self.spec.rows[e - 1] for e in range(1, self.spec.epochs + 1)}
+        if self.spec.via == "stream":
+            expected, must_commit = expected_rows(self.spec.extra["stream"]), set()
+        else:
+            expected = {e: self.spec.rows[e - 1] for e in range(1, self.spec.epochs + 1)}
+            must_commit = set(expected)
         for name, spec in self.specs.items():
             rows = read_target(spec, self.env.pg)
             order = commit_order(spec, self.spec.name, name, self.env.pg)
-            self.result.checks.append(check(name, rows, expected, order))
-
-
-def _fired(runtime: str, point: str) -> bool:
-    from raysink.testing import fired
-
-    return fired(runtime, point)
-
-
-class _Child:
-    """A driver subprocess on the shared Ray cluster (``tests.chaos.driver_child``)."""
-
-    def __init__(self, trial: _Trial, config: dict[str, Any]) -> None:
-        self.lines: list[str] = []
-        self._stderr = trial.dir / "driver.stderr"
-        with open(self._stderr, "wb") as err:
-            self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.chaos.driver_child", json.dumps(config)],
-                cwd=_REPO, stdout=subprocess.PIPE, stderr=err, text=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-
-    def _read(self) -> None:
-        assert self.proc.stdout is not None
-        for line in self.proc.stdout:
-            self.lines.append(line.strip())
-
-    def wait_for(self, condition: Any, timeout: float) -> bool:
-        deadline = time.monotonic() + timeout
-        while not condition():
-            if time.monotonic() > deadline or self.proc.poll() is not None:
-                return bool(condition())
-            time.sleep(0.01)
-        return True
-
-    def kill(self) -> None:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(self.proc.pid, 9)
-
-    def stop(self) -> None:
-        if self.proc.poll() is None:
-            self.kill()
-        self.proc.wait(timeout=30)
-        self._reader.join(timeout=5)
-
-    def stderr_tail(self) -> str:
-        try:
-            return self._stderr.read_text(errors="replace")[-2000:]
-        except OSError:
-            return ""
+            self.result.checks.append(check(name, rows, expected, order,
+                                            must_commit=must_commit))

@@ -1,26 +1,45 @@
 """Seeded trial plans: ``random.Random(seed)`` decides everything about every trial.
 
-About 15% of the writer/coordinator kill and stall trials feed their epochs through Spark
-(``rt.write(df)`` on one shared RayDP session); the others through ``write_arrow``.
+Every trial feeds its data through one *way in* (``TrialSpec.via``):
 
-The mix repeats in blocks of 20 trials, shuffled per block (21 from the second block on,
-with one ``node_loss``), so each block covers every fault kind and a 12-trial sample
-covers most of the single-node ones; the first 20 trials of a seed are the same as before
-``node_loss`` existed:
+=================  ==========================================================================
+way in             how the trial's data reaches the runtime
+=================  ==========================================================================
+``arrow``          ``rt.write_arrow(tables, epoch=N)`` from the driver
+``spark``          ``rt.write(df, epoch=N)``: a Spark DataFrame on one shared RayDP session
+``foreach_batch``  ``rt.foreach_batch(df, batch_id)`` in a thread that carries a streaming
+                   query's id, as a ``foreachBatch`` callback does (epoch = batch_id + 1)
+``feeds``          ``rt.open_epoch(N)``: Ray tasks and a long-lived producer actor feed it,
+                   ``ep.commit()``
+``datasink``       ``ds.write_datasink(rt.datasink(epoch=N))`` of a Ray Dataset
+``stream``         ``rt.stream()``: long-lived producer actors with a replayable source,
+                   following the producer's contract; the runtime cuts the epochs
+=================  ==========================================================================
+
+The mix repeats in blocks of 20 trials (21 from the second block on, with one
+``node_loss``), shuffled per block; each block holds every fault kind, producer kills on
+each producer way in, and writer and coordinator kills during streams and Ray Data writes:
 
 =====================  ====  ============================================================
-kind                   /20   what happens
+kind                   /20   what happens (the ways in it is drawn with)
 =====================  ====  ============================================================
-``driver_kill``          3   a subprocess driver is SIGKILLed mid-epoch; the runtime is
-                             reopened here with the same name and meta store
-``writer_point``         3   a writer SIGKILLs itself at a writer protocol point
+``writer_point``         3   a writer SIGKILLs itself at a writer protocol point (stream,
+                             datasink, one of arrow/spark/foreach_batch/feeds)
 ``coordinator_point``    3   the coordinator SIGKILLs itself at a coordinator/sink point
-``point_external``       3   a point stalls; the harness SIGKILLs or ``ray.kill``s a writer
-                             or the coordinator meanwhile
-``random_kill``          2   SIGKILL or ``ray.kill`` of a writer or the coordinator at a
-                             random time during an epoch
+                             (stream, datasink, one of arrow/spark/foreach_batch/feeds)
+``point_external``       2   a point stalls; the harness SIGKILLs or ``ray.kill``s a writer
+                             or the coordinator meanwhile (the two of arrow, spark,
+                             foreach_batch, feeds the points above left out)
+``random_kill``          1   SIGKILL or ``ray.kill`` of a writer or the coordinator at a
+                             random time (any way in)
+``producer_kill``        3   a producer is SIGKILLed mid-epoch: a feed task's worker or the
+                             feed producer actor (feeds), a write task's worker (datasink),
+                             a stream producer actor (stream)
+``driver_kill``          2   a subprocess driver is SIGKILLed mid-epoch; the runtime is
+                             reopened here with the same name and meta store (arrow; one
+                             of feeds, datasink, stream)
 ``executor_kill``        1   a RayDP executor process is SIGKILLed during a Spark epoch
-                             (the shared Spark session is restarted after the trial)
+                             (spark or foreach_batch; Spark is restarted after the trial)
 ``pg_restart``           2   PostgreSQL crash-restarts while a commit is in progress
 ``fs_readonly``          1   the Parquet/Delta tmpfs is remounted read-only
 ``fs_full``              1   the Parquet/Delta tmpfs is filled up
@@ -28,9 +47,14 @@ kind                   /20   what happens
 ``node_loss``           (1)  on a four-node cluster of its own (a child process), the node
                              of a writer or of the coordinator is removed without grace
                              mid-epoch (at a protocol point or after a delay); one per
-                             block from the second block on, so the default 12-trial
-                             sample never starts a cluster (``make chaos`` runs them)
+                             block from the second block on (arrow; ``make chaos`` runs
+                             them, the default sample never starts a cluster)
 =====================  ====  ============================================================
+
+The default sample of the test run (``sample``) is the first block's trials minus the
+costly ones: the ones that need a RayDP session (spark, foreach_batch, executor kills)
+and driver kills (a second driver process). ``make chaos`` runs the plan's first
+``TRIALS`` trials whole.
 """
 
 from __future__ import annotations
@@ -41,14 +65,37 @@ from typing import Any
 
 from raysink._faults import POINTS
 
-__all__ = ["FAULT_KINDS", "TrialSpec", "make_plan"]
+__all__ = ["BLOCK", "FAULT_KINDS", "WAYS_IN", "TrialSpec", "make_plan", "sample"]
 
-_BLOCK = (["driver_kill"] * 3 + ["writer_point"] * 3 + ["coordinator_point"] * 3
-          + ["point_external"] * 3 + ["random_kill"] * 2 + ["executor_kill"]
-          + ["pg_restart"] * 2
-          + ["fs_readonly", "fs_full", "stall_commit"])
-FAULT_KINDS = (*dict.fromkeys(_BLOCK), "node_loss")
-_FULL_RUN_ONLY = "node_loss"  # one per block, from the second block on
+WAYS_IN = ("arrow", "spark", "foreach_batch", "feeds", "datasink", "stream")
+SPARK_WAYS = ("spark", "foreach_batch")
+PRODUCER_WAYS = ("feeds", "datasink", "stream")
+_ROTATING = ("arrow", "spark", "foreach_batch", "feeds")
+"""The ways each block spreads over its other kill trials (four slots, one each)."""
+_ANY = "any"
+_ROTATE = "rotate"
+
+BLOCK: tuple[tuple[str, str], ...] = (
+    ("writer_point", "stream"), ("writer_point", "datasink"), ("writer_point", _ROTATE),
+    ("coordinator_point", "stream"), ("coordinator_point", "datasink"),
+    ("coordinator_point", _ROTATE),
+    ("point_external", _ROTATE), ("point_external", _ROTATE),
+    ("random_kill", _ANY),
+    ("producer_kill", "feeds"), ("producer_kill", "datasink"), ("producer_kill", "stream"),
+    ("driver_kill", "arrow"), ("driver_kill", "producers"),
+    ("executor_kill", "spark-ways"),
+    ("pg_restart", _ANY), ("pg_restart", _ANY),
+    ("fs_readonly", _ANY), ("fs_full", _ANY), ("stall_commit", _ANY),
+)
+"""One block of the mix: (fault kind, way in or how it is drawn)."""
+FAULT_KINDS = (*dict.fromkeys(kind for kind, _ in BLOCK), "node_loss")
+_FULL_RUN_ONLY = ("node_loss", "arrow")  # one per block, from the second block on
+_DRAWN = {"producers": ("feeds", "datasink", "stream"), "spark-ways": SPARK_WAYS,
+          _ANY: WAYS_IN}
+_WEIGHTS = {"arrow": 3.0, "spark": 0.5, "foreach_batch": 0.5, "feeds": 1.5,
+            "datasink": 1.5, "stream": 2.0}
+"""How often a freely drawn way in comes up (Spark ways are slow to run)."""
+_SAMPLE_LEAVES_OUT = ("driver_kill", "executor_kill")
 
 WRITER_POINTS = tuple(p for p in POINTS if p.startswith("writer."))
 COORDINATOR_POINTS = tuple(p for p in POINTS if not p.startswith("writer."))
@@ -58,15 +105,12 @@ _SINKS_FOR = {
     "fs_full": ("parquet", "delta"),
 }
 _ALL_SINKS = ("parquet", "delta", "iceberg", "postgres")
-SPARK_SHARE = 0.15
-"""Share of the in-process kill and stall trials that write through Spark (``rt.write``)."""
-_SPARK_KINDS = ("writer_point", "coordinator_point", "point_external", "random_kill",
-                "stall_commit")
 
 
 @dataclass(kw_only=True)
 class TrialSpec:
-    """One trial, fully decided by the seed."""
+    """One trial, fully decided by the seed. For a stream, ``epochs`` bounds the epochs a
+    fault may be armed at, and the data is ``extra["stream"]``'s (``rows`` unused)."""
 
     index: int
     seed: int
@@ -92,48 +136,94 @@ class TrialSpec:
     def as_dict(self) -> dict[str, Any]:
         return asdict(self)
 
+    @property
+    def costly(self) -> bool:
+        """Needs a RayDP session or a second driver process (left out of the sample)."""
+        return self.via in SPARK_WAYS or self.fault in _SAMPLE_LEAVES_OUT
+
 
 def make_plan(seed: int, trials: int) -> list[TrialSpec]:
     """The first ``trials`` trials of the plan of ``seed`` (a prefix of any longer plan:
     trial ``i`` is the same whatever ``trials`` is)."""
-    shuffler = random.Random(f"{seed}:kinds")
-    kinds: list[str] = []
-    while len(kinds) < trials:
-        block = list(_BLOCK)
-        shuffler.shuffle(block)
-        if kinds:  # every block but the first (the default sample stays on one node)
-            block.insert(shuffler.randrange(len(block) + 1), _FULL_RUN_ONLY)
-        kinds.extend(block)
+    items = _items(seed, trials)
     turns = random.Random(f"{seed}:sinks")
     sink_turns = {k: turns.randrange(4) for k in FAULT_KINDS}
     specs: list[TrialSpec] = []
-    for index, kind in enumerate(kinds[:trials]):
+    for index, (kind, via) in enumerate(items[:trials]):
         options = _SINKS_FOR.get(kind, _ALL_SINKS)
         sink = options[sink_turns[kind] % len(options)]
         sink_turns[kind] += 1
-        specs.append(_trial(random.Random(f"{seed}:{index}"), seed, index, kind, sink))
+        specs.append(_trial(random.Random(f"{seed}:{index}"), seed, index, kind, sink, via))
     return specs
 
 
-def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str) -> TrialSpec:
+def sample(seed: int) -> list[TrialSpec]:
+    """The default test run's trials: the first block's, the costly ones left out."""
+    return [spec for spec in make_plan(seed, len(BLOCK)) if not spec.costly]
+
+
+def _items(seed: int, trials: int) -> list[tuple[str, str]]:
+    """(kind, way in) of the first ``trials`` trials, block by block."""
+    shuffler = random.Random(f"{seed}:kinds")
+    items: list[tuple[str, str]] = []
+    while len(items) < trials:
+        block = _block(shuffler)
+        if items:  # every block but the first (the default sample stays on one node)
+            block.insert(shuffler.randrange(len(block) + 1), _FULL_RUN_ONLY)
+        items.extend(block)
+    return items
+
+
+def _block(rng: random.Random) -> list[tuple[str, str]]:
+    """One block, shuffled, each item's way in decided."""
+    rotating = list(_ROTATING)
+    rng.shuffle(rotating)
+    ways = iter(rotating)
+    block: list[tuple[str, str]] = []
+    for kind, how in BLOCK:
+        if how == _ROTATE:
+            via = next(ways)
+        elif how in _DRAWN:
+            options = _DRAWN[how]
+            via = rng.choices(options, weights=[_WEIGHTS[w] for w in options])[0]
+        else:
+            via = how
+        block.append((kind, via))
+    rng.shuffle(block)
+    return block
+
+
+def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str,
+           via: str) -> TrialSpec:
     epochs = rng.randint(3, 4)
     spec = TrialSpec(
-        index=index, seed=seed, name=f"chaos-s{seed}-t{index:04d}-{kind.replace('_', '')}",
+        index=index, seed=seed,
+        name=f"chaos-s{seed}-t{index:04d}-{kind.replace('_', '')}-{via.replace('_', '')}",
         sink=sink, fault=kind, epochs=epochs,
         rows=[rng.choice([0, 1, 50]) if rng.random() < 0.1 else rng.randint(20, 3000)
               for _ in range(epochs)],
         pieces=[rng.randint(1, 3) for _ in range(epochs)],
         fault_epoch=rng.randint(1, epochs), flush_interval=rng.choice([0.2, 0.5, 1.0]),
-        two_sinks=rng.random() < 0.2, pg_metastore=sink == "postgres" and rng.random() < 0.3)
-    if kind == "executor_kill" or (
-            kind in _SPARK_KINDS and random.Random(f"{seed}:{index}:via").random() < SPARK_SHARE):
-        spec.via = "spark"  # epochs go through rt.write(df) on the shared RayDP session
+        two_sinks=rng.random() < 0.2, pg_metastore=sink == "postgres" and rng.random() < 0.3,
+        via=via)
     if spec.fault_epoch == epochs:  # one more epoch, to see the runtime go on after it
         spec.epochs += 1
         spec.rows.append(rng.randint(1, 500))
         spec.pieces.append(rng.randint(1, 3))
     _fault_details(rng, spec)
+    _way_details(rng, spec)
     return spec
+
+
+def _way_details(rng: random.Random, spec: TrialSpec) -> None:
+    """What the way in needs: producers' retries, the stream's producers and source."""
+    if spec.via == "feeds":
+        spec.extra["task_retries"] = rng.choice([0, 2])
+    elif spec.via == "stream":
+        spec.extra["stream"] = {
+            "producers": rng.randint(2, 3), "batches": rng.randint(20, 40),
+            "batch_rows": rng.randint(10, 150), "pause": round(rng.uniform(0.04, 0.1), 3),
+            "interval": rng.choice([0.3, 0.5]), "poll": rng.choice([0.1, 0.2])}
 
 
 def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
@@ -156,6 +246,8 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         spec.how = rng.choice(["sigkill", "ray.kill"])
         spec.writer = rng.randrange(2)
         spec.delay = round(rng.uniform(0.0, 0.25), 3)
+    elif kind == "producer_kill":
+        _producer_kill(rng, spec)
     elif kind == "executor_kill":
         spec.victim, spec.how, spec.writer = "executor", "sigkill", rng.randrange(2)
         spec.delay = round(rng.uniform(0.0, 1.5), 3)
@@ -169,18 +261,42 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
                       "stall_times": rng.randint(1, 3),
                       "commit_timeout": rng.choice([0.5, 30.0])}
     elif kind == "node_loss":
-        spec.victim = rng.choice(["writer", "coordinator"])
-        points = (["writer.during_write", "writer.after_pre_commit"]
-                  if spec.victim == "writer" else
-                  ["coordinator.after_open", "coordinator.after_pending", "sink.mid_commit"])
-        spec.point = rng.choice([*points, None])
-        spec.delay = round(rng.uniform(0.0, 0.5 if spec.point else 1.5), 3)
-        spec.pg_metastore = True  # the coordinator may leave the driver's node
-        spec.rows[spec.fault_epoch - 1] = max(300, spec.rows[spec.fault_epoch - 1])
-        spec.pieces[spec.fault_epoch - 1] = 3  # every one of the three writers gets data
+        _node_loss(rng, spec)
     elif kind == "driver_kill":
         spec.point = rng.choice([None, None, "writer.after_pre_commit",
                                  "coordinator.after_pending", "sink.mid_commit"])
         spec.delay = round(rng.uniform(0.0, 0.5), 3)
     if spec.point is not None and spec.point.startswith("writer.") and spec.victim != "writer":
         spec.writer = 0
+    if spec.via == "stream" and kind == "driver_kill":
+        spec.point = None  # killed once the producers write: a stream's epochs are its own
+    if spec.via == "stream" and kind in ("random_kill", "driver_kill"):
+        spec.delay = round(rng.uniform(0.3, 1.5), 3)  # into the stream, not into an epoch
+
+
+def _producer_kill(rng: random.Random, spec: TrialSpec) -> None:
+    """The victim: a feed task's worker or the feed producer actor, a Ray Data write
+    task's worker, a stream producer; SIGKILLed ``delay`` seconds after it sent data."""
+    spec.how = "sigkill"
+    if spec.via == "feeds":
+        spec.victim = rng.choice(["feed_task", "feed_actor"])
+    elif spec.via == "datasink":
+        spec.victim = "write_task"
+    else:
+        spec.victim, spec.writer = "stream_producer", rng.randrange(3)
+        spec.delay = round(rng.uniform(0.3, 1.2), 3)
+        return
+    spec.delay = round(rng.uniform(0.0, 0.3), 3)
+    spec.rows[spec.fault_epoch - 1] = max(60, spec.rows[spec.fault_epoch - 1])
+
+
+def _node_loss(rng: random.Random, spec: TrialSpec) -> None:
+    spec.victim = rng.choice(["writer", "coordinator"])
+    points = (["writer.during_write", "writer.after_pre_commit"]
+              if spec.victim == "writer" else
+              ["coordinator.after_open", "coordinator.after_pending", "sink.mid_commit"])
+    spec.point = rng.choice([*points, None])
+    spec.delay = round(rng.uniform(0.0, 0.5 if spec.point else 1.5), 3)
+    spec.pg_metastore = True  # the coordinator may leave the driver's node
+    spec.rows[spec.fault_epoch - 1] = max(300, spec.rows[spec.fault_epoch - 1])
+    spec.pieces[spec.fault_epoch - 1] = 3  # every one of the three writers gets data

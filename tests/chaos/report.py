@@ -51,6 +51,14 @@ def _totals(results: Sequence[TrialResult]) -> dict[str, Any]:
     }
 
 
+def _pairs(results: Sequence[TrialResult]) -> dict[str, dict[str, Any]]:
+    groups: dict[str, list[TrialResult]] = {}
+    for result in results:
+        key = f"{result.spec.get('fault')} / {result.spec.get('via')}"
+        groups.setdefault(key, []).append(result)
+    return {name: _totals(items) for name, items in sorted(groups.items())}
+
+
 def summarise(results: Sequence[TrialResult], *, seed: int, trials: int) -> dict[str, Any]:
     errors: Counter[str] = Counter(e for r in results for e in r.errors)
     return {
@@ -60,7 +68,8 @@ def summarise(results: Sequence[TrialResult], *, seed: int, trials: int) -> dict
         "by_fault": _group(results, "fault"),
         "by_point": _group(results, "point"),
         "by_sink": _group(results, "sink"),
-        "by_feed": _group(results, "via"),
+        "by_way_in": _group(results, "via"),
+        "by_fault_and_way_in": _pairs(results),
         "driver_errors": dict(sorted(errors.items())),
         "failures": [{"name": r.spec["name"], "failure": r.failure,
                       "problems": [p for c in r.checks for p in c.problems]}
@@ -82,7 +91,7 @@ def markdown(summary: dict[str, Any]) -> str:
               "|---|---|---|---|---|---|---|---|---|---|---|")
     lines = [f"# Chaos run, seed {summary['seed']}", "", header,
              _row("**all**", summary["totals"])]
-    for section in ("by_fault", "by_point", "by_sink", "by_feed"):
+    for section in ("by_fault", "by_way_in", "by_fault_and_way_in", "by_point", "by_sink"):
         lines += ["", f"## {section.replace('_', ' ')}", "", header]
         lines += [_row(name, totals) for name, totals in summary[section].items()]
     lines += ["", f"Errors the driver saw (then recovered from): {summary['driver_errors']}"]

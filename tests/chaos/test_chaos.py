@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -9,7 +10,7 @@ from typing import Any
 import pytest
 
 from tests.chaos.harness import TrialEnv, TrialResult, run_trial
-from tests.chaos.plan import TrialSpec
+from tests.chaos.plan import SPARK_WAYS, TrialSpec
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -31,7 +32,7 @@ def spark_sessions() -> Iterator[dict[str, Any]]:
 
 
 def _spark(trial: TrialSpec, holder: dict[str, Any]) -> Any:
-    if trial.via != "spark":
+    if trial.via not in SPARK_WAYS:
         return None
     if "session" not in holder:
         from raysink.spark import init_spark
@@ -59,7 +60,8 @@ def _restart_spark(holder: dict[str, Any]) -> None:
 
 @pytest.mark.timeout(600)
 def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
-               chaos_results: list[TrialResult], spark_sessions: dict[str, Any]) -> None:
+               chaos_results: list[TrialResult], spark_sessions: dict[str, Any],
+               trial_log: Path) -> None:
     import ray
 
     pg = request.getfixturevalue("pg_server") if _needs_postgres(trial) else None
@@ -71,6 +73,8 @@ def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
                    spark=_spark(trial, spark_sessions), restart_spark=restart_spark)
     result = run_trial(trial, env)
     chaos_results.append(result)
+    with trial_log.open("a") as log:
+        log.write(json.dumps(result.as_dict(), default=str) + "\n")
     if trial.fault == "executor_kill":
         _restart_spark(spark_sessions)
     assert result.failure is None, f"{trial.name}: {result.failure}\nnotes: {result.notes}"

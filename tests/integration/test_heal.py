@@ -20,6 +20,7 @@ import pytest
 import ray
 
 from raysink import Placement, SinkRuntime
+from raysink.actors.lifecycle import find_coordinator
 from raysink.testing import arm_fault, fired
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import ParquetTarget, assert_ids_exact
@@ -120,11 +121,18 @@ def test_a_keyed_retry_waits_for_a_writer_ray_is_restarting(tmp_path: Path,
     assert_ids_exact(target.ids(), [1, 2], ROWS)
 
 
+def _actor_id(handle: Any) -> bytes:
+    assert handle is not None
+    return bytes(handle._actor_id.binary())
+
+
 def test_a_standby_coordinator_takes_over(tmp_path: Path, name: str) -> None:
     """Labels pin the coordinator (here: this node's id), so a standby waits beside it: a
     coordinator killed with its epoch PENDING is followed by the standby (which rolls the
     epoch forward, a standby of its own behind it); with that standby gone as well, a new
-    coordinator is started."""
+    coordinator is started. A stream's producer looking the coordinator up by name
+    (``find_coordinator``) finds the standby once it took over, never before (before: a
+    standby's name was not looked at, so a producer found no coordinator)."""
     target = ParquetTarget(tmp_path / "table")
     here = {"ray.io/node-id": ray.get_runtime_context().get_node_id()}
     with SinkRuntime(name, target.sink(), writers=2, progress=False,
@@ -135,9 +143,11 @@ def test_a_standby_coordinator_takes_over(tmp_path: Path, name: str) -> None:
         assert actors is not None and actors._standby is not None
         standby = actors._standby[2]
         assert ray.get(standby.ping.remote(), timeout=120) == 0  # up, not yet the coordinator
+        assert _actor_id(find_coordinator(name)) == _actor_id(actors.coordinator)
         arm_fault(name, "coordinator.after_pending", action="kill", when={"epoch": 2})
         assert rt.write_arrow(_halves(2)).committed
         assert actors.coordinator is standby
+        assert _actor_id(find_coordinator(name)) == _actor_id(standby)
         assert actors._standby is not None and actors._standby[2] is not standby
         ray.kill(actors._standby[2], no_restart=True)
         arm_fault(name, "coordinator.after_pending", action="kill", when={"epoch": 3})

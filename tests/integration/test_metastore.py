@@ -11,8 +11,11 @@ import re
 import sqlite3
 import subprocess
 import sys
+import threading
+import time
 import uuid
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -29,7 +32,7 @@ from raysink.coordinator.metastore import (
     open_metastore,
     redact_url,
 )
-from raysink.errors import ConfigError, FencedError, MetaStoreError
+from raysink.errors import ConfigError, FencedError, MetaStoreError, RuntimeInUseError
 from tests.support.postgres import PostgresServer
 
 SINKS = {"a": "parquet", "b": "delta"}
@@ -373,6 +376,77 @@ def test_fence_across_two_processes(backend: Backend, rt: str) -> None:
     assert store.records(rt) == []
     store.put_open(rt, 2, 1, 1, ["a"], {})
     assert _states(store, rt) == [("a", 1, 1, EpochState.OPEN)]
+
+
+# --------------------------------------------------------------------------- the lease
+
+A_OWNER = {"host": "a", "pid": 1}
+B_OWNER = {"host": "b", "pid": 2}
+
+
+def test_the_lease_is_one_holders_until_it_expires_or_is_released(
+        store: MetaStore, rt: str) -> None:
+    """A takes the lease; B cannot while it lives; A renews it (same token, later end) and
+    releases it; B takes it (a new token); a claim needs the lease; an expired lease nobody
+    took is still its holder's; one taken over from a holder known gone (``replace``)."""
+    assert store.lease(rt) is None
+    first = store.acquire_lease(rt, "A", A_OWNER, 30.0)
+    assert (first.holder, first.owner, first.token, first.live) == ("A", A_OWNER, 1, True)
+    assert 29.0 < first.expires_at - first.now <= 30.0
+    refused = store.acquire_lease(rt, "B", B_OWNER, 30.0)
+    assert (refused.holder, refused.token, refused.expires_at) == ("A", 1, first.expires_at)
+    renewed = store.acquire_lease(rt, "A", A_OWNER, 60.0)
+    assert (renewed.holder, renewed.token) == ("A", 1)
+    assert renewed.expires_at > first.expires_at
+    store.claim(rt, SINKS, holder="A")
+    with pytest.raises(RuntimeInUseError, match="pid 1 on host a until") as info:
+        store.claim(rt, SINKS, holder="B")
+    assert (info.value.holder, info.value.until) == (A_OWNER, renewed.expires_at)
+    store.release_lease(rt, "B")  # not B's: nothing happens
+    assert store.acquire_lease(rt, "B", B_OWNER, 30.0).holder == "A"
+    store.release_lease(rt, "A")
+    store.release_lease(rt, "A")  # idempotent
+    released = store.lease(rt)
+    assert released is not None and not released.live
+    second = store.acquire_lease(rt, "B", B_OWNER, 0.2)
+    assert (second.holder, second.owner, second.token) == ("B", B_OWNER, 2)
+    with pytest.raises(RuntimeInUseError, match="pid 2 on host b"):
+        store.claim(rt, SINKS, holder="A")  # A lost it: no coordinator of A's may claim
+    time.sleep(0.3)
+    expired = store.lease(rt)
+    assert expired is not None and not expired.live and expired.holder == "B"
+    assert store.claim(rt, SINKS, holder="B").generation == 2  # expired, but nobody took it
+    third = store.acquire_lease(rt, "C", A_OWNER, 30.0)
+    assert (third.holder, third.token) == ("C", 3)
+    fourth = store.acquire_lease(rt, "D", B_OWNER, 30.0, replace="C")
+    assert (fourth.holder, fourth.token) == ("D", 4)
+    loaded = store.load(rt)
+    assert loaded is not None and loaded.generation == 2  # leases never change generations
+
+
+def test_a_lease_race_has_one_winner(backend: Backend, rt: str) -> None:
+    """Eight stores (connections) take the lease at once: exactly one holds it."""
+    stores = [backend.open() for _ in range(8)]
+    gate = threading.Barrier(len(stores))
+
+    def take(index: int) -> str:
+        gate.wait()
+        return stores[index].acquire_lease(rt, f"h{index}", {"pid": index}, 30.0).holder
+
+    with ThreadPoolExecutor(len(stores)) as pool:
+        holders = set(pool.map(take, range(len(stores))))
+    assert len(holders) == 1
+
+
+def test_a_store_from_before_the_lease_table_is_brought_up_to_date(
+        backend: Backend, store: MetaStore, rt: str) -> None:
+    assert store.claim(rt, SINKS).generation == 1
+    store.close()
+    backend.raw("DROP TABLE raysink_leases", ())
+    reopened = backend.open()
+    assert reopened.lease(rt) is None
+    assert reopened.acquire_lease(rt, "A", A_OWNER, 30.0).holder == "A"
+    assert reopened.claim(rt, SINKS, holder="A").generation == 2
 
 
 # --------------------------------------------------------------------------- status, isolation

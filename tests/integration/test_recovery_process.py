@@ -61,14 +61,16 @@ def child_main(config: dict[str, Any]) -> None:
 
 
 class _Child:
-    """The child driver process and what it printed."""
+    """The child driver process (``module`` run as a script) and what it printed."""
+
+    module = "tests.integration.test_recovery_process"
 
     def __init__(self, config: dict[str, Any], log: Path) -> None:
         self._log = log
         with open(log, "wb") as err:
             self.proc = subprocess.Popen(
-                [sys.executable, "-m", "tests.integration.test_recovery_process",
-                 json.dumps(config)], cwd=_REPO, stdout=err, stderr=subprocess.STDOUT)
+                [sys.executable, "-m", self.module, json.dumps(config)], cwd=_REPO,
+                stdout=err, stderr=subprocess.STDOUT)
 
     def output(self) -> str:
         return self._log.read_text(errors="replace")

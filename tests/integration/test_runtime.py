@@ -185,6 +185,7 @@ def test_a_sink_added_while_an_epoch_is_pending(tmp_path: Path, name: str) -> No
         ({"max_buffer_bytes": 0}, "max_buffer_bytes"),  # a reorder buffer that holds nothing
         ({"warn_interval": 0}, "warn_interval"),
         ({"epoch_offset": -1}, "epoch_offset"),  # epochs are non-negative
+        ({"lease_timeout": 0}, "lease_timeout"),  # a lease that expires as it is taken
     ],
 )
 def test_invalid_options(tmp_path: Path, options: dict[str, object], fragment: str) -> None:

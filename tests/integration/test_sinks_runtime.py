@@ -86,7 +86,9 @@ def test_epochs_replays_and_coordinator_crashes(target: Target, name: str, meta:
         arm_fault(name, "coordinator.after_commit", action="kill", when={"epoch": 4})
         fourth = rt.write_arrow(epoch_table(4, ROWS))
         assert (fourth.epoch, fourth.committed) == (4, True)
-        assert fourth.skipped_sinks == ("main",)  # recovery saw the marker: no second commit
+        # recovery saw the marker, of this very decision (``holds_decision``): no second commit
+        # (commit_epochs below), and the rows are reported written, not skipped
+        assert (fourth.skipped, fourth.skipped_sinks, fourth.rows) == (False, (), ROWS)
 
         assert rt.write_arrow(epoch_table(5, ROWS)).committed
         status = rt.status()

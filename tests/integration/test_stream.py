@@ -6,6 +6,7 @@ source row exactly once."""
 
 from __future__ import annotations
 
+import json
 import time
 from pathlib import Path
 from typing import Any
@@ -50,6 +51,15 @@ def _wait_restarted(actor: Any, old_pid: int, timeout: float = 60.0) -> None:
         time.sleep(0.2)
 
 
+def _await_written(offsets: Path, timeout: float = 60.0) -> None:
+    """Until the producer keeping ``offsets`` noted a write (it is a member: it joins
+    the stream at its first write)."""
+    deadline = time.monotonic() + timeout
+    while not (offsets.exists() and json.loads(offsets.read_text() or "{}")):
+        assert time.monotonic() < deadline, f"{offsets} noted no write in {timeout:g} s"
+        time.sleep(0.05)
+
+
 def test_producers_stream_epochs_that_commit_on_their_own(tmp_path: Path, name: str) -> None:
     target = ParquetTarget(tmp_path / "table")
     with _runtime(tmp_path, name) as rt:
@@ -71,7 +81,8 @@ def test_a_restarted_producer_rewinds_the_stream_and_nothing_is_lost_or_doubled(
                      for p in range(2)]
         victim_pid = ray.get(producers[0].pid.remote())
         runs = [p.run.remote(60, 0.05) for p in producers]
-        time.sleep(1.5)
+        for p in range(2):  # both are in the stream (a producer joins at its first write)
+            _await_written(tmp_path / f"o{p}.json")
         sigkill(victim_pid)  # Ray restarts the actor; its run call fails
         with pytest.raises(ray.exceptions.RayActorError):
             ray.get(runs[0])

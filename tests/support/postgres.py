@@ -25,7 +25,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator
@@ -34,6 +33,8 @@ from typing import Any, Literal
 from urllib.parse import quote
 
 import pytest
+
+from tests.support.ports import server_port
 
 __all__ = ["PostgresServer", "find_bindir", "pg_server"]
 
@@ -51,13 +52,6 @@ def find_bindir() -> Path | None:
             version = tuple(int(part) for part in re.findall(r"\d+", candidate.parent.name))
             found.append((version, candidate))
     return max(found)[1] if found else None
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
 
 
 class PostgresServer:
@@ -78,7 +72,7 @@ class PostgresServer:
                                f"{_SETUP_HINT}")
         self.bindir = found
         self.host = "127.0.0.1"
-        self.port = _free_port()
+        self.port = server_port()
         self.root = Path(tempfile.mkdtemp(prefix="raysink-pg-", dir="/tmp"))
         self.data_dir = self.root / "data"
         self.log_file = self.root / "server.log"

@@ -15,7 +15,6 @@ from __future__ import annotations
 import contextlib
 import json
 import shutil
-import socket
 import subprocess
 import tempfile
 import time
@@ -26,6 +25,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
+from tests.support.ports import server_port
 
 __all__ = ["PrometheusServer", "promtool", "ray_metrics_targets", "require_prometheus"]
 
@@ -56,20 +57,13 @@ def ray_metrics_targets() -> list[str]:
     return [f"127.0.0.1:{port}" for port in ports]
 
 
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
-        sock.bind(("127.0.0.1", 0))
-        port: int = sock.getsockname()[1]
-        return port
-
-
 class PrometheusServer:
     """One Prometheus; ``start()``, then queries, then ``stop()`` (idempotent)."""
 
     def __init__(self, targets: Sequence[str], rule_files: Sequence[Path] = (), *,
                  interval: str = "1s") -> None:
         self.binary, _ = require_prometheus()
-        self.port = _free_port()
+        self.port = server_port()
         self.root = Path(tempfile.mkdtemp(prefix="raysink-prom-", dir="/tmp"))
         self.targets, self.rule_files, self.interval = list(targets), list(rule_files), interval
         self._process: subprocess.Popen[bytes] | None = None

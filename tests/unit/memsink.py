@@ -23,6 +23,7 @@ class MemoryTarget:
     marker: int | None = None
     fail_commits: int = 0
     fail_after_commits: int = 0  # commits that land, then fail on the client's side
+    fail_aborts: int = 0  # sweeps refused (the target unreachable)
     commits: int = 0
     exists: bool = True  # False: created by the first commit that carries rows
     unreachable: bool = False  # True: reading the marker fails (the target is down)
@@ -82,6 +83,9 @@ class MemorySink(Sink):
         return CommitResult.COMMITTED
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
+        if self.target.fail_aborts > 0:
+            self.target.fail_aborts -= 1
+            raise ConnectionError("target refused the sweep (injected)")
         for key in [k for k in self.target.staged if k[0] == epoch]:
             del self.target.staged[key]
 
@@ -89,6 +93,14 @@ class MemorySink(Sink):
         if self.target.unreachable:
             raise ConnectionError("target unreachable (injected)")
         return self.target.marker
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the epoch's visible rows came from the attempt ``manifests`` staged
+        (``None``: no visible row of it to tell by)."""
+        attempts = {a for e, a, _ in self.target.visible if e == epoch}
+        if not attempts or not manifests:
+            return None
+        return attempts == {int(m["attempt"]) for m in manifests}
 
     def target_exists(self) -> bool:
         return self.target.exists

@@ -10,6 +10,12 @@ coordinator gets the current one), refused while an epoch is open at the coordin
 and, out of turn, while the driver feeds an epoch the coordinator does not know yet: its
 requests then no longer match the layout and the attempt is given up, nothing visible.
 
+The driver holds the runtime's lease: another driver's start is refused while it lives
+(its coordinator may not claim); a driver killed and replaced by a successor that takes
+its lease over leaves its coordinator behind as a zombie, whose commit of a decided epoch
+may still reach a target (the same decision: it lands once) but whose every meta store
+write is fenced, and whose driver can no longer claim a generation.
+
 Writers report the schema they wrote: sink ``a`` (``schema_evolution="fail"``) one,
 sink ``b`` (``"add_columns"``) one drawn from three (the old one, one adding a string
 column, one adding it as an integer). A gather the schemas refuse gives the attempt up,
@@ -52,12 +58,14 @@ from raysink.coordinator.vnodes import assign
 from raysink.errors import (
     BackpressureError,
     EpochRegressionError,
+    FencedError,
     RaySinkError,
     RescaleRefusedError,
+    RuntimeInUseError,
     SchemaMismatchError,
     StaleAttemptError,
 )
-from tests.unit.test_epochs import Harness, commit_sink, with_schema
+from tests.unit.test_epochs import RUNTIME, Harness, commit_sink, with_schema
 
 SINKS = ("a", "b")
 MAX_WRITERS = 3
@@ -253,6 +261,33 @@ class CoordinatorModel(RuleBasedStateMachine):
         self.complete = None
         if not feeding:
             self.current = None
+
+    @rule()
+    def second_driver(self) -> None:
+        """Another driver starts the runtime while this one's lease lives: refused."""
+        lease = self.h.store.acquire_lease(RUNTIME, "intruder", {"driver": 0}, 3600.0)
+        assert lease.holder == self.h.holder
+        with pytest.raises(RuntimeInUseError):
+            self.h.store.claim(RUNTIME, {n: "memory" for n in SINKS}, holder="intruder")
+
+    @rule(zombie_commits=st.booleans())
+    def driver_replaced(self, zombie_commits: bool) -> None:
+        """The driver is killed; its successor takes the lease over and starts its own
+        coordinator. The old one, a zombie for a moment, may still commit a decided epoch
+        to its target, but records nothing; its driver cannot claim again."""
+        zombie, old_holder = self.h.core, self.h.holder
+        self.h.replace_driver()
+        self.current = self.complete = None
+        step = zombie.next_commit()
+        if zombie_commits and step is not None:
+            try:
+                outcome = zombie.run_commit(step)
+            except ConnectionError:  # a target made to fail stays failing for it too
+                return
+            with pytest.raises(FencedError):
+                zombie.record_commit(outcome)
+        with pytest.raises(RuntimeInUseError):
+            self.h.store.claim(RUNTIME, {n: "memory" for n in SINKS}, holder=old_holder)
 
     @invariant()
     def decided_schemas_agree(self) -> None:

@@ -52,7 +52,8 @@ class Harness:
     """A coordinator over two memory sinks, with what survives a crash kept outside it: the
     targets, and the meta store (``self.store``, an ``InMemoryMetaStore`` by default). With
     ``open_store``, the store is opened by it, and closed and opened again at every crash
-    (a SQLite file: what survives is what reached the file)."""
+    (a SQLite file: what survives is what reached the file). The driver (``holder``)
+    holds the runtime's lease; ``replace_driver`` hands it to a successor."""
 
     def __init__(self, sinks: tuple[str, ...] = ("a", "b"), max_pending: int = 2,
                  open_store: Callable[[], MetaStore] | None = None,
@@ -64,6 +65,7 @@ class Harness:
         self.epoch_offset: int | None = None
         self.evolution = dict(evolution or {})  # a sink's schema_evolution, "fail" if absent
         self.writers = WRITERS  # the layout a (re)started coordinator gets (rescale)
+        self.holder = "driver-1"
         self.add: tuple[str, ...] = ()  # sinks a (re)start adds or drops on purpose
         self.drop: tuple[str, ...] = ()
         self.core = self.boot()
@@ -72,8 +74,11 @@ class Harness:
         sinks = {n: MemorySink(t).bind(RUNTIME, n) for n, t in self.targets.items()}
         for name, sink in sinks.items():
             sink.schema_evolution = self.evolution.get(name, "fail")
+        lease = self.store.acquire_lease(RUNTIME, self.holder, {"driver": self.holder},
+                                         3600.0)  # the driver's, at its start
+        assert lease.holder == self.holder
         record = self.store.claim(RUNTIME, {n: "memory" for n in sinks}, add=self.add,
-                                  drop=self.drop)
+                                  drop=self.drop, holder=self.holder)
         core = EpochCoordinator(runtime=RUNTIME, store=self.store, sinks=sinks,
                                 generation=record.generation,
                                 bitmaps={n: assign(self.writers) for n in sinks},
@@ -87,6 +92,20 @@ class Harness:
         if self.open_store is not None:  # the coordinator's process and connection are gone
             self.store.close()
             self.store = self.open_store()
+        self.core = self.boot()
+
+    def replace_driver(self) -> None:
+        """The driver is gone (killed); a successor takes its lease over and starts a
+        coordinator of its own (a new generation). The old coordinator object is left as
+        it was (a zombie, for the caller to try)."""
+        old = self.holder
+        number = int(old.rsplit("-", 1)[1]) + 1
+        self.holder = f"driver-{number}"
+        if self.open_store is not None:
+            self.store = self.open_store()  # the successor's own connection
+        lease = self.store.acquire_lease(RUNTIME, self.holder, {"driver": self.holder},
+                                         3600.0, replace=old)
+        assert lease.holder == self.holder
         self.core = self.boot()
 
     def requests(self, epoch: int, attempt: int, rows: int = 3) -> list[CommitRequest]:
@@ -308,6 +327,25 @@ def test_commit_is_skipped_when_the_marker_is_there() -> None:
     outcome = commit_sink(h.core, 1, "a")
     assert outcome.skipped
     assert h.core.skipped_sinks(1) == () or h.core.last_committed == 1
+
+
+def test_a_marker_of_the_epochs_own_decision_is_no_skip() -> None:
+    """Epoch 1 reached the target, then the coordinator crashed before recording it: the
+    next one finds the marker, and the target says the data is this decision's
+    (``holds_decision``): not a skip. Epoch 2's marker holds another decision's rows (another
+    driver's, with a meta store of its own): a skip."""
+    h = Harness(sinks=("a",))
+    assert h.precommit_all(1, h.core.open_epoch(1).attempt)
+    step = h.core.next_commit("a")
+    assert step is not None and not h.core.run_commit(step).skipped  # never recorded
+    h.crash()
+    assert not commit_sink(h.core, 1, "a").skipped
+    assert h.targets["a"].commits == 1
+    assert h.precommit_all(2, h.core.open_epoch(2).attempt)
+    h.targets["a"].marker = 2
+    h.targets["a"].visible.append((2, 99, 0))  # another decision's row
+    assert commit_sink(h.core, 2, "a").skipped
+    assert h.targets["a"].commits == 1
 
 
 def test_deleted_marker_while_pending_is_data_loss() -> None:
@@ -627,6 +665,26 @@ def test_a_commit_retried_after_it_landed_is_no_skip(failure: str) -> None:
     assert h.core.skipped_sinks(1) == () and h.core.last_committed == 1
     assert h.targets["a"].commits == 1
     _visible_once(h, [1])
+
+
+def test_a_sweep_that_fails_never_reuses_the_attempt() -> None:
+    """The writers' attempt of an epoch failed and its sweep cannot reach a target: the
+    attempt still resolves ABORTED and its number counts as used (the epoch opened again
+    used to get the same attempt number, whose messages its writers drop as stale, so
+    every later write of it failed); the epoch is swept before it is opened again, and
+    while the target refuses that, opening it is a ``SinkUnavailableError``."""
+    h = Harness()
+    h.write_epoch()
+    decision = h.core.open_epoch(None)
+    h.targets["b"].fail_aborts = 2
+    assert h.core.resolve(decision.epoch) is Resolution.ABORTED
+    with pytest.raises(SinkUnavailableError, match="could not be swept"):
+        h.core.open_epoch(decision.epoch)
+    again = h.core.open_epoch(decision.epoch)
+    assert again.attempt > decision.attempt
+    assert h.precommit_all(again.epoch, again.attempt)
+    h.commit_all()
+    _visible_once(h, [1, 2])
 
 
 # --------------------------------------------------------------------------- schemas

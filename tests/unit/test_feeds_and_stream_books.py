@@ -37,17 +37,17 @@ def test_a_closed_feed_cannot_fail_afterwards() -> None:
 
 def test_each_member_claims_its_barrier_once_and_moves_on() -> None:
     stream = StreamBook(epoch=5, attempt=0)
-    assert stream.poll(1, committed=4).epoch == 5  # joins the current epoch
-    assert stream.poll(2, committed=4).barrier is None
+    assert stream.poll(1, 0, committed=4).epoch == 5  # joins the current epoch
+    assert stream.poll(2, 0, committed=4).barrier is None
     tick = stream.tick(checkpoint_id=7, next_attempt=0, generation=3)
     assert tick is not None and (tick.epoch, tick.members) == (5, (1, 2))
     assert tick.generation is None  # the first epoch was opened at the coordinator
-    first = stream.poll(1, committed=4)
+    first = stream.poll(1, 0, committed=4)
     assert first.barrier == CheckpointBarrier(7, 5) and first.barrier_attempt == 0
     assert first.epoch == 6
-    assert stream.poll(1, committed=4).barrier is None  # claimed once
+    assert stream.poll(1, 0, committed=4).barrier is None  # claimed once
     assert stream.writing(2) == (5, 0)  # not claimed yet: still writes epoch 5
-    assert stream.poll(3, committed=4).epoch == 6  # a late joiner starts at the next
+    assert stream.poll(3, 0, committed=4).epoch == 6  # a late joiner starts at the next
     second = stream.tick(checkpoint_id=8, next_attempt=0, generation=3)
     assert second is not None and second.members == (1, 3) and second.generation == 3
 
@@ -55,23 +55,26 @@ def test_each_member_claims_its_barrier_once_and_moves_on() -> None:
 def test_a_tick_without_members_commits_nothing_and_drain_ends_the_stream() -> None:
     stream = StreamBook(epoch=1, attempt=0)
     assert stream.tick(1, 0, 1) is None and stream.epoch == 1
-    stream.poll(1, committed=None)
+    stream.poll(1, 0, committed=None)
     drain = stream.tick(2, 0, 1, drain=True)
     assert drain is not None and drain.drain
-    claimed = stream.poll(1, committed=None)
+    claimed = stream.poll(1, 0, committed=None)
     assert claimed.barrier is not None and claimed.barrier.flags is BarrierFlags.DRAIN
     assert not claimed.ended  # close the last part first
-    assert stream.poll(1, committed=1).ended
-    assert stream.poll(9, committed=1).ended  # nobody joins a drained stream
+    assert stream.poll(1, 0, committed=1).ended
+    assert stream.poll(9, 0, committed=1).ended  # nobody joins a drained stream
+    assert not stream.poll(9, 0, committed=1).member
 
 
 def test_a_rewind_clears_the_members_and_counts() -> None:
     stream = StreamBook(epoch=3, attempt=0)
-    stream.poll(1, committed=2)
+    stream.poll(1, 0, committed=2)
     stream.tick(1, 0, 1)
-    stream.rewind(3, 1, committed=2)
-    position = stream.poll(1, committed=2)
-    assert (position.epoch, position.attempt, position.rewinds) == (3, 1, 1)
+    stream.rewind(3, 1, cut=2)
+    told = stream.poll(1, 0, committed=2)  # not applied yet: told its cut, not a member
+    assert (told.rewinds, told.rewound, told.committed, told.member) == (1, True, 2, False)
+    position = stream.poll(1, 1, committed=2)  # applied: joins the reopened epoch
+    assert (position.epoch, position.attempt, position.member) == (3, 1, True)
     tick = stream.tick(2, 0, 1)
     assert tick is not None and tick.generation is None  # reopened at the coordinator
 
@@ -101,13 +104,13 @@ def test_a_sealed_slot_says_which_feeds_it_waits_for() -> None:
 
 def test_a_leaving_member_owes_an_empty_close_for_a_tick_it_did_not_claim() -> None:
     stream = StreamBook(epoch=1, attempt=0)
-    stream.poll(1, committed=None)
-    stream.poll(2, committed=None)
+    stream.poll(1, 0, committed=None)
+    stream.poll(2, 0, committed=None)
     assert stream.leave(2) is None  # nothing ticked for it yet
     tick = stream.tick(1, 0, 1)
     assert tick is not None and tick.members == (1,)
     assert stream.leave(1) == (1, 0)  # ticked, unclaimed: closed empty for it
-    assert stream.poll(1, committed=None).barrier is None  # a late poll does not rejoin
+    assert stream.poll(1, 0, committed=None).barrier is None  # a late poll does not rejoin
     assert stream.tick(2, 0, 1) is None
 
 
@@ -116,14 +119,37 @@ def test_a_rewound_member_is_told_its_cut_until_it_applied_the_rewind() -> None:
     stream.poll(1, committed=2, applied_rewinds=0)
     stream.poll(2, committed=2, applied_rewinds=0)
     stream.tick(1, 0, 1)
-    stream.rewind(3, 1, committed=2)
+    stream.rewind(3, 1, cut=2)
     assert stream.has_cut(1) and stream.has_cut(2)
     assert stream.poll(2, committed=2, applied_rewinds=1).committed == 2  # applied
     assert not stream.has_cut(2)
     stream.tick(2, 0, 1)  # epochs 3 and 4 commit with member 2 alone
     assert stream.poll(1, committed=4, applied_rewinds=0).committed == 2  # its cut still
     assert stream.poll(1, committed=4, applied_rewinds=None).committed == 2  # restarted
-    stream.rewind(5, 0, committed=4)  # a second rewind before it applied the first
-    assert stream.poll(1, committed=4, applied_rewinds=1).committed == 2
+    stream.rewind(5, 0, cut=4)  # a second rewind before it applied the first
+    assert stream.poll(1, committed=4, applied_rewinds=0).committed == 2  # still its cut
+    # applied the first but wrote nothing since (it never joined): nothing of it after its
+    # cut is decided, so it may resume from the last decided epoch
+    late = stream.poll(1, committed=4, applied_rewinds=1)
+    assert (late.committed, late.rewound, late.member) == (4, False, False)
     assert stream.poll(1, committed=4, applied_rewinds=2).committed == 4
     assert not stream.has_cut(1)
+
+
+def test_a_rewound_member_rejoins_only_once_it_applied_the_rewind() -> None:
+    """A sparse producer's poll thread keeps polling after a rewind while the producer has
+    not written since (so it has not replayed): it must not be a member again before it
+    applied the rewind, or the next tick hands it a barrier of the reopened epoch, which
+    its poll thread closes for it as if it had replayed, and its cut is forgotten."""
+    stream = StreamBook(epoch=3, attempt=0)
+    stream.poll(1, committed=2, applied_rewinds=0)
+    stream.poll(2, committed=2, applied_rewinds=0)
+    stream.tick(1, 0, 1)
+    stream.rewind(3, 1, cut=2)
+    stream.poll(2, committed=2, applied_rewinds=1)  # replayed: back in
+    sparse = stream.poll(1, committed=2, applied_rewinds=0)  # its poll thread
+    assert sparse.committed == 2 and sparse.barrier is None
+    tick = stream.tick(2, 0, 1)
+    assert tick is not None and tick.members == (2,), (
+        f"members {tick.members}: the producer that did not replay yet is one again")
+    assert stream.has_cut(1)

@@ -121,6 +121,23 @@ def test_abort_before_any_table_creates_nothing(tmp_path: Path) -> None:
     assert not local(manifests[0]["files"][0]["path"]).exists()
 
 
+def test_abort_over_a_table_whose_snapshot_has_no_files(tmp_path: Path) -> None:
+    """An empty first epoch creates the table with a snapshot that references no data
+    file. Sweeping the next epoch then listed the snapshot's files with pyiceberg's
+    ``inspect.files()``, which raises ``ArrowInvalid`` over zero manifests: every
+    resolve of the epoch failed, and the driver's every write of it (a chaos trial:
+    Iceberg, ``write(df)``, a writer SIGKILLed after its pre-commit)."""
+    sink = sink_at(tmp_path)
+    empty = pa.RecordBatch.from_pylist([], schema=batch([1]).schema)
+    assert sink.commit(1, stage(sink, 1, [[empty]])).value == "committed"
+    assert table(tmp_path).current_snapshot() is not None
+    manifests = stage(sink, 2, [[batch([5, 6])]])
+    sink.abort(2, None)
+    sink.abort(2, None)
+    assert not local(manifests[0]["files"][0]["path"]).exists()
+    assert ids(tmp_path) == []
+
+
 def test_manifest_path_outside_the_staging_is_refused(tmp_path: Path) -> None:
     sink = sink_at(tmp_path)
     manifests = stage(sink, 1, [[batch([1])]])

@@ -31,7 +31,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks.base import Manifest
+from raysink.sinks.base import CommitResult, Manifest
 from raysink.sinks.parquet import ParquetSink, ParquetSinkWriter
 from raysink.testing import arm_fault, disarm_faults, fired
 
@@ -177,7 +177,7 @@ def _crash_writing_log(sink: ParquetSink, manifests: list[Manifest],
     # files moved and a half-written temporary log entry left behind
     _crash_after_move(sink, manifests, monkeypatch)
     commits = Path(sink.path) / "_raysink/commits"
-    commits.mkdir(parents=True)
+    commits.mkdir(parents=True, exist_ok=True)  # the commit's claim is in there
     (commits / ".000000000001.json.tmp").write_text('{"epo')
 
 
@@ -208,6 +208,27 @@ def test_commit_rerun_after_crash_converges(sink: ParquetSink, tmp_path: Path, c
     assert sink.committed_epoch() == 1
     assert not (Path(sink.path) / "_raysink/staging/000000000001").exists()
     assert not list((Path(sink.path) / "_raysink/commits").glob(".*"))
+
+
+def test_two_decisions_of_one_epoch_never_both_land(
+        sink: ParquetSink, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two drivers of the runtime, with meta stores of their own, decide epoch 1 with
+    different rows. The first commit stops after moving its files (its claim stays); the
+    other decision's commit then moves nothing and drops its own staged files; the first
+    one's re-run finishes. ``holds_decision`` tells the two decisions apart throughout."""
+    ours = _stage(sink, 1, 0, [[1, 2], [3]])
+    theirs = _stage(sink, 1, 7, [[10, 11]])
+    _crash_after_move(sink, ours, monkeypatch)
+    assert sink.commit(1, theirs) is CommitResult.ALREADY
+    assert not (Path(sink.path) / theirs[0]["files"][0]["path"]).exists()
+    assert (sink.holds_decision(1, ours), sink.holds_decision(1, theirs)) == (True, False)
+    assert sink.commit(1, _json_round_trip(ours)) is CommitResult.COMMITTED
+    assert sink.commit(1, theirs) is CommitResult.ALREADY
+    assert (sink.holds_decision(1, ours), sink.holds_decision(1, theirs)) == (True, False)
+    assert sink.holds_decision(2, ours) is None
+    assert _visible(sink) == [1, 2, 3]
+    assert sorted(p.name for p in (Path(sink.path) / "_raysink/commits").iterdir()) == [
+        "000000000001.json"]
 
 
 def test_staged_file_lost_before_move_is_data_loss(sink: ParquetSink) -> None:

@@ -3,9 +3,11 @@
 ``SqlMetaStore`` implements every ``MetaStore`` method once, on top of two hooks a backend
 provides: ``_transaction(write=...)``, a context manager yielding a ``Tx`` (one database
 transaction, committed when the block ends, rolled back on any exception, database errors
-turned into ``MetaStoreError``) and ``_LOCK_RUNTIME``, the statement that reads and locks a
-runtime's row (``FOR UPDATE`` on PostgreSQL; SQLite's ``BEGIN IMMEDIATE`` already holds the
-database's write lock). Statements use ``?`` placeholders; ``Tx`` adapts them.
+turned into ``MetaStoreError``), ``_LOCK``, what a query appends to lock the rows it reads
+(``FOR UPDATE`` on PostgreSQL; nothing on SQLite, whose ``BEGIN IMMEDIATE`` already holds
+the database's write lock) and ``_NOW``, an expression of the database's clock in seconds
+since the Unix epoch (leases never compare two machines' clocks). Statements use ``?``
+placeholders; ``Tx`` adapts them.
 
 Tables (the same DDL on both backends; JSON is stored as text, never pickle)::
 
@@ -13,6 +15,7 @@ Tables (the same DDL on both backends; JSON is stored as text, never pickle)::
     raysink_epochs       (runtime, sink, epoch PK; attempt, state, layout, manifests,
                           updated_at, marked)
     raysink_sink_status  (runtime, sink PK; state, last_error, history, updated_at)
+    raysink_leases       (runtime PK; holder, owner, token, expires_at)   see _leases
 
 Durability: OPEN, PENDING and ABORTED records and the runtime's identity are on disk when
 the call returns; COMMITTED records and sink status are written without forcing them
@@ -31,13 +34,15 @@ import re
 import time
 from collections.abc import Collection, Mapping, Sequence
 from contextlib import AbstractContextManager
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
+from raysink.coordinator.metastore import _leases
 from raysink.coordinator.metastore.base import (
     HISTORY_LIMIT,
     EpochRecord,
     EpochState,
+    Lease,
     ManifestJSON,
     RuntimeRecord,
     SinkStatusRecord,
@@ -49,7 +54,7 @@ logger = logging.getLogger(__name__)
 RUNTIMES = "raysink_runtimes"
 EPOCHS = "raysink_epochs"
 STATUS = "raysink_sink_status"
-TABLES = (RUNTIMES, EPOCHS, STATUS)
+TABLES = (RUNTIMES, EPOCHS, STATUS, _leases.LEASES)
 
 _STATES = ", ".join(f"'{state.value}'" for state in EpochState)
 
@@ -80,6 +85,7 @@ SCHEMA: tuple[str, ...] = (
         history TEXT NOT NULL,
         updated_at DOUBLE PRECISION NOT NULL,
         PRIMARY KEY (runtime, sink))""",
+    _leases.DDL,
 )
 """DDL shared by SQLite and PostgreSQL (SQLite maps the type names by affinity)."""
 
@@ -231,7 +237,8 @@ class Tx:
 class SqlMetaStore(abc.ABC):
     """The ``MetaStore`` protocol over SQL; see the module docstring for the hooks."""
 
-    _LOCK_RUNTIME = SELECT_RUNTIME
+    _LOCK: ClassVar[str] = ""
+    _NOW: ClassVar[str]
 
     @property
     @abc.abstractmethod
@@ -250,11 +257,20 @@ class SqlMetaStore(abc.ABC):
     def close(self) -> None:
         """Release the connection (idempotent)."""
 
+    def _now(self, tx: Tx) -> float:
+        row = tx.one(f"SELECT {self._NOW}")
+        assert row is not None
+        return float(row[0])
+
     # runtimes ------------------------------------------------------------------------
     def claim(self, runtime: str, sinks: Mapping[str, str], *,
-              add: Collection[str] = (), drop: Collection[str] = ()) -> RuntimeRecord:
-        """Create the runtime (generation 1) or start its next generation."""
+              add: Collection[str] = (), drop: Collection[str] = (),
+              holder: str | None = None) -> RuntimeRecord:
+        """Create the runtime (generation 1) or start its next generation; with
+        ``holder``, only for the holder of the runtime's lease."""
         with self._transaction(write=True) as tx:
+            if holder is not None:
+                _leases.check_holder(tx, runtime, holder, self._now(tx), self._LOCK)
             old = self._lock_runtime(tx, runtime)
             if old is None and self._insert_runtime(tx, runtime, sinks):
                 record = RuntimeRecord(name=runtime, generation=1, sinks=dict(sinks))
@@ -294,7 +310,7 @@ class SqlMetaStore(abc.ABC):
         return record
 
     def _lock_runtime(self, tx: Tx, runtime: str) -> RuntimeRecord | None:
-        row = tx.one(self._LOCK_RUNTIME, runtime)
+        row = tx.one(SELECT_RUNTIME + self._LOCK, runtime)
         return None if row is None else runtime_from_row(row, self.url)
 
     def _fence(self, tx: Tx, runtime: str, generation: int) -> RuntimeRecord:
@@ -321,6 +337,24 @@ class SqlMetaStore(abc.ABC):
             self._fence(tx, runtime, generation)
             tx.run(f"UPDATE {RUNTIMES} SET epoch_source = ?, updated_at = ? WHERE name = ?",
                    text, time.time(), runtime)
+
+    # the lease -----------------------------------------------------------------------
+    def acquire_lease(self, runtime: str, holder: str, owner: Mapping[str, Any],
+                      seconds: float, *, replace: str | None = None) -> Lease:
+        """Take or renew the lease when it is free for ``holder`` (see ``MetaStore``)."""
+        with self._transaction(write=True) as tx:
+            return _leases.acquire(tx, runtime, holder, owner, seconds, self._now(tx),
+                                   replace=replace, lock=self._LOCK)
+
+    def release_lease(self, runtime: str, holder: str) -> None:
+        """Give the lease up at once (idempotent; nothing when another holds it)."""
+        with self._transaction(write=True) as tx:
+            _leases.release(tx, runtime, holder, self._now(tx))
+
+    def lease(self, runtime: str) -> Lease | None:
+        """The runtime's lease, or ``None`` when it was never taken."""
+        with self._transaction(write=False) as tx:
+            return _leases.read(tx, runtime, self._now(tx))
 
     # epochs --------------------------------------------------------------------------
     def records(self, runtime: str) -> list[EpochRecord]:

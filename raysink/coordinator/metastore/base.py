@@ -21,6 +21,15 @@ One meta store may hold many runtimes; every record is keyed by runtime name. Re
 
 Every write names the coordinator ``generation`` that makes it; a write from an older
 generation than the runtime's current one raises ``FencedError`` and changes nothing.
+
+One driver at a time: a runtime's **lease** names the driver that runs it (``holder``, an
+id it made up, and ``owner``, what it says of itself: host, pid...) until ``expires_at``,
+on the store's own clock (no two machines' clocks are compared). The driver takes it
+before it starts any actor and renews it while the runtime is open; a driver that dies
+stops renewing, and its successor takes the lease once it expired (or at once, when it
+can tell the holder's process is gone). ``token`` grows with every new holder. A
+coordinator claims a generation only for the driver that holds the lease (``claim(...,
+holder=)``), so a driver whose lease another took cannot start one.
 Manifests and layouts are stored as JSON text, never pickle; a row that does not decode
 raises ``MetaStoreError``.
 """
@@ -28,6 +37,7 @@ raises ``MetaStoreError``.
 from __future__ import annotations
 
 import enum
+import time
 from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
@@ -36,6 +46,7 @@ __all__ = [
     "HISTORY_LIMIT",
     "EpochRecord",
     "EpochState",
+    "Lease",
     "ManifestJSON",
     "MetaStore",
     "RuntimeRecord",
@@ -66,6 +77,35 @@ class RuntimeRecord:
     sinks: dict[str, str]
     dropped: tuple[str, ...] = ()
     epoch_source: dict[str, Any] | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Lease:
+    """Who runs a runtime (``holder``, ``owner``) until when, as read at ``now``: both on
+    the store's clock, seconds since the Unix epoch. ``token``: one more for every new
+    holder."""
+
+    runtime: str
+    holder: str
+    owner: dict[str, Any]
+    token: int
+    expires_at: float
+    now: float
+
+    @property
+    def live(self) -> bool:
+        return self.expires_at > self.now
+
+    def describe(self) -> str:
+        """``pid 12 on host h (Ray 10.0.0.1:6379) until 21:04:05 UTC, 8.2 s from now``."""
+        owner = self.owner
+        who = f"pid {owner.get('pid', '?')} on host {owner.get('host', '?')}"
+        if owner.get("ray"):
+            who += f" (Ray {owner['ray']})"
+        until = time.strftime("%H:%M:%S UTC", time.gmtime(self.expires_at))
+        left = self.expires_at - self.now
+        return (f"{who} until {until}, {left:.1f} s from now" if left > 0
+                else f"{who}, expired {-left:.1f} s ago")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -114,13 +154,33 @@ class MetaStore(Protocol):
         *,
         add: Collection[str] = (),
         drop: Collection[str] = (),
+        holder: str | None = None,
     ) -> RuntimeRecord:
         """Create the runtime or start a new generation of it.
 
         ``sinks`` maps sink name to kind. A sink set that differs from the stored one raises
         ``ConfigError`` unless every new name is in ``add`` and every missing name in
-        ``drop``. Returns the record with the new generation, which fences all older ones.
+        ``drop``. With ``holder``: ``RuntimeInUseError`` unless the runtime's lease is that
+        holder's (expired or not: nobody else took it). Returns the record with the new
+        generation, which fences all older ones.
         """
+        ...
+
+    def acquire_lease(self, runtime: str, holder: str, owner: Mapping[str, Any],
+                      seconds: float, *, replace: str | None = None) -> Lease:
+        """Take or renew the runtime's lease for ``holder``, until ``seconds`` from now,
+        when it is free: never held, released, expired, ``holder``'s already, or held by
+        ``replace`` (a holder the caller knows is gone). Returns the lease as it stands
+        after the call: the caller holds it when ``lease.holder == holder``; else nothing
+        changed and the lease is the other holder's."""
+        ...
+
+    def release_lease(self, runtime: str, holder: str) -> None:
+        """Give the lease up at once (idempotent; nothing when another holds it)."""
+        ...
+
+    def lease(self, runtime: str) -> Lease | None:
+        """The runtime's lease (live or not), or ``None`` when it was never taken."""
         ...
 
     def load(self, runtime: str) -> RuntimeRecord | None:

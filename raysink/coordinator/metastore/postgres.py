@@ -1,10 +1,12 @@
 """The cluster meta store: PostgreSQL through psycopg 3 (``postgresql://user:pw@host/db``).
 
-Tables ``raysink_runtimes``, ``raysink_epochs`` and ``raysink_sink_status`` are created in
-the connection's default schema when missing (under an advisory lock, so processes opening
-the store together do not race). Every write locks the runtime's row with
-``SELECT ... FOR UPDATE`` and checks its generation before changing anything; a lock held
-longer than ``lock_timeout`` fails the write with ``MetaStoreError`` instead of hanging.
+Tables ``raysink_runtimes``, ``raysink_epochs``, ``raysink_sink_status`` and
+``raysink_leases`` are created in the connection's default schema when missing, under an
+advisory lock, so processes opening the store together do not race (a store made by an
+earlier raysink gets the tables and columns it lacks). Every write locks the runtime's
+row with ``SELECT ... FOR UPDATE`` and checks its generation before changing anything; a
+lock held longer than ``lock_timeout`` fails the write with ``MetaStoreError`` instead of
+hanging. Lease times are the server's clock (``clock_timestamp()``).
 
 The password never appears in ``url``, in error messages or in logs. A connection that
 breaks (server restart, network) fails the call in flight with ``MetaStoreError``; the next
@@ -22,7 +24,6 @@ from urllib.parse import quote
 from raysink.coordinator.metastore._sql import (
     COLUMNS_ADDED,
     SCHEMA,
-    SELECT_RUNTIME,
     TABLES,
     SqlMetaStore,
     Tx,
@@ -65,7 +66,8 @@ class PostgresMetaStore(SqlMetaStore):
     Connects at construction (so a bad address fails early) and creates the tables.
     """
 
-    _LOCK_RUNTIME = SELECT_RUNTIME + " FOR UPDATE"
+    _LOCK = " FOR UPDATE"
+    _NOW = "EXTRACT(EPOCH FROM clock_timestamp())::double precision"
 
     def __init__(self, dsn: str, *, connect_timeout: int = 10,
                  lock_timeout: float = 30.0) -> None:

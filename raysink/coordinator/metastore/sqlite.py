@@ -33,6 +33,8 @@ class SqliteMetaStore(SqlMetaStore):
     """``MetaStore`` on a SQLite file at ``path``; the connection opens at construction
     (so a bad path fails early), and again on first use after ``close()``."""
 
+    _NOW = "(julianday('now') - 2440587.5) * 86400.0"
+
     def __init__(self, path: str | os.PathLike[str], *, timeout: float = 30.0) -> None:
         self._path = Path(path).absolute()
         self._timeout = timeout

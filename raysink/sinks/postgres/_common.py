@@ -28,6 +28,9 @@ and nothing to create one with (an empty epoch nobody saw a schema for: nothing 
 
 PROGRESS_TABLE = "_raysink_progress"
 STAGED_TABLE = "_raysink_staged"
+CLAIMS_TABLE = "_raysink_claims"
+"""One row per committed (or committing) epoch of a sink: the decision that holds it
+(``raysink.sinks.base.decision_id``)."""
 EPOCH_ROW = -1
 """``writer`` value of the row that marks a whole epoch committed."""
 CONNECT_TIMEOUT = 5
@@ -232,6 +235,21 @@ class _Target:
             "PRIMARY KEY (runtime, sink, epoch, writer))"
         ).format(self.ident(PROGRESS_TABLE)))
 
+    def ensure_claims(self, conn: psycopg.Connection[Any]) -> None:
+        conn.execute(_sql().SQL(
+            "CREATE TABLE IF NOT EXISTS {} (runtime text NOT NULL, sink text NOT NULL, "
+            "epoch bigint NOT NULL, decision text NOT NULL, "
+            "claimed_at timestamptz NOT NULL DEFAULT now(), "
+            "PRIMARY KEY (runtime, sink, epoch))"
+        ).format(self.ident(CLAIMS_TABLE)))
+
+    def ensure_tables(self, conn: psycopg.Connection[Any]) -> None:
+        """The progress and claims tables, created (under the DDL lock) when missing."""
+        if not (self.regclass(conn, PROGRESS_TABLE) and self.regclass(conn, CLAIMS_TABLE)):
+            self.lock(conn)
+            self.ensure_progress(conn)
+            self.ensure_claims(conn)
+
     def ensure_staged(self, conn: psycopg.Connection[Any]) -> None:
         s = _sql()
         conn.execute(s.SQL(
@@ -299,6 +317,30 @@ def _insert_progress(conn: psycopg.Connection[Any], t: _Target, epoch: int, writ
         "ON CONFLICT DO NOTHING RETURNING 1"
     ).format(t.ident(PROGRESS_TABLE)), (t.runtime, t.sink, epoch, writer)).fetchone()
     return row is not None
+
+
+def claim_epoch(conn: psycopg.Connection[Any], t: _Target, epoch: int, decision: str) -> str:
+    """Claim ``epoch`` for ``decision`` (the claims table must exist); returns the decision
+    that holds it now: ``decision``, or the one that claimed it first (a concurrent claim
+    waits for the first to end)."""
+    s = _sql()
+    conn.execute(s.SQL(
+        "INSERT INTO {} (runtime, sink, epoch, decision) VALUES (%s, %s, %s, %s) "
+        "ON CONFLICT DO NOTHING").format(t.ident(CLAIMS_TABLE)),
+        (t.runtime, t.sink, epoch, decision))
+    holder = claimed(conn, t, epoch)
+    assert holder is not None
+    return holder
+
+
+def claimed(conn: psycopg.Connection[Any], t: _Target, epoch: int) -> str | None:
+    """The decision that claimed ``epoch``, or ``None``."""
+    if not t.regclass(conn, CLAIMS_TABLE):
+        return None
+    row = conn.execute(_sql().SQL(
+        "SELECT decision FROM {} WHERE runtime = %s AND sink = %s AND epoch = %s"
+    ).format(t.ident(CLAIMS_TABLE)), (t.runtime, t.sink, epoch)).fetchone()
+    return None if row is None else str(row[0])
 
 
 def _has_progress_row(conn: psycopg.Connection[Any], t: _Target, epoch: int, writer: int) -> bool:

@@ -43,10 +43,15 @@ prepared transaction of the epoch (by gid prefix).
 Crash points. A writer dying before ``PREPARE``: the server rolls its transaction back
 (stage and target alike). After ``PREPARE``: the transaction survives the writer and a
 server crash restart; the coordinator commits it (epoch PENDING) or rolls it back (attempt
-aborted). The coordinator's ``commit`` runs ``COMMIT PREPARED`` per writer (a gid already
-gone with its progress row present means done), then inserts the epoch row
-``(…, writer=-1)``; after a crash in between it runs again and finishes. A replayed epoch
-is a new attempt with new gids; the old ones were rolled back first.
+aborted). The coordinator's ``commit`` first claims the epoch for its decision (a row of
+``_raysink_claims``, committed on its own), then runs ``COMMIT PREPARED`` per writer (a gid
+already gone with its progress row present means done), then inserts the epoch row
+``(…, writer=-1)``; after a crash in between it runs again, finds its own claim and
+finishes. A commit that finds another decision's claim (another driver of the runtime,
+with a meta store of its own, committing the same epoch) rolls its own transactions back:
+the ``COMMIT PREPARED`` calls are not one atomic step, so without the claim both
+decisions' rows could land. A replayed epoch is a new attempt with new gids; the old ones
+were rolled back first.
 
 With ``schema_evolution="add_columns"`` the writers' transactions hold only their own
 stage tables, never the target; after the ``COMMIT PREPARED`` calls ONE transaction
@@ -61,10 +66,9 @@ from typing import TYPE_CHECKING, Any
 
 from raysink._faults import hit
 from raysink.errors import DataLossError
-from raysink.sinks.base import Manifest
+from raysink.sinks.base import Manifest, decision_id
 from raysink.sinks.postgres._common import (
     EPOCH_ROW,
-    PROGRESS_TABLE,
     Outcome,
     _csv_bytes,
     _encode_column,
@@ -74,6 +78,7 @@ from raysink.sinks.postgres._common import (
     _psycopg,
     _sql,
     _Target,
+    claim_epoch,
     gid,
     gid_prefix,
 )
@@ -205,11 +210,22 @@ def finish_prepared(conn: psycopg.Connection[Any], verb: str, txid: str) -> bool
 def commit_prepared(
     sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
 ) -> Outcome:
-    """``COMMIT PREPARED`` per writer, then the epoch row; stale attempts are rolled back."""
+    """Claim the epoch, ``COMMIT PREPARED`` per writer, then the epoch row; stale attempts
+    are rolled back. Another decision's claim: this one's transactions are rolled back."""
     t = sink._tables()
     if _has_progress_row(conn, t, epoch, EPOCH_ROW):
         sweep_prepared(conn, sink, epoch, keep=())
         return "already"
+    decision = decision_id(epoch, manifests)
+    with conn.transaction():
+        # not waiting for its WAL flush: the first COMMIT PREPARED (or the epoch row)
+        # flushes the WAL past it; a crash before that loses the claim, but nothing moved
+        conn.execute("SET LOCAL synchronous_commit = off")
+        t.ensure_tables(conn)
+        holder = claim_epoch(conn, t, epoch, decision)
+    if holder != decision:
+        abort_prepared(conn, sink, epoch, manifests)  # only this decision's: the other's
+        return "already"                              # may not be committed yet
     for m in manifests:
         if m.get("gid") and not finish_prepared(conn, "COMMIT", str(m["gid"])) \
                 and not _has_progress_row(conn, t, epoch, int(m["writer"])):
@@ -218,9 +234,6 @@ def commit_prepared(
                             epoch)
     hit("sink.mid_commit", runtime=sink.runtime, sink=sink.name, epoch=epoch)
     with conn.transaction():
-        if not t.regclass(conn, PROGRESS_TABLE):
-            t.lock(conn)
-            t.ensure_progress(conn)
         if not _ensure_target(sink, conn, t, manifests):
             return "unmarked"
         inserted = _insert_progress(conn, t, epoch, EPOCH_ROW)

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysink import _schema
 from raysink.errors import ConfigError, RaySinkError, SinkUnavailableError
-from raysink.sinks.base import CommitResult, Manifest, Sink
+from raysink.sinks.base import CommitResult, Manifest, Sink, decision_id
 from raysink.sinks.postgres import _evolve, _prepared, _staging
 from raysink.sinks.postgres._common import (
     CONNECT_TIMEOUT,
@@ -25,6 +25,7 @@ from raysink.sinks.postgres._common import (
     _sql,
     _Target,
     arrow_to_postgres_type,
+    claimed,
     redact_dsn,
 )
 from raysink.sinks.postgres._validate import Validator
@@ -233,6 +234,12 @@ class PostgresSink(Sink):
             "SELECT max(epoch) FROM {} WHERE runtime = %s AND sink = %s AND writer = %s"
         ).format(t.ident(PROGRESS_TABLE)), (self.runtime, self.name, EPOCH_ROW)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether ``epoch``'s claim names the decision ``manifests`` (``None``: no claim,
+        as for an epoch committed by an older raysink)."""
+        holder = self._run(lambda conn: claimed(conn, self._tables(), epoch))
+        return None if holder is None else holder == decision_id(epoch, manifests)
 
     def target_exists(self) -> bool:
         """Whether the data table exists (the coordinator tells a deleted one apart)."""

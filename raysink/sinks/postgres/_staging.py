@@ -3,8 +3,9 @@
 Writers COPY into ``_raysink_stage_<hash>`` (never UNLOGGED: a crash restart empties
 those, and a staged epoch may already be PENDING) under a random token; ``pre_commit``
 records the token in ``_raysink_staged`` and commits. The coordinator's ``commit`` is ONE
-transaction: the epoch's progress row first (a second committer blocks on it, then sees
-the conflict and stops), then the staged rows moved with ``DELETE … RETURNING`` into
+transaction: the epoch's claim for this decision and its progress row first (a second
+committer, another decision from another driver or a re-run of this one, blocks on them,
+then sees the conflict and stops), then the staged rows moved with ``DELETE … RETURNING`` into
 ``INSERT`` (for upserts deduplicated per key, last ``(token order, _raysink_ord)`` wins,
 and ``ON CONFLICT DO UPDATE``), then the token records dropped. Works on any server;
 readers see each epoch at once; rows are written twice.
@@ -17,18 +18,18 @@ from typing import TYPE_CHECKING, Any
 
 from raysink._faults import hit
 from raysink.errors import DataLossError, SchemaMismatchError
-from raysink.sinks.base import Manifest
+from raysink.sinks.base import Manifest, decision_id
 from raysink.sinks.postgres._common import (
     _ORD_COL,
     _TOKEN_COL,
     EPOCH_ROW,
-    PROGRESS_TABLE,
     STAGED_TABLE,
     Outcome,
     _ensure_target,
     _insert_progress,
     _sql,
     _Target,
+    claim_epoch,
 )
 from raysink.sinks.postgres._evolve import commit_epoch, drop_stages, is_stage
 
@@ -85,11 +86,12 @@ def commit_staging(
     staged = [m for m in manifests if m.get("rows") and not m.get("evolving")]
     evolving = sink.evolving or any(m.get("evolving") for m in manifests)
     with conn.transaction():
-        if not t.regclass(conn, PROGRESS_TABLE):
-            t.lock(conn)
-            t.ensure_progress(conn)
+        t.ensure_tables(conn)
         if not staged and not _ensure_target(sink, conn, t, manifests):
             return "unmarked"
+        decision = decision_id(epoch, manifests)
+        if claim_epoch(conn, t, epoch, decision) != decision:
+            return "already"  # another decision holds the epoch
         if not _insert_progress(conn, t, epoch, EPOCH_ROW):
             return "already"
         if evolving:

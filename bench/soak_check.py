@@ -1,0 +1,116 @@
+"""The verdicts of ``bench/soak.py``: the tables' ids against what was written, and each
+process's memory growth after the warm-up."""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import pyarrow as pa
+from soak_probe import MIB, Series
+
+WARMUP_CAP_SECONDS = 60.0
+EDGE_FRACTION = 0.2
+
+
+@dataclass(frozen=True, kw_only=True)
+class IdCheck:
+    sink: str
+    rows: int
+    distinct: int
+    missing: int
+    duplicated: int
+    unexpected: int
+    error: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return (self.error is None and self.missing == 0 and self.duplicated == 0
+                and self.unexpected == 0)
+
+
+def count_ids(sink: str, batches: Iterable[pa.RecordBatch],
+              ranges: Mapping[int, tuple[int, int]]) -> IdCheck:
+    """Every id of every range ``(first, count)`` once, nothing else: counted in a
+    compact array per range, batch by batch."""
+    counts = {key: np.zeros(count, dtype=np.uint16) for key, (_, count) in ranges.items()}
+    rows = unexpected = 0
+    for batch in batches:
+        ids = batch.column(0).to_numpy(zero_copy_only=False).astype(np.int64, copy=False)
+        rows += len(ids)
+        matched = np.zeros(len(ids), dtype=bool)
+        for key, (first, count) in ranges.items():
+            inside = (ids >= first) & (ids < first + count)
+            np.add.at(counts[key], ids[inside] - first, 1)
+            matched |= inside
+        unexpected += int(len(ids) - np.count_nonzero(matched))
+    expected = sum(count for _, count in ranges.values())
+    seen = sum(int(np.count_nonzero(c)) for c in counts.values())
+    return IdCheck(sink=sink, rows=rows, distinct=seen, missing=expected - seen,
+                   duplicated=sum(int(np.count_nonzero(c > 1)) for c in counts.values()),
+                   unexpected=unexpected)
+
+
+def id_batches(kind: str, path: Path) -> Iterator[pa.RecordBatch]:
+    if kind == "parquet":
+        import pyarrow.dataset as ds
+
+        yield from ds.dataset(str(path), format="parquet").to_batches(columns=["id"])
+    else:
+        from deltalake import DeltaTable
+
+        yield from DeltaTable(str(path)).to_pyarrow_dataset().to_batches(columns=["id"])
+
+
+def check_tables(tables: Mapping[str, tuple[str, Path]],
+                 ranges: Mapping[int, tuple[int, int]]) -> list[IdCheck]:
+    """``tables``: label -> (kind, path)."""
+    checks = []
+    expected = sum(count for _, count in ranges.values())
+    for label, (kind, path) in tables.items():
+        try:
+            checks.append(count_ids(label, id_batches(kind, path), ranges))
+        except Exception as exc:
+            checks.append(IdCheck(sink=label, rows=0, distinct=0, missing=expected,
+                                  duplicated=0, unexpected=0,
+                                  error=f"{type(exc).__name__}: {exc}"))
+    return checks
+
+
+@dataclass(frozen=True, kw_only=True)
+class MemoryVerdict:
+    label: str
+    pids: list[int]
+    samples: int
+    first_mib: float
+    last_mib: float
+    peak_mib: float
+    baseline_mib: float
+    final_mib: float
+    growth_mib: float
+    growth_pct: float
+    ok: bool
+
+
+def memory_verdict(series: Series, run_seconds: float, max_mib: float,
+                   max_pct: float) -> MemoryVerdict:
+    """Growth from the median of the first 20% of the samples after the warm-up (the
+    first minute or the first 20% of the run, whichever is shorter) to the median of the
+    last 20%: at most ``max_mib`` MiB and at most ``max_pct`` percent."""
+    warmup = min(WARMUP_CAP_SECONDS, EDGE_FRACTION * run_seconds)
+    values = [v for at, v in series.samples if at >= warmup] or [v for _, v in series.samples]
+    edge = max(1, round(len(values) * EDGE_FRACTION))
+    baseline = statistics.median(values[:edge])
+    final = statistics.median(values[-edge:])
+    growth = final - baseline
+    pct = 100.0 * growth / baseline if baseline else 0.0
+    everything = [v for _, v in series.samples]
+    return MemoryVerdict(
+        label=series.label, pids=list(series.pids), samples=len(everything),
+        first_mib=everything[0] / MIB, last_mib=everything[-1] / MIB,
+        peak_mib=max(everything) / MIB, baseline_mib=baseline / MIB, final_mib=final / MIB,
+        growth_mib=growth / MIB, growth_pct=pct,
+        ok=growth / MIB <= max_mib and pct <= max_pct)

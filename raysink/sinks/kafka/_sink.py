@@ -1,0 +1,390 @@
+"""``KafkaSink``: the picklable description, and the coordinator's calls.
+
+``commit(E)``, in the coordinator:
+
+1. the committer (transactional id ``<prefix>.<runtime>.<sink>.c``, taken over once per
+   coordinator process: a new coordinator fences the one before it) begins a transaction
+   with the epoch's progress record and flushes it: a committer another coordinator
+   fenced stops here, before anything of the epoch is committed (``FencedError``);
+2. each writer that produced records is asked, through its actor (named in its
+   manifest), to commit the transaction it holds (``SinkWriter.finish``), with its part's
+   progress record;
+3. every part committed: the committer commits the epoch record. A part whose writer no
+   longer holds it (``Held.GONE``/``UNKNOWN``, or no answer): the committer aborts its
+   transaction and replays the lost parts with the epoch record (``_replay``).
+
+A commit that failed half way runs again: writers answer ``COMMITTED`` for the parts
+they committed, the progress topic answers for parts whose writer is gone, so nothing is
+committed twice. ``committed_epoch()`` is the epoch record's epoch.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from raysink import _faults
+from raysink.errors import ConfigError, DataLossError, FencedError, SinkUnavailableError
+from raysink.sinks.base import CommitResult, Held, Manifest, Sink
+from raysink.sinks.kafka import _replay
+from raysink.sinks.kafka._config import (
+    FatalWatch,
+    KafkaSettings,
+    check_client_config,
+    check_producer_config,
+    check_topic,
+    kafka_module,
+    unavailable,
+)
+from raysink.sinks.kafka._encode import check_columns
+from raysink.sinks.kafka._progress import ProgressReader, Topics, epoch_key, record_value
+from raysink.sinks.kafka._writer import KafkaWriter
+
+__all__ = ["KafkaSink"]
+
+log = logging.getLogger("raysink.sinks.kafka")
+
+_LIVE = ("_topics", "_reader", "_committer", "_watch", "_read_at", "_in_txn")
+
+
+class KafkaSink(Sink):
+    """Exactly-once sink into the Kafka topic ``topic`` for ``read_committed`` readers.
+
+    Each row is one record: its value the row as JSON (or the bytes of ``value``, a
+    binary or string column; a binary column named ``value`` is taken by default), its
+    key the ``key`` column (partitioned by the client's default partitioner on it),
+    headers from the ``headers`` columns. ``producer_config`` passes librdkafka settings
+    to the writers' producers and refuses those that contradict exactly-once;
+    ``client_config`` goes to every client (security settings).
+
+    Topics are created when first needed, never by ``validate()``: the data topic by the
+    first writer to pre-commit, with ``partitions``, ``replication_factor``,
+    ``min_insync_replicas`` and ``topic_config`` (``None``: the broker's defaults); the
+    progress topic (``progress_topic``, default ``<topic>-raysink-progress``: one
+    partition, compacted) by the first commit. ``transaction_timeout`` (seconds) bounds
+    how long a writer's transaction may stay open: one that outlives it is aborted by the
+    broker and its epoch replayed from the log.
+    """
+
+    kind = "kafka"
+    holds_transactions = True
+
+    def __init__(
+        self,
+        bootstrap_servers: str,
+        topic: str,
+        *,
+        key: str | None = None,
+        value: str | None = None,
+        headers: Sequence[str] = (),
+        progress_topic: str | None = None,
+        partitions: int | None = None,
+        replication_factor: int | None = None,
+        min_insync_replicas: int | None = None,
+        topic_config: Mapping[str, str] | None = None,
+        producer_config: Mapping[str, Any] | None = None,
+        client_config: Mapping[str, Any] | None = None,
+        transactional_id_prefix: str = "raysink",
+        transaction_timeout: float = 900.0,
+        timeout: float = 60.0,
+    ) -> None:
+        kafka_module()
+        check_columns(key, value, headers)
+        check_topic(topic, "topic")
+        if not isinstance(transaction_timeout, int | float) or transaction_timeout <= 0:
+            raise ConfigError(f"transaction_timeout must be positive seconds; got "
+                              f"{transaction_timeout!r}")
+        self.settings = KafkaSettings(
+            bootstrap_servers=bootstrap_servers, topic=topic,
+            progress_topic=progress_topic or f"{topic}-raysink-progress",
+            partitions=partitions, replication_factor=replication_factor,
+            min_insync_replicas=min_insync_replicas,
+            topic_config={str(k): str(v) for k, v in (topic_config or {}).items()},
+            producer=check_producer_config(producer_config),
+            client=check_client_config(client_config),
+            transactional_id_prefix=transactional_id_prefix,
+            transaction_timeout_ms=int(transaction_timeout * 1000), timeout=timeout)
+        self.key_column = key
+        self.value_column = value
+        self.headers = tuple(headers)
+        self._topics: Topics | None = None
+        self._reader: ProgressReader | None = None
+        self._committer: Any = None
+        self._watch = FatalWatch()
+        self._read_at = 0.0
+        self._in_txn = False
+        self._began = 0.0  # when the committer's transaction began
+        self._ready = False  # both topics seen by this process's last commit
+
+    # -- description ----------------------------------------------------------------
+
+    def describe(self) -> dict[str, Any]:
+        s = self.settings
+        return {"kind": self.kind, "bootstrap_servers": s.bootstrap_servers,
+                "topic": s.topic, "progress_topic": s.progress_topic,
+                "key": self.key_column}
+
+    def __getstate__(self) -> dict[str, Any]:
+        state = dict(self.__dict__)
+        for name in _LIVE:
+            state[name] = None
+        state["_read_at"], state["_in_txn"], state["_ready"] = 0.0, False, False
+        state["_watch"] = FatalWatch()
+        return state
+
+    def _where(self, epoch: int | None = None) -> dict[str, Any]:
+        return {"runtime": self.runtime or None, "sink": self.name or None, "epoch": epoch}
+
+    def topics(self) -> Topics:
+        if self._topics is None:
+            self._topics = Topics(self.settings)
+        return self._topics
+
+    def progress(self) -> ProgressReader:
+        if self._reader is None:
+            self._reader = ProgressReader(self.settings, self.runtime, self.name)
+        return self._reader
+
+    # -- validate / writers -----------------------------------------------------------
+
+    def validate(self) -> None:
+        """The brokers answer; an existing data topic is not compacted. Creates nothing."""
+        topics = self.topics()
+        if topics.exists(self.settings.topic):
+            policy = topics.config(self.settings.topic).get("cleanup.policy", "delete")
+            if "compact" in policy:
+                raise ConfigError(
+                    f"topic {self.settings.topic!r} is compacted (cleanup.policy={policy}): "
+                    "compaction drops the records of aborted transactions, which the sink "
+                    "reads back to replay an epoch whose writer was lost; write to a topic "
+                    "with cleanup.policy=delete", **self._where())
+
+    def create_writer(self, writer_id: int) -> KafkaWriter:
+        return KafkaWriter(self, writer_id)
+
+    # -- the coordinator's calls --------------------------------------------------------
+
+    def _claim(self) -> Any:
+        """The committer, its transactional id taken over once per process."""
+        if self._committer is None:
+            ck = kafka_module()
+            txn = self.settings.committer_txn(self.runtime, self.name)
+            watch = FatalWatch()
+            producer = ck.Producer({**self.settings.producer_config(txn), "error_cb": watch})
+            try:
+                producer.init_transactions(self.settings.timeout)
+            except ck.KafkaException as exc:
+                raise unavailable(self.settings, f"could not take {txn!r} over", exc) from exc
+            self._committer, self._watch = producer, watch
+        return self._committer
+
+    def _fenced(self, exc: Exception, epoch: int) -> FencedError:
+        self._committer, self._in_txn = None, False
+        txn = self.settings.committer_txn(self.runtime, self.name)
+        return FencedError(
+            f"the committer of sink {self.name!r} (transactional id {txn!r}) was fenced: "
+            "another coordinator took it over. Either a newer coordinator of this runtime "
+            f"runs (this one must stop), or a second runtime named {self.runtime!r} writes "
+            f"sink {self.name!r} into topic {self.settings.topic!r}: at most one of them "
+            f"commits; give each runtime its own name ({exc})", **self._where(epoch))
+
+    def _begin(self, epoch: int, attempt: int) -> Any:
+        """Begin the committer's transaction with the epoch record, flushed: fails with
+        ``FencedError`` when another coordinator took the committer over."""
+        ck = kafka_module()
+        committer = self.begin_committer_transaction(epoch)
+        try:
+            committer.produce(self.settings.progress_topic, record_value(epoch, attempt),
+                              epoch_key(self.runtime, self.name))
+            if self._watch.flush(committer, self.settings.timeout):
+                raise SinkUnavailableError("the epoch record was not delivered in time")
+        except ck.KafkaException as exc:
+            raise self._committer_error(exc, epoch) from exc
+        return committer
+
+    def _committer_error(self, exc: Exception, epoch: int) -> Exception:
+        """A fatal error is another coordinator's takeover (``FencedError``), unless the
+        transaction had outlived ``transaction_timeout``: the broker aborted it, which
+        librdkafka reports alike; then the committer is made again at the next try."""
+        error = exc.args[0] if exc.args else None
+        if error is not None and error.fatal():
+            age = time.monotonic() - self._began
+            if age < 0.9 * self.settings.transaction_timeout_ms / 1000:
+                return self._fenced(exc, epoch)
+            self._committer, self._in_txn = None, False
+            return unavailable(self.settings, f"aborted the committer's transaction after "
+                               f"{age:.0f} s (transaction_timeout)", exc)
+        if error is not None and error.txn_requires_abort() and self._committer is not None:
+            try:
+                self._committer.abort_transaction(self.settings.timeout)
+                self._in_txn = False
+            except Exception:
+                self._committer, self._in_txn = None, False
+        return unavailable(self.settings, "refused the epoch's commit", exc)
+
+    def begin_committer_transaction(self, epoch: int) -> Any:
+        """The committer in a new transaction; one a failed commit left open is aborted
+        first (what it held is written again by this commit)."""
+        ck = kafka_module()
+        committer = self._claim()
+        try:
+            if self._in_txn:
+                committer.abort_transaction(self.settings.timeout)
+                self._in_txn = False
+            committer.begin_transaction()
+        except ck.KafkaException as exc:
+            raise self._committer_error(exc, epoch) from exc
+        self._in_txn, self._began = True, time.monotonic()
+        return committer
+
+    def end_committer_transaction(self, committer: Any, epoch: int) -> None:
+        ck = kafka_module()
+        try:
+            committer.commit_transaction(self.settings.timeout)
+        except ck.KafkaException as exc:
+            raise self._committer_error(exc, epoch) from exc
+        self._in_txn = False
+
+    def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
+        """Make ``epoch`` visible with its progress records (see the module docstring)."""
+        started = time.monotonic()
+        parts = [m for m in manifests if m.get("txn")]
+        try:
+            if not self._ready and not self._topics_ready(epoch, parts):
+                return CommitResult.NO_TARGET
+            done = self._committed_recently()
+            if done is not None and done >= epoch:
+                return CommitResult.ALREADY
+            replayed = self._commit_parts(epoch, parts)
+        except BaseException:
+            self._ready = False  # a topic deleted meanwhile shows at the next try
+            raise
+        if replayed is None:
+            return CommitResult.ALREADY
+        log.info("kafka sink %s/%s committed epoch %d (%d records, %d of %d parts replayed) "
+                 "in %.3fs", self.runtime, self.name, epoch,
+                 sum(int(m.get("rows", 0)) for m in parts), replayed, len(parts),
+                 time.monotonic() - started)
+        return CommitResult.COMMITTED
+
+    def _topics_ready(self, epoch: int, parts: Sequence[Manifest]) -> bool:
+        """The data topic is there (else: ``False`` for an epoch without records, a
+        ``DataLossError`` for one with), and the progress topic (created if missing)."""
+        topics = self.topics()
+        if not topics.exists(self.settings.topic):
+            if parts:
+                raise DataLossError(f"the data topic {self.settings.topic!r} was deleted "
+                                    "while the epoch was pending", **self._where(epoch))
+            return False
+        if not topics.exists(self.settings.progress_topic):
+            topics.create_progress()
+            self.progress().reset()
+        self._ready = True
+        return True
+
+    def _commit_parts(self, epoch: int, parts: Sequence[Manifest]) -> int | None:
+        """Steps 1-3 of the module docstring: the number of parts replayed, ``None`` when
+        the progress topic showed the epoch in."""
+        attempt = int(parts[0].get("attempt", 0)) if parts else 0
+        committer = self._begin(epoch, attempt)
+        _faults.hit("kafka.before_finish", runtime=self.runtime, sink=self.name, epoch=epoch)
+        outcomes = self._finish(epoch, parts, commit=True)
+        lost = [(m, held) for m, held in zip(parts, outcomes, strict=True)
+                if held is not Held.COMMITTED]
+        _faults.hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
+        if not lost:
+            self.end_committer_transaction(committer, epoch)
+            return 0
+        self._abort_committer(committer, epoch)
+        return len(lost) if _replay.replay(self, epoch, attempt, lost) else None
+
+    def _abort_committer(self, committer: Any, epoch: int) -> None:
+        ck = kafka_module()
+        try:
+            committer.abort_transaction(self.settings.timeout)
+        except ck.KafkaException as exc:
+            raise self._committer_error(exc, epoch) from exc
+        self._in_txn = False
+
+    def _committed_recently(self) -> int | None:
+        """The epoch record as read by ``committed_epoch()`` just before (the coordinator
+        reads it before each commit), or read now."""
+        if time.monotonic() - self._read_at > 1.0:
+            return self.committed_epoch()
+        return self.progress().committed_epoch(cached=True)
+
+    def _finish(self, epoch: int, parts: Sequence[Manifest], *, commit: bool) -> list[Held]:
+        """Ask each part's writer actor to end its transaction; ``UNKNOWN`` where no
+        actor answers. A writer's own error (the broker down) is raised: asked again."""
+        if not parts:
+            return []
+        import ray
+
+        from raysink._calls import get
+        from raysink.actors.writer import NAMESPACE
+        from raysink.errors import RaySinkError
+
+        calls: list[Any] = []
+        for manifest in parts:
+            try:
+                actor = ray.get_actor(str(manifest["actor"]), namespace=NAMESPACE)
+                calls.append(actor.finish.remote(epoch, int(manifest["attempt"]), commit))
+            except Exception as exc:  # no such actor (gone), or Ray not here
+                log.info("writer %s of epoch %s unreachable: %s", manifest["writer"], epoch,
+                         exc)
+                calls.append(None)
+        outcomes: list[Held] = []
+        for call in calls:
+            try:
+                outcomes.append(Held.UNKNOWN if call is None
+                                else get(call, timeout=self.settings.timeout))
+            except RaySinkError:
+                raise
+            except Exception as exc:
+                log.info("a writer of epoch %s did not finish: %s", epoch, exc)
+                outcomes.append(Held.UNKNOWN)
+        return outcomes
+
+    def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
+        """Abort the parts' held transactions; a part no writer vouches for is fenced.
+        With ``None`` nothing is known: each writer's next start fences its own."""
+        parts = [m for m in manifests or () if m.get("txn")]
+        for manifest, held in zip(parts, self._finish(epoch, parts, commit=False),
+                                  strict=True):
+            if held is Held.UNKNOWN:
+                _replay.fence(self, str(manifest["txn"]))
+
+    def committed_epoch(self) -> int | None:
+        """The last epoch the progress topic records committed (``None``: no record, or
+        no progress topic)."""
+        if not self.topics().exists(self.settings.progress_topic):
+            self.progress().reset()
+            return None
+        epoch = self.progress().committed_epoch(strict=False)
+        self._read_at = time.monotonic()
+        return epoch
+
+    def target_exists(self) -> bool:
+        """Whether the data topic exists."""
+        return self.topics().exists(self.settings.topic)
+
+    def recreate_marker(self, epoch: int) -> None:
+        """Write the epoch record again (the progress topic was deleted; nothing pending)."""
+        topics = self.topics()
+        if not topics.exists(self.settings.progress_topic):
+            topics.create_progress()
+        self.progress().reset()
+        self.end_committer_transaction(self._begin(epoch, 0), epoch)
+        log.info("kafka sink %s/%s: progress record re-created at epoch %d", self.runtime,
+                 self.name, epoch)
+
+    def close(self) -> None:
+        if self._reader is not None:
+            self._reader.close()
+            self._reader = None
+        if self._committer is not None:
+            self._committer.flush(1.0)
+            self._committer = None
+        self._topics = None

@@ -1,0 +1,324 @@
+"""``KafkaWriter``: one writer slot's transactional producer, inside its writer actor.
+
+The first ``pre_commit`` of a process makes the slot's producer (transactional id
+``<prefix>.<runtime>.<sink>.w<k>``) and runs ``init_transactions``: the broker then fences
+every earlier producer of the slot (a dead incarnation, or a zombie still running on a
+lost node) and aborts the transaction it left open (not at ``open``: an actor restarted
+after a crash must answer at once, and taking an id over waits for that abort). ``write``
+encodes each batch (``_encode``) and keeps the records until the
+epoch ends. ``pre_commit`` begins a transaction, produces them, flushes, and keeps the
+transaction open: the records are durable in the data topic, invisible to
+``read_committed`` readers. Its manifest names the transactional id, this actor, and per
+partition the runs of offsets the records got (from the delivery reports: ``[first,
+count]`` per run, one run per batch the client sent; other producers' records may lie
+between runs), which is what a replay reads back.
+
+``finish`` is the coordinator's call (through the actor) once the epoch is decided: it adds
+the slot's progress record to the held transaction and commits it (or aborts it). Its
+answer, ``Held``: ``COMMITTED`` (now or before, by this process), ``ABORTED``, ``GONE``
+(this process does not hold it, and owns the transactional id: whatever an earlier
+holder left open was aborted when it took the id over) or ``UNKNOWN`` (it does not own the
+id: the caller must fence it before replaying). A commit that times out (the broker down)
+raises and keeps the transaction: the coordinator asks again later, and librdkafka ends a
+commit it had begun rather than committing twice.
+
+Errors librdkafka reports: a *fatal* one (fenced: another producer took the id; or the
+transaction timed out) drops the producer (the next epoch makes a new one); an
+*abortable* one aborts the transaction; a *retriable* one is left to the caller's retry.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from typing import TYPE_CHECKING, Any
+
+from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
+from raysink.sinks.base import Held, Manifest, SinkWriter
+from raysink.sinks.kafka._encode import Encoded, encode
+from raysink.sinks.kafka._progress import ProgressReader, Topics, part_key, record_value
+
+if TYPE_CHECKING:
+    import pyarrow as pa
+
+    from raysink.sinks.kafka._sink import KafkaSink
+
+__all__ = ["KafkaWriter", "Runs"]
+
+log = logging.getLogger(__name__)
+
+Runs = dict[str, list[list[int]]]
+"""Offsets of one part's records per partition (as a string): ``[[first, count], ...]``."""
+
+_REMEMBERED = 64
+
+
+class _Deliveries:
+    """Delivery reports of one transaction: runs of offsets per partition, the first
+    error. Reports of one partition come in offset order."""
+
+    def __init__(self) -> None:
+        self.runs: dict[int, list[list[int]]] = {}
+        self.error: Any = None
+        self.count = 0
+
+    def report(self, err: Any, msg: Any) -> None:
+        if err is not None:
+            if self.error is None:
+                self.error = err
+            return
+        self.count += 1
+        runs = self.runs.setdefault(msg.partition(), [])
+        offset = msg.offset()
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1][1] += 1
+        else:
+            runs.append([offset, 1])
+
+    def manifest_runs(self) -> Runs:
+        return {str(p): runs for p, runs in sorted(self.runs.items())}
+
+
+class KafkaWriter(SinkWriter):
+    """See the module docstring. Calls arrive one at a time (the actor's lock)."""
+
+    def __init__(self, sink: KafkaSink, writer_id: int) -> None:
+        self.sink = sink
+        self.writer_id = writer_id
+        self.settings = sink.settings
+        self.txn_id = sink.settings.writer_txn(sink.runtime, sink.name, writer_id)
+        self._producer: Any = None
+        self._buffer: list[Encoded] = []
+        self._rows = 0
+        self._held: tuple[int, int] | None = None
+        self._marked = False  # the held transaction has its progress record
+        self._sealed: tuple[int, int] | None = None
+        self._committed: list[tuple[int, int]] = []
+        self._topic_checked = False
+        self._state = threading.Lock()
+        self._watch: Any = None
+
+    # -- the producer ------------------------------------------------------------------
+
+    def _ensure_producer(self) -> Any:
+        if self._producer is not None:
+            return self._producer
+        from raysink.sinks.kafka._config import FatalWatch, kafka_module
+
+        ck = kafka_module()
+        self._watch = FatalWatch()
+        producer = ck.Producer({**self.settings.producer_config(self.txn_id),
+                                "error_cb": self._watch})
+        try:
+            producer.init_transactions(self.settings.timeout)
+        except ck.KafkaException as exc:
+            raise self._error("could not take transactional id over", exc) from exc
+        self._producer = producer
+        return producer
+
+    def _drop_producer(self) -> None:
+        """After a fatal error: this producer is done; the next use makes a new one."""
+        self._producer = None
+        self._held = None
+
+    def _error(self, what: str, exc: BaseException, epoch: int | None = None
+               ) -> RaySinkError:
+        error = exc.args[0] if exc.args else exc
+        text = f"writer {self.writer_id} ({self.txn_id}) {what}: {error}"
+        if getattr(error, "fatal", lambda: False)():
+            text += (" - the producer was fenced: another producer took transactional id "
+                     f"{self.txn_id!r} over (a newer incarnation of this writer, or another "
+                     f"runtime named {self.sink.runtime!r} writing sink {self.sink.name!r} "
+                     "into this topic: give each runtime its own name)")
+        return SinkUnavailableError(text, runtime=self.sink.runtime, sink=self.sink.name,
+                                    epoch=epoch)
+
+    # -- an epoch ----------------------------------------------------------------------
+
+    def write(self, batch: pa.RecordBatch) -> None:
+        s = self.sink
+        encoded = encode(batch, key=s.key_column, value=s.value_column, headers=s.headers)
+        if encoded.values:
+            self._buffer.append(encoded)
+            self._rows += len(encoded.values)
+
+    def pre_commit(self, epoch: int, attempt: int) -> Manifest:
+        """Produce the epoch's records in a transaction and keep it open."""
+        buffer, rows = self._buffer, self._rows
+        self._buffer, self._rows = [], 0
+        self._sealed = (epoch, attempt)
+        manifest: Manifest = {"writer": self.writer_id, "rows": rows, "epoch": epoch,
+                              "attempt": attempt}
+        if not rows:
+            return manifest
+        self._ensure_topic(epoch)
+        producer = self._ensure_producer()
+        deliveries = self._produce(producer, buffer, epoch)
+        with self._state:
+            self._held, self._marked = (epoch, attempt), False
+        manifest.update({"txn": self.txn_id, "actor": _actor_name(),
+                         "topic": self.settings.topic, "runs": deliveries.manifest_runs(),
+                         "bytes": sum(e.nbytes for e in buffer)})
+        return manifest
+
+    def _produce(self, producer: Any, buffer: list[Encoded], epoch: int) -> _Deliveries:
+        from raysink.sinks.kafka._config import kafka_module
+
+        ck = kafka_module()
+        deliveries = _Deliveries()
+        try:
+            producer.begin_transaction()
+            for encoded in buffer:
+                _produce_all(producer, self.settings.topic, encoded, deliveries.report)
+            left = self._watch.flush(producer, self.settings.timeout)
+        except ck.KafkaException as exc:
+            raise self._failed(producer, "could not produce", exc, epoch) from exc
+        if left or deliveries.error is not None:
+            why = (f"{left} records still unsent after {self.settings.timeout:g} s" if left
+                   else str(deliveries.error))
+            self._abort_quietly(producer)
+            raise SinkUnavailableError(
+                f"writer {self.writer_id}: the epoch's records did not all reach the data "
+                f"topic {self.settings.topic!r}: {why}", runtime=self.sink.runtime,
+                sink=self.sink.name, epoch=epoch)
+        return deliveries
+
+    def _failed(self, producer: Any, what: str, exc: Any, epoch: int) -> RaySinkError:
+        error = exc.args[0] if exc.args else None
+        if error is not None and error.fatal():
+            self._drop_producer()
+        else:
+            self._abort_quietly(producer)
+        return self._error(what, exc, epoch)
+
+    def _abort_quietly(self, producer: Any) -> None:
+        try:
+            producer.abort_transaction(self.settings.timeout)
+        except Exception as exc:  # the producer is past saving: make a new one next time
+            log.warning("writer %s: abort failed (%s); the producer is replaced",
+                        self.writer_id, exc)
+            self._drop_producer()
+        with self._state:
+            self._held = None
+
+    def _ensure_topic(self, epoch: int) -> None:
+        """The data topic, created at this writer's first epoch when missing (never by
+        ``validate``); missing after this sink committed to it is ``DataLossError``."""
+        if self._topic_checked:
+            return
+        topics = Topics(self.settings)
+        if not topics.exists(self.settings.topic):
+            if topics.exists(self.settings.progress_topic):
+                reader = ProgressReader(self.settings, self.sink.runtime, self.sink.name)
+                try:
+                    done = reader.committed_epoch()
+                finally:
+                    reader.close()
+                if done is not None:
+                    raise DataLossError(
+                        f"the data topic {self.settings.topic!r} was deleted after epoch "
+                        f"{done} was committed to it (the progress topic says so); restore "
+                        "it, or drop the sink from the runtime", runtime=self.sink.runtime,
+                        sink=self.sink.name, epoch=epoch)
+            topics.create_data()
+        self._topic_checked = True
+
+    def rollback(self, epoch: int, attempt: int) -> None:
+        """Drop the attempt: its held transaction is aborted; records still buffered for
+        it are dropped (a rollback of the attempt just pre-committed leaves the buffer,
+        which holds the next epoch's)."""
+        with self._state:
+            held = self._held == (epoch, attempt)
+        if held:
+            self._abort_quietly(self._producer)
+        elif self._sealed != (epoch, attempt):
+            self._buffer, self._rows = [], 0
+
+    # -- the coordinator's call ---------------------------------------------------------
+
+    def finish(self, epoch: int, attempt: int, *, commit: bool) -> Held:
+        """Commit (or abort) the held transaction of ``(epoch, attempt)``: see ``Held``."""
+        with self._state:
+            if (epoch, attempt) in self._committed:
+                return Held.COMMITTED
+            if self._held != (epoch, attempt):
+                return Held.GONE if self._producer is not None else Held.UNKNOWN
+        producer = self._producer
+        if not commit:
+            self._abort_quietly(producer)
+            return Held.ABORTED
+        return self._commit_held(producer, epoch, attempt)
+
+    def _commit_held(self, producer: Any, epoch: int, attempt: int) -> Held:
+        from raysink.sinks.kafka._config import kafka_module
+
+        ck = kafka_module()
+        try:
+            if not self._marked:  # a commit asked again after a timeout has it already
+                producer.produce(self.settings.progress_topic,
+                                 record_value(epoch, attempt, writer=self.writer_id),
+                                 part_key(self.sink.runtime, self.sink.name, self.writer_id))
+                self._marked = True
+            producer.commit_transaction(self.settings.timeout)
+        except ck.KafkaException as exc:
+            error = exc.args[0]
+            if error.fatal():  # fenced (or timed out): the transaction is aborted
+                log.warning("writer %s: held transaction of epoch %s lost: %s",
+                            self.writer_id, epoch, error)
+                self._drop_producer()
+                return Held.GONE
+            if error.txn_requires_abort():
+                self._abort_quietly(producer)
+                return Held.GONE
+            raise self._error("could not commit yet (asked again later)", exc,
+                              epoch) from exc
+        with self._state:
+            self._held = None
+            self._committed = [*self._committed[-_REMEMBERED:], (epoch, attempt)]
+        return Held.COMMITTED
+
+    def close(self) -> None:
+        """Abort a transaction still held (its epoch, if decided, is replayed by the
+        coordinator), then let the producer go."""
+        producer = self._producer
+        if producer is None:
+            return
+        with self._state:
+            held = self._held is not None
+        if held:
+            self._abort_quietly(producer)
+        producer.flush(5.0)
+        self._producer = None
+
+
+def _produce_all(producer: Any, topic: str, encoded: Encoded,
+                 report: Callable[[Any, Any], None]) -> None:
+    """Produce one batch's records; a full local queue is waited out."""
+    produce = producer.produce
+    keys = encoded.keys or [None] * len(encoded.values)
+    headers = encoded.headers
+    for i, (value, key) in enumerate(zip(encoded.values, keys, strict=True)):
+        while True:
+            try:
+                if headers is None:
+                    produce(topic, value, key, on_delivery=report)
+                else:
+                    produce(topic, value, key, on_delivery=report, headers=headers[i])
+                break
+            except BufferError:
+                producer.poll(0.05)
+        if not i & 0x3FF:
+            producer.poll(0)
+
+
+def _actor_name() -> str | None:
+    """This writer actor's Ray name (the coordinator asks it to finish the epoch)."""
+    try:
+        import ray
+
+        return ray.get_runtime_context().get_actor_name()
+    except Exception:  # not in an actor (the sink used without a runtime)
+        return None
+
+

@@ -1,0 +1,64 @@
+"""The chaos plan (``tests.chaos.plan``): every block covers the ways in and the
+producer kills, plans are prefixes of longer plans, the default sample stays cheap."""
+
+from __future__ import annotations
+
+import pytest
+
+from tests.chaos.plan import BLOCK, PRODUCER_WAYS, SPARK_WAYS, WAYS_IN, make_plan, sample
+
+SEEDS = (1, 2, 21, 97)
+
+
+def _blocks(seed: int, count: int) -> list[list[tuple[str, str]]]:
+    """The plan's first ``count`` blocks as (fault, way in), node losses left out."""
+    plan = [(t.fault, t.via) for t in make_plan(seed, count * (len(BLOCK) + 1))]
+    plain = [item for item in plan if item[0] != "node_loss"]
+    return [plain[k * len(BLOCK):(k + 1) * len(BLOCK)] for k in range(count)]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_block_kills_producers_and_kills_actors_during_streams_and_datasinks(
+        seed: int) -> None:
+    for block in _blocks(seed, 3):
+        for way in PRODUCER_WAYS:
+            assert ("producer_kill", way) in block, (way, block)
+        for kind in ("writer_point", "coordinator_point"):
+            assert (kind, "stream") in block and (kind, "datasink") in block, block
+        killed = {way for kind, way in block
+                  if kind in ("writer_point", "coordinator_point", "point_external")}
+        assert killed >= set(WAYS_IN), (killed, block)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_first_block_holds_every_way_in_with_writer_or_coordinator_kills(
+        seed: int) -> None:
+    first = make_plan(seed, len(BLOCK))
+    assert [t.fault for t in first].count("node_loss") == 0
+    killed = {t.via for t in first if t.victim in ("writer", "coordinator")}
+    assert killed >= set(WAYS_IN)
+
+
+def test_a_plan_is_a_prefix_of_any_longer_plan() -> None:
+    short, long = make_plan(5, 30), make_plan(5, 90)
+    assert [t.as_dict() for t in short] == [t.as_dict() for t in long[:30]]
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_the_sample_is_the_first_block_without_spark_or_driver_kills(seed: int) -> None:
+    chosen = sample(seed)
+    assert all(t.index < len(BLOCK) for t in chosen)
+    assert not any(t.via in SPARK_WAYS or t.fault in ("driver_kill", "executor_kill")
+                   for t in chosen)
+    kinds = {(t.fault, t.via) for t in chosen}
+    for way in PRODUCER_WAYS:
+        assert ("producer_kill", way) in kinds
+    assert {("writer_point", "stream"), ("coordinator_point", "stream"),
+            ("writer_point", "datasink"), ("coordinator_point", "datasink")} <= kinds
+
+
+def test_producer_kills_name_their_victim() -> None:
+    victims = {t.via: t.victim for t in make_plan(3, 60) if t.fault == "producer_kill"}
+    assert victims["stream"] == "stream_producer"
+    assert victims["datasink"] == "write_task"
+    assert victims["feeds"] in ("feed_task", "feed_actor")
