@@ -32,8 +32,8 @@ replaced by a fresh one (same labels) after the epoch. Each executor-node trial 
 Spark session of its own (three executors, one per worker), stopped before the lost
 worker is replaced (RayDP does not bring a lost executor back reliably; its start is not
 timed). At the end every target row is checked: each id exactly once.
-Prints n, p50, p90 and max per victim (targets on this machine: node loss p50 < 5 s,
-writer process p50 < 2 s).
+Prints n, p50, p90, p99 and max per victim, with the load average at its trials (targets
+on this machine: node loss p50 < 5 s, writer process p50 < 2 s).
 
     .venv/bin/python bench/node_loss.py [--removals 10] [--kills 10] [--rows 20000]
         [--no-spark] [--only "executor node" ...]
@@ -45,6 +45,7 @@ from __future__ import annotations
 
 import argparse
 import logging
+import math
 import os
 import shutil
 import signal
@@ -265,13 +266,19 @@ def check(path: Path, epochs: int, rows: int) -> bool:
     return exact
 
 
-def report(kind: str, values: list[float]) -> None:
+def _rank(ordered: list[float], q: float) -> float:
+    """The nearest-rank ``q`` quantile of ``ordered`` (with few trials p99 is the max)."""
+    return ordered[max(0, math.ceil(q * len(ordered)) - 1)]
+
+
+def report(kind: str, values: list[float], loads: list[float]) -> None:
     if not values:
         return
     ordered = sorted(values)
-    p90 = ordered[min(len(ordered) - 1, round(0.9 * (len(ordered) - 1)))]
     print(f"{kind:<20} n={len(values):<3} p50 {statistics.median(values):5.2f} s  "
-          f"p90 {p90:5.2f} s  max {max(values):5.2f} s", flush=True)
+          f"p90 {_rank(ordered, 0.9):5.2f} s  p99 {_rank(ordered, 0.99):5.2f} s  "
+          f"max {max(values):5.2f} s  (load average {min(loads):.1f}-{max(loads):.1f}, "
+          f"median {statistics.median(loads):.1f})", flush=True)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -292,6 +299,7 @@ def main(argv: list[str] | None = None) -> int:
     root = Path(tempfile.mkdtemp(prefix="raysink-nodeloss-"))
     pg = PostgresServer()
     results: dict[str, list[float]] = {kind: [] for kind in KINDS}
+    loads: dict[str, list[float]] = {kind: [] for kind in KINDS}  # 1-min, at each trial
     counts = {"writer node": args.removals, "coordinator node": args.removals,
               "coord+writer node": args.removals,
               "executor node": 0 if args.no_spark else args.removals,
@@ -313,7 +321,9 @@ def main(argv: list[str] | None = None) -> int:
                     for kind in KINDS:  # interleaved: load drifts alike for every kind
                         if round_ < counts[kind]:
                             results[kind].append(bench.trial(kind))
-                            print(f"TRIAL {kind}: {results[kind][-1]:.2f} s", flush=True)
+                            loads[kind].append(os.getloadavg()[0])
+                            print(f"TRIAL {kind}: {results[kind][-1]:.2f} s (load average "
+                                  f"{loads[kind][-1]:.1f})", flush=True)
                             bench.write()  # a plain epoch between losses
             finally:
                 bench.stop_spark()
@@ -321,7 +331,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nnode loss vs process kill: seconds from the loss to the next committed "
               f"epoch ({args.rows:,} rows per epoch)")
         for kind in KINDS:
-            report(kind, results[kind])
+            report(kind, results[kind], loads[kind])
         nodes = [s for k in KINDS if k.endswith("node") for s in results[k]]
         if nodes:
             print(f"{'every node loss':<20} n={len(nodes):<3} p50 "
