@@ -352,12 +352,6 @@ class EpochDriver:
         self._settle_inflight(actors)
         log.debug("%s: epoch %s attempt %s given up at every writer", self.name, epoch,
                   attempt)
-        # a writer Ray is restarting (killed mid-epoch) is waited for: fed again at once,
-        # the next attempt would fail on it too and use up the attempts
-        late = actors.await_writers(self._options.commit_timeout)
-        if late:
-            log.warning("%s: writers %s still not answering after %gs", self.name, late,
-                        self._options.commit_timeout)
         return False
 
     def _settle_inflight(self, actors: ActorSet, timeout: float = 2.0) -> None:

@@ -300,19 +300,6 @@ class ActorSet:
                 handles[(sink, index)] = handle
         return handles
 
-    def await_writers(self, timeout: float) -> list[str]:
-        """Wait (up to ``timeout``) until every writer answers a ping: one Ray is
-        restarting refuses calls meanwhile, and an attempt fed to it would fail at once.
-        Returns the names of those still not answering."""
-        deadline = time.monotonic() + timeout
-        while True:
-            writers = {k: h for k, h in self._handles().items() if k != COORDINATOR}
-            left = max(0.0, deadline - time.monotonic())
-            missing = self._await_answers(writers, min(left, 2.0))
-            if not missing or time.monotonic() >= deadline:
-                return [self._names.get(k, str(k)) for k in missing]
-            time.sleep(min(0.2, left))
-
     def _await_answers(self, handles: Mapping[Key, Any], timeout: float) -> list[Key]:
         """Ping every handle at once; the keys that did not answer within ``timeout``
         (their ping failed, or is still out)."""
