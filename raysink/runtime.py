@@ -365,7 +365,9 @@ class SinkRuntime:
                 "wait_committed", max(pending), self._options.commit_timeout))
 
     def _drain_writers(self, actors: ActorSet) -> None:
-        """The DRAIN barrier to every writer, at once; each answers once closed."""
+        """The DRAIN barrier to every writer, at once; each answers once closed. A writer
+        Ray is restarting is waited for first (a call sent meanwhile would fail)."""
+        actors.await_writers(actors.starting_writers(), timeout=self._options.commit_timeout)
         barrier = CheckpointBarrier(self._epochs.next_checkpoint(), 0, BarrierFlags.DRAIN)
         reports = get([h.drain.remote(barrier) for h in actors.all_writers()],
                       timeout=self._options.commit_timeout)

@@ -38,6 +38,7 @@ import pyarrow as pa
 from raysink import _schema
 from raysink._faults import (
     HANDOFF_POINTS,
+    LIFECYCLE_POINTS,
     POINTS,
     SINK_POINTS,
     InjectedFault,
@@ -63,7 +64,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks._staging import write_durably
+from raysink.sinks._files import FilesManifest, files_manifests, write_durably
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 __all__ = [
@@ -246,7 +247,7 @@ class ListSink(Sink):
     def _staged_paths(self, epoch: int, manifests: Sequence[Manifest]) -> list[Path]:
         staging = self._staging(epoch)
         paths = []
-        for manifest in manifests:
+        for manifest in files_manifests(manifests):
             for staged in manifest.get("files", []):
                 relative = staged.get("path")
                 pure = PurePosixPath(str(relative))
@@ -307,7 +308,7 @@ class ListSinkWriter(SinkWriter):
             tables = [pa.Table.from_batches([b]) for b in self._batches]
             write_durably(path, _ipc_bytes(pa.concat_tables(tables, promote_options="permissive")))
             files.append({"path": path.relative_to(self._sink.directory).as_posix()})
-        manifest: Manifest = {"writer": self._writer_id, "files": files, "rows": rows}
+        manifest: FilesManifest = {"writer": self._writer_id, "files": files, "rows": rows}
         self._batches, self._last = [], ((epoch, attempt), manifest)
         return manifest
 
@@ -841,9 +842,9 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    if point not in POINTS + HANDOFF_POINTS + SINK_POINTS:
-        raise ConfigError(f"unknown fault point {point!r}; one of "
-                          f"{POINTS + HANDOFF_POINTS + SINK_POINTS}")
+    points = POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS
+    if point not in points:
+        raise ConfigError(f"unknown fault point {point!r}; one of {points}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:
@@ -861,7 +862,7 @@ def disarm_faults(runtime: str) -> None:
     fault injection is off."""
     if not enabled():
         return
-    for point in POINTS + HANDOFF_POINTS:
+    for point in POINTS + HANDOFF_POINTS + LIFECYCLE_POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)
