@@ -13,4 +13,8 @@ READ_BACK = (DELTA, ICEBERG, SQLITE_JDBC)
 #: tests/spark/test_kafka_pipeline.py (examples/kafka_pipeline.py): Spark's Kafka source.
 KAFKA_PIPELINE = (KAFKA,)
 
+#: the layer's in-process sessions (tests/spark/conftest.py): one set, so that one session
+#: serves every module (the read-back module's connectors ride along in the others).
+SHARED_PACKAGES = READ_BACK
+
 SETS = (READ_BACK, KAFKA_PIPELINE)

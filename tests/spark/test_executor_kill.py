@@ -2,7 +2,8 @@
 do the epochs after it (whose cached blocks Spark places under the restarted executor's
 new id, or on the executors left).
 
-This module has its own RayDP session: the kill leaves it changed for good.
+This module has its own RayDP session (``SPARK_SESSION``): the kill leaves it changed for
+good.
 """
 
 from __future__ import annotations
@@ -20,6 +21,8 @@ from tests.chaos.faults import kill_executor
 from tests.integration.helpers import run_in_thread, wait_fired
 
 pytestmark = pytest.mark.timeout(420)
+
+SPARK_SESSION = "own"  # tests/spark/conftest.py
 
 NAME = "sw-executorkill"
 

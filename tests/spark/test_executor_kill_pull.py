@@ -7,7 +7,8 @@ block manager reads the partition or has Spark cache the RDD again: the epoch en
 exact, and so do an unkeyed and a keyed epoch after it (keyed ones pull in their split
 tasks).
 
-This module has its own RayDP session: the kill leaves it changed for good.
+This module has its own RayDP session (``SPARK_SESSION``): the kill leaves it changed for
+good.
 """
 
 from __future__ import annotations
@@ -25,6 +26,8 @@ from tests.chaos.faults import kill_executor
 from tests.integration.helpers import run_in_thread, wait_fired
 
 pytestmark = pytest.mark.timeout(420)
+
+SPARK_SESSION = "own"  # tests/spark/conftest.py
 
 NAME = "sw-pullkill"
 

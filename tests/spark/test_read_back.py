@@ -27,11 +27,9 @@ from pyspark.sql import DataFrame, Row, SparkSession
 
 from raysink import SinkRuntime
 from raysink.sinks import DeltaSink, IcebergSink
-from tests.spark.packages import READ_BACK
 
 pytestmark = pytest.mark.timeout(600)
 
-SPARK_PACKAGES = READ_BACK
 # one task for Delta's log replay, not 50: the tables are small
 SPARK_CONFIGS = {"spark.databricks.delta.snapshotPartitions": "1"}
 

@@ -19,6 +19,7 @@ from __future__ import annotations
 import logging
 import os
 import shutil
+import sys
 import tempfile
 import time
 from collections.abc import Mapping
@@ -77,6 +78,10 @@ class LocalCluster:
         from ray.cluster_utils import Cluster
 
         if ray.is_initialized():
+            if "raysink.spark.session" in sys.modules:  # the Spark layer's shared session
+                from raysink.spark import stop_spark
+
+                stop_spark()
             ray.shutdown()  # a single-node Ray of this process (another test layer's)
         self._tmp = tempfile.mkdtemp(prefix="rsc-", dir="/tmp")  # short: socket paths
         self._saved_tmpdir = os.environ.get("RAY_TMPDIR")
