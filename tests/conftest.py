@@ -32,6 +32,9 @@ _LAYERS = ("unit", "integration", "kafka", "spark", "chaos", "cluster")
 BUDGETS = {"unit": 60.0, "integration": 780.0, "kafka": 300.0, "spark": 480.0,
            "chaos": 180.0, "cluster": 300.0}
 _SPENT: dict[str, float] = dict.fromkeys(_LAYERS, 0.0)
+# Idle Ray workers started after each test for the next one (``_warm_workers``).
+_WARM_WORKERS = int(os.environ.get("RAYSINK_TEST_WARM_WORKERS", "3"))
+_WARMED_LAYERS = ("integration", "kafka", "spark")  # the chaos trials stay as they were
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
@@ -79,6 +82,31 @@ def ray_session() -> Iterator[None]:
         ray.init(address="local", num_cpus=8, include_dashboard=False, log_to_driver=False)
     yield
     ray.shutdown()
+
+
+def _idle() -> None:
+    """A task that does nothing: running it leaves a started worker in Ray's idle pool."""
+
+
+_IDLE: dict[str, Any] = {}  # ``_idle`` as a Ray task, made once
+
+
+@pytest.fixture(autouse=True)
+def _warm_workers(request: pytest.FixtureRequest) -> Iterator[None]:
+    """After each test on the session's Ray, a few worker processes are started in the
+    background for the next test's actors: an actor takes an idle worker from Ray's pool
+    at once, where starting one costs it 2-4 s on this machine (Python, Ray, pyarrow).
+    Ray keeps up to ``num_cpus`` idle workers; the tasks are not waited for."""
+    yield
+    if "ray_session" not in request.fixturenames or not any(
+            request.node.get_closest_marker(layer) for layer in _WARMED_LAYERS):
+        return
+    import ray
+
+    if ray.is_initialized() and _WARM_WORKERS:
+        idle = _IDLE.setdefault("task", ray.remote(num_cpus=0)(_idle))
+        for _ in range(_WARM_WORKERS):
+            idle.remote()
 
 
 @pytest.fixture(autouse=True)
