@@ -42,7 +42,11 @@ def _ids(target: Target) -> list[int]:
     return [] if table is None else [int(v) for v in table.column("id").to_pylist()]
 
 
-@pytest.fixture(params=["parquet", "delta", "iceberg", "postgres", "list"])
+# Ray Data's path into the runtime is the same for every sink: the default run takes it into
+# Parquet and the test sink; Delta, Iceberg and PostgreSQL behind the same writers are
+# test_sinks_runtime.py's (``slow`` here).
+@pytest.fixture(params=["parquet", "list", *(pytest.param(kind, marks=pytest.mark.slow)
+                                             for kind in ("delta", "iceberg", "postgres"))])
 def target(request: pytest.FixtureRequest, tmp_path: Path,
            monkeypatch: pytest.MonkeyPatch) -> Target:
     return make_target(str(request.param), tmp_path, request, monkeypatch)

@@ -4,7 +4,7 @@ The session shares the test session's Ray (``ray_session``, 8 logical CPUs) and 
 small: 2 executors x 1 core, 1 GB each, 4 shuffle partitions, the session zone UTC, no UI.
 It is started once, with every package a module of the layer names (``SHARED_PACKAGES``,
 Maven coordinates cached by ``make setup``), and handed to each module that asks for
-``spark`` while it still runs: a RayDP start costs 30-60 s on this machine. A module's
+``spark`` while it still runs: a RayDP start took 50-70 s here at load 20-60. A module's
 ``SPARK_CONFIGS`` must be runtime settings (SQL confs); they are set for the module and
 unset after it.
 
