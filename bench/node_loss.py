@@ -38,7 +38,9 @@ on this machine: node loss p50 < 5 s, writer process p50 < 2 s).
     .venv/bin/python bench/node_loss.py [--removals 10] [--kills 10] [--rows 20000]
         [--no-spark] [--only "executor node" ...]
 
-Numbers on a shared machine are noisy: re-measure on a quiet one.
+Numbers on a shared machine are noisy: re-measure on a quiet one. Measured here (load
+average 21-27, 8 trials each, with a standby coordinator on the other labelled worker):
+coord.+writer node p50 3.96 s, p99 6.36 s; writer process p50 2.00 s, p99 4.98 s.
 """
 
 from __future__ import annotations
