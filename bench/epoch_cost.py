@@ -42,9 +42,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raysink.coordinator.epochs import EpochCoordinator
-from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
-from raysink.coordinator.vnodes import assign
+from raysink.protocol.messages import CommitRequest
+from raysink.protocol.vnodes import assign
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 

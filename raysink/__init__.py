@@ -4,7 +4,10 @@
 imports its library when used.
 """
 
-from raysink.actors.placement import Placement
+from raysink.driver.feed import Feed
+from raysink.driver.handle import EpochHandle
+from raysink.driver.placement import Placement
+from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import (
     BackpressureError,
     ConfigError,
@@ -21,11 +24,8 @@ from raysink.errors import (
     SinkUnavailableError,
     StreamRewind,
 )
-from raysink.feeds import Feed
-from raysink.handle import EpochHandle
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.runtime import SinkRuntime
-from raysink.stream import StreamFeed
 
 __all__ = [
     "BackpressureError",

@@ -23,34 +23,34 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from raysink import _feed
-from raysink._calls import ask, get, short, typed_errors
-from raysink._epoch import EpochDriver, EpochSettings
-from raysink._lease import LEASE_SECONDS, LeaseKeeper
 from raysink._options import rejects_unknown_options
-from raysink._stream import StreamController
-from raysink.actors.lifecycle import PING_TIMEOUT, ActorSet, coordinator_name
-from raysink.actors.placement import Placement
-from raysink.actors.writer import WriterConfig
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
 from raysink.coordinator.coordinator import CoordinatorConfig
-from raysink.coordinator.vnodes import Bitmap, assign
+from raysink.driver import routing
+from raysink.driver.calls import ask, get, short, typed_errors
+from raysink.driver.epoch import EpochDriver, EpochSettings
+from raysink.driver.feed import FeedRoute
+from raysink.driver.handle import EpochHandle
+from raysink.driver.lease import LEASE_SECONDS, LeaseKeeper
+from raysink.driver.lifecycle import PING_TIMEOUT, ActorSet, coordinator_name
+from raysink.driver.placement import Placement
+from raysink.driver.stream_controller import StreamController
+from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import (
     ConfigError,
     EpochFailedError,
     RescaleRefusedError,
     RuntimeUnavailableError,
 )
-from raysink.feeds import FeedRoute
-from raysink.handle import EpochHandle
 from raysink.progress import Progress
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.vnodes import Bitmap, assign
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
-from raysink.stream import StreamFeed
+from raysink.writer.writer import WriterConfig
 
 if TYPE_CHECKING:
     from raysink.coordinator.metastore.base import MetaStore
-    from raysink.datasink import EpochDatasink
+    from raysink.driver.datasink import EpochDatasink
 
 __all__ = ["EpochReport", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
 
@@ -139,7 +139,7 @@ class SinkRuntime:
     On a cluster: ``placement`` (a ``raysink.Placement``) narrows the nodes writers may use
     (labels, custom resources) and where the coordinator runs (by default writers spread
     over the alive nodes, the coordinator on the driver's node; see
-    ``raysink.actors.placement``); an actor that does not answer a ping within
+    ``raysink.driver.placement``); an actor that does not answer a ping within
     ``ping_timeout`` seconds while an epoch waits on it (its node lost, say) is replaced
     and the epoch fed again, without waiting for Ray's failure detector.
     ``rescale(writers=n)`` changes the writers between epochs.
@@ -152,7 +152,7 @@ class SinkRuntime:
     original store or ``epoch_offset=`` is at least the targets' last epoch.
 
     One driver at a time: ``start()`` takes the runtime's lease in the meta store (see
-    ``raysink._lease``) and ``close()`` gives it up; while another live driver holds it,
+    ``raysink.driver.lease``) and ``close()`` gives it up; while another live driver holds it,
     ``start()`` raises ``RuntimeInUseError`` naming that driver and until when. A killed
     driver's lease is taken over at once on its own machine, else when it expires:
     ``lease_timeout`` seconds after its last renewal (a start waits that long for it).
@@ -178,8 +178,8 @@ class SinkRuntime:
         credits: int = 4,
         epoch_offset: int | None = None,
         actor_options: Mapping[str, Any] | None = None,
-        max_batch_bytes: int | None = _feed.DEFAULT_MAX_BATCH_BYTES,
-        max_buffer_bytes: int | None = _feed.DEFAULT_MAX_BUFFER_BYTES,
+        max_batch_bytes: int | None = routing.DEFAULT_MAX_BATCH_BYTES,
+        max_buffer_bytes: int | None = routing.DEFAULT_MAX_BUFFER_BYTES,
         warn_interval: float = 5.0,
         feed_timeout: float = 30.0,
         checkpoint_interval: float = 10.0,
@@ -383,7 +383,7 @@ class SinkRuntime:
         """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
         actors = self._require_started()
         self._check_no_open_handle()
-        plan = _feed.plan_arrow(data, writers=self._options.writers, key=self._key,
+        plan = routing.plan_arrow(data, writers=self._options.writers, key=self._key,
                                 bitmaps=self._bitmaps,
                                 max_batch_bytes=self._options.max_batch_bytes,
                                 first_writer=self._next_first_writer(),
@@ -394,7 +394,7 @@ class SinkRuntime:
     def open_epoch(self, epoch: int | None = None) -> EpochHandle:
         """Open an epoch for producers anywhere in the cluster: ``ep.feed()`` hands out
         picklable feeds for Ray tasks and actors, ``ep.commit()`` waits for them to close
-        and commits, ``ep.abort()`` gives the epoch up (see ``raysink.handle``). An epoch
+        and commits, ``ep.abort()`` gives the epoch up (see ``raysink.driver.handle``). An epoch
         the targets hold already opens *skipped*: feeds write nothing and the commit
         reports it skipped. One epoch is open for producers at a time."""
         actors = self._require_started()
@@ -411,9 +411,9 @@ class SinkRuntime:
     def datasink(self, epoch: int | None = None) -> EpochDatasink:
         """A Ray Data datasink writing a whole Dataset as one epoch, exactly once:
         ``ds.write_datasink(rt.datasink(epoch=N))``; its ``report`` says what happened.
-        Each write task is a producer with its own feed (see ``raysink.datasink``); the
+        Each write task is a producer with its own feed (see ``raysink.driver.datasink``); the
         same job run again with the same epoch writes nothing and reports it skipped."""
-        from raysink.datasink import EpochDatasink
+        from raysink.driver.datasink import EpochDatasink
 
         handle = self.open_epoch(epoch)
         return EpochDatasink(handle, self._route(self._require_started()))
@@ -440,7 +440,7 @@ class SinkRuntime:
         """A feed of the runtime's continuous stream, for one long-lived producer (a Ray
         actor reading a queue, say): ``feed.write(...)`` forever. The first call begins
         the stream: an epoch every ``checkpoint_interval`` seconds, each committed on its
-        own; ``close()`` drains it. See ``raysink.stream`` for the producer's contract
+        own; ``close()`` drains it. See ``raysink.driver.stream_feed`` for the producer's contract
         (``StreamRewind``: replay from the last committed epoch). ``poll_interval``: how
         often the producer asks for its barrier (also its heartbeat); an epoch is at
         least that long."""
@@ -490,7 +490,7 @@ class SinkRuntime:
         """One epoch from object refs or pulls, each handed to a writer as it comes."""
         actors = self._require_started()
         self._check_no_open_handle()
-        plan = _feed.plan_refs(refs, writers=self._options.writers, key=self._key,
+        plan = routing.plan_refs(refs, writers=self._options.writers, key=self._key,
                                bitmaps=self._bitmaps, first_writer=self._next_first_writer())
         return self._epochs.run(actors, epoch, plan)
 

@@ -39,17 +39,17 @@ from raysink.coordinator.epochs import (
     Resolution,
     StaleAttemptError,
 )
-from raysink.coordinator.feeds import FeedRegistry, FeedsState
 from raysink.coordinator.health import SinkHealthBook
-from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
+from raysink.coordinator.producers import FeedRegistry, FeedsState
 from raysink.coordinator.stream_calls import StreamCalls
-from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
     FencedError,
     MetaStoreError,
     RaySinkError,
 )
+from raysink.protocol.messages import CommitRequest, CommitWait, OpenedEpoch
+from raysink.protocol.vnodes import Bitmap, assign
 from raysink.reports import RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
 

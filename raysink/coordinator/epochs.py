@@ -44,9 +44,7 @@ import pyarrow as pa
 
 from raysink import _faults, _schema
 from raysink.coordinator.markers import TargetMarks, refuse_unknown_epochs
-from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore.base import EpochRecord, EpochState, MetaStore
-from raysink.coordinator.vnodes import Bitmap, CoverageTracker
 from raysink.errors import (
     BackpressureError,
     DataLossError,
@@ -59,6 +57,8 @@ from raysink.errors import (
     SinkUnavailableError,
     StaleAttemptError,
 )
+from raysink.protocol.messages import CommitRequest
+from raysink.protocol.vnodes import Bitmap, CoverageTracker
 from raysink.sinks.base import CommitResult, Manifest, Sink
 
 __all__ = [

@@ -25,7 +25,7 @@ import pyarrow as pa
 import pytest
 
 from raysink import Placement, SinkRuntime
-from raysink.actors.lifecycle import COORDINATOR
+from raysink.driver.lifecycle import COORDINATOR
 from raysink.testing import arm_fault
 from tests.cluster.conftest import COORDINATOR_LABELS, Nodes
 from tests.integration.helpers import epoch_table, run_in_thread, wait_fired

@@ -21,8 +21,8 @@ import pytest
 import ray
 
 from raysink import SinkRuntime
-from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BackpressureError, RaySinkError
+from raysink.protocol.barrier import CheckpointBarrier
 from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
 from raysink.testing import FailingSink, arm_fault, fault_dir, fired

@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raysink.coordinator.alignment import (
+from raysink.errors import ConfigError
+from raysink.protocol.alignment import (
     AlignAction,
     Aligned,
     BarrierAligner,
@@ -20,8 +21,7 @@ from raysink.coordinator.alignment import (
     Ignored,
     Pass,
 )
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.errors import ConfigError
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 
 F = BarrierFlags
 

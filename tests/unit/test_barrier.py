@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from raysink.coordinator.barrier import (
+from raysink.errors import ConfigError
+from raysink.protocol.barrier import (
     MAX_ID,
     BarrierFlags,
     BarrierInjector,
     CheckpointBarrier,
 )
-from raysink.errors import ConfigError
 
 F = BarrierFlags
 

@@ -14,11 +14,11 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError
 
-from raysink._calls import ask, typed_errors
-from raysink.actors.mailbox import Mailbox, Verdict
-from raysink.actors.watchdog import Watchdog
 from raysink.coordinator.health import SinkHealthBook
+from raysink.driver.calls import ask, typed_errors
 from raysink.errors import EpochFailedError, RaySinkError, RuntimeUnavailableError
+from raysink.writer.mailbox import Mailbox, Verdict
+from raysink.writer.watchdog import Watchdog
 
 # ----------------------------------------------------------------------------- fault hooks
 

@@ -22,18 +22,18 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from raysink._calls import get
-from raysink._feed import Barriers
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.feeds import FeedsState
+from raysink.coordinator.producers import FeedsState
+from raysink.driver.calls import get
+from raysink.driver.feed import Feed, FeedRoute
+from raysink.driver.routing import Barriers
 from raysink.errors import ConfigError, EpochFailedError
-from raysink.feeds import Feed, FeedRoute
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.reports import EpochReport
 
 if TYPE_CHECKING:
-    from raysink._epoch import EpochDriver
-    from raysink.actors.lifecycle import ActorSet
-    from raysink.coordinator.messages import OpenedEpoch
+    from raysink.driver.epoch import EpochDriver
+    from raysink.driver.lifecycle import ActorSet
+    from raysink.protocol.messages import OpenedEpoch
 
 __all__ = ["EpochHandle", "seal_writers", "wait_for_feeds"]
 

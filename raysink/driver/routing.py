@@ -19,11 +19,11 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import _schema
-from raysink._pull import resolve
-from raysink._sender import Sender
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.vnodes import Bitmap, split_by_writer
+from raysink.driver.sender import Sender
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.pull import resolve
+from raysink.protocol.vnodes import Bitmap, split_by_writer
 
 __all__ = ["FeedPlan", "plan_arrow", "plan_refs", "send"]
 

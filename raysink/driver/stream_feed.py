@@ -1,6 +1,6 @@
 """Continuous streams: ``feed = rt.stream()``, then ``feed.write(...)`` forever.
 
-The driver ticks every ``checkpoint_interval`` seconds (``raysink._stream``): the
+The driver ticks every ``checkpoint_interval`` seconds (``raysink.driver.stream_controller``): the
 coordinator fixes the current epoch's members and gives each its barrier; every epoch
 then commits on its own, as an ``EpochHandle`` does, while the producers already write the
 next one. ``rt.close()`` ticks once more with ``DRAIN``: the producers close their last
@@ -58,11 +58,11 @@ from typing import Any, NoReturn
 
 import pyarrow as pa
 
-from raysink._calls import get, short
-from raysink.coordinator.barrier import CheckpointBarrier
-from raysink.coordinator.stream import StreamPosition
+from raysink.coordinator.stream_state import StreamPosition
+from raysink.driver.calls import get, short
+from raysink.driver.feed import Feed, FeedRoute
 from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError, StreamRewind
-from raysink.feeds import Feed, FeedRoute
+from raysink.protocol.barrier import CheckpointBarrier
 
 __all__ = ["StreamFeed"]
 
@@ -315,7 +315,7 @@ class StreamFeed:
                 self._relocate()
 
     def _relocate(self) -> None:
-        from raysink.actors.lifecycle import find_coordinator
+        from raysink.driver.lifecycle import find_coordinator
 
         handle = find_coordinator(self.route.runtime)
         if handle is None:

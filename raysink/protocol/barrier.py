@@ -12,7 +12,7 @@ next. ``BarrierFlags`` modify what a barrier asks for:
 
 The seed's stream messages (events, watermarks and barriers in one channel) are not
 here: data and barriers travel as separate actor calls, ordered by sequence numbers
-(``raysink.actors.mailbox``), and raysink has no event-time operators.
+(``raysink.writer.mailbox``), and raysink has no event-time operators.
 
 ``BarrierInjector.trigger()`` publishes a pending barrier; every ``BarrierPollHandle`` from
 the same injector may ``poll()`` it, and exactly one poll across all handles claims it. A

@@ -91,7 +91,7 @@ class Sender:
         """Settle the oldest write in flight to ``(sink, k)``; a write the writer's full
         mailbox refused is kept to send again (other writes go on meanwhile: the one the
         writer needs next may not be sent yet). Returns the wait it asked for."""
-        from raysink._calls import get
+        from raysink.driver.calls import get
 
         call, seq, ref = self._windows[(sink, k)].popleft()
         try:

@@ -32,7 +32,7 @@ A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
 poisons the epoch: its barrier rolls back and fails. Data refs travel nested (``[ref]``)
 so no call waits on an unresolved argument; the writer fetches them itself, and reads
-pulls (``raysink._pull``: a Spark partition on a RayDP executor) at their source. A writer
+pulls (``raysink.protocol.pull``: a Spark partition on a RayDP executor) at their source. A writer
 that cannot reach its target tells the coordinator, which shows the sink ``stalled`` until
 it can again.
 """
@@ -52,11 +52,6 @@ import pyarrow as pa
 
 from raysink import _faults, _schema
 from raysink._metrics import WriterMetrics
-from raysink._pull import resolve
-from raysink.actors.mailbox import EpochSlot, Feed, Mailbox, Verdict
-from raysink.actors.watchdog import Watchdog
-from raysink.coordinator.barrier import CheckpointBarrier
-from raysink.coordinator.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.errors import (
     BackpressureError,
     BarrierOrderError,
@@ -65,7 +60,12 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.protocol.barrier import CheckpointBarrier
+from raysink.protocol.messages import BarrierAck, CommitRequest, DrainReport
+from raysink.protocol.pull import resolve
 from raysink.sinks.base import Held, Sink
+from raysink.writer.mailbox import EpochSlot, Feed, Mailbox, Verdict
+from raysink.writer.watchdog import Watchdog
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
 

@@ -37,15 +37,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from raysink._calls import ask, get, short, watched
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.stream import StreamPosition, StreamState, StreamTick
+from raysink.coordinator.stream_state import StreamPosition, StreamState, StreamTick
+from raysink.driver.calls import ask, get, short, watched
+from raysink.driver.handle import seal_writers, wait_for_feeds
 from raysink.errors import EpochFailedError, RuntimeUnavailableError
-from raysink.handle import seal_writers, wait_for_feeds
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 
 if TYPE_CHECKING:
-    from raysink._epoch import EpochDriver
-    from raysink.actors.lifecycle import ActorSet
+    from raysink.driver.epoch import EpochDriver
+    from raysink.driver.lifecycle import ActorSet
     from raysink.reports import EpochReport
 
 __all__ = ["StreamController"]

@@ -25,11 +25,9 @@ import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
-from raysink import _feed
-from raysink._calls import ask, get, short
-from raysink.actors.lifecycle import ActorSet
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
+from raysink.driver import routing
+from raysink.driver.calls import ask, get, short
+from raysink.driver.lifecycle import ActorSet
 from raysink.errors import (
     EpochFailedError,
     RescaleRefusedError,
@@ -37,6 +35,8 @@ from raysink.errors import (
     SchemaMismatchError,
 )
 from raysink.progress import Progress
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
 from raysink.reports import EpochReport
 
 __all__ = ["EpochDriver", "EpochSettings"]
@@ -111,7 +111,7 @@ class EpochDriver:
         return self._checkpoint_id
 
     def run(self, actors: ActorSet, epoch: int | None,
-            plan: _feed.FeedPlan) -> EpochReport:
+            plan: routing.FeedPlan) -> EpochReport:
         """Feed one epoch and have it committed; after a failure resolve it, and re-feed
         an aborted attempt (up to ``max_attempts``).
 
@@ -122,7 +122,7 @@ class EpochDriver:
             return self._run(actors, epoch, plan)
 
     def _run(self, actors: ActorSet, epoch: int | None,
-             plan: _feed.FeedPlan) -> EpochReport:
+             plan: routing.FeedPlan) -> EpochReport:
         started = time.monotonic()
         requested = epoch
         last_error: BaseException | None = None
@@ -163,7 +163,7 @@ class EpochDriver:
             epoch=epoch) from last_error
 
     def commit_fed(self, actors: ActorSet, epoch: int, attempt: int,
-                   seal: Callable[[], _feed.Barriers], started: float) -> EpochReport:
+                   seal: Callable[[], routing.Barriers], started: float) -> EpochReport:
         """Commit an attempt its producers fed (``EpochHandle``): ``seal`` sends the
         writers' seals. After a failure the attempt is resolved: a decided one rolls
         forward; else it was given up at the writers and ``EpochFailedError`` says to feed
@@ -225,7 +225,7 @@ class EpochDriver:
         return decision
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: _feed.FeedPlan, generation: int | None = None
+                         plan: routing.FeedPlan, generation: int | None = None
                          ) -> tuple[int, CommitWait]:
         """Send the data and the barriers; gather every writer's commit request from its
         barrier answer and send them to the coordinator in one call, which decides the
@@ -235,17 +235,17 @@ class EpochDriver:
             return self._feed_and_commit_watched(actors, epoch, attempt, plan, generation)
 
     def _feed_and_commit_watched(self, actors: ActorSet, epoch: int, attempt: int,
-                                 plan: _feed.FeedPlan, generation: int | None
+                                 plan: routing.FeedPlan, generation: int | None
                                  ) -> tuple[int, CommitWait]:
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
-        barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
+        barriers = routing.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self.next_checkpoint(),
                               shuffle=self.shuffle, on_rows=on_rows)
         return self.commit_barriers(actors, epoch, attempt, barriers, generation)
 
     def commit_barriers(self, actors: ActorSet, epoch: int, attempt: int,
-                        barriers: _feed.Barriers, generation: int | None = None
+                        barriers: routing.Barriers, generation: int | None = None
                         ) -> tuple[int, CommitWait]:
         """Gather the writers' barrier answers (bad data wins over other failures) and
         the driver's answers for idle writers; send them to the coordinator in one call.

@@ -3,7 +3,7 @@
 Writers (one set per sink) and the coordinator are ordinary actors owned by the driver in
 the Ray namespace ``raysink``, named ``<runtime>.coordinator`` and
 ``<runtime>.<sink>.writer-<i>``. They reserve no CPU unless ``actor_options`` says so and
-die with the driver. Where they run: ``raysink.actors.placement`` (writers spread over the
+die with the driver. Where they run: ``raysink.driver.placement`` (writers spread over the
 nodes, the coordinator on the driver's node). Writers restart after a crash
 (``max_restarts=-1``; in-flight calls fail, ``max_task_retries=0``). The coordinator is
 not restarted by Ray: the driver re-creates it (``heal``), so a new coordinator always
@@ -50,12 +50,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysink._calls import watched
 from raysink._metrics import DriverMetrics
-from raysink.actors.placement import ClusterView, Placement, affinity, coordinator_node
-from raysink.actors.writer import NAMESPACE, SinkWriterActor, WriterConfig
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
+from raysink.driver.calls import watched
+from raysink.driver.placement import ClusterView, Placement, affinity, coordinator_node
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.writer.writer import NAMESPACE, SinkWriterActor, WriterConfig
 
 __all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
 
@@ -397,7 +397,7 @@ class ActorSet:
 
     def watching(self) -> AbstractContextManager[None]:
         """Within the block, waits of the epoch driver end with ``RuntimeUnavailableError``
-        as soon as an actor stops answering (see ``raysink._calls.watched``)."""
+        as soon as an actor stops answering (see ``raysink.driver.calls.watched``)."""
         return watched(self.check_responsive)
 
     def heal(self, timeout: float = 60.0) -> list[str]:

@@ -16,7 +16,7 @@ then the checkpoint is *aligned* and the writer pre-commits. Rules, per call of
 - a ``CANCEL`` barrier drops the alignment of its checkpoint (and of any older one) and
   releases its inputs (``Cancelled``); later barriers of that checkpoint are stale.
 
-In raysink the inputs are *feeds*: the producers of an epoch (``raysink.actors.mailbox``
+In raysink the inputs are *feeds*: the producers of an epoch (``raysink.writer.mailbox``
 aligns each epoch's feeds at every writer). The seed's unaligned fallback (snapshot the
 in-flight events when alignment takes too long) is not here: it serves operators between
 sources and sinks, which raysink does not have, and a sink must never go unaligned (its
@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
-from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BarrierOrderError, ConfigError
+from raysink.protocol.barrier import CheckpointBarrier
 
 __all__ = [
     "AlignAction",

@@ -29,12 +29,12 @@ from typing import Any
 
 import pyarrow as pa
 
-from raysink import _feed
-from raysink._calls import get
-from raysink._sender import Sender
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.vnodes import Bitmap
+from raysink.driver import routing
+from raysink.driver.calls import get
+from raysink.driver.sender import Sender
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.vnodes import Bitmap
 
 __all__ = ["Feed", "FeedRoute"]
 
@@ -116,7 +116,7 @@ class Feed:
             if self.skip:
                 return 0
             sender = self._start()
-            plan = _feed.plan_arrow(data, writers=self.route.writer_count, key=self.route.key,
+            plan = routing.plan_arrow(data, writers=self.route.writer_count, key=self.route.key,
                                     bitmaps=self.route.bitmaps,
                                     max_batch_bytes=self.route.max_batch_bytes,
                                     first_writer=self._turn % self.route.writer_count,
@@ -169,7 +169,7 @@ class Feed:
             raise ConfigError(f"{self!r} is closed; a closed feed takes no more data "
                               "(take a new feed from the next epoch's handle)")
 
-    def _check_schema(self, plan: _feed.FeedPlan) -> None:
+    def _check_schema(self, plan: routing.FeedPlan) -> None:
         """One schema per feed; with ``add_columns`` on every sink, schemas with a union
         (which the writers and the coordinator check again)."""
         schema = plan.schema

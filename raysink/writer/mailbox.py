@@ -28,8 +28,8 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from raysink.coordinator.alignment import Aligned, BarrierAligner, Pass
-from raysink.coordinator.barrier import CheckpointBarrier
+from raysink.protocol.alignment import Aligned, BarrierAligner, Pass
+from raysink.protocol.barrier import CheckpointBarrier
 
 __all__ = ["EpochSlot", "Feed", "FeedLane", "Mailbox", "Verdict"]
 
