@@ -275,8 +275,7 @@ class SinkRuntime:
     def _check_metastore(self) -> MetaStore:
         """Reachable and writable, and the sink set is what it was (or changed on purpose):
         refused here, in the driver, before any actor starts. Returns the store, open."""
-        from raysink.coordinator.metastore import open_metastore
-        from raysink.coordinator.metastore._sql import check_sink_set
+        from raysink.coordinator.metastore import check_sink_set, open_metastore
 
         store = open_metastore(self._metastore_url(), self.name)
         try:
