@@ -9,7 +9,6 @@ takes the decided ones to the targets. The dataclasses here are what those steps
 
 from __future__ import annotations
 
-import enum
 import hashlib
 import logging
 import threading
@@ -30,20 +29,13 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.protocol.results import Resolution, WriterLayout
 from raysink.protocol.vnodes import Bitmap, CoverageTracker
 from raysink.sinks.base import Manifest, Sink
 
 __all__ = ["CommitOutcome", "CommitStep", "EpochBook", "EpochEntry", "OpenDecision", "Resolution"]
 
 log = logging.getLogger(__name__)
-
-
-class Resolution(str, enum.Enum):
-    """What became of an epoch, from the meta store: the driver never guesses."""
-
-    COMMITTED = "COMMITTED"
-    ROLLING_FORWARD = "ROLLING_FORWARD"
-    ABORTED = "ABORTED"
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -198,8 +190,12 @@ class EpochBook:
         """The writer layout an OPEN record keeps: per sink, the writers and a digest of
         their bitmaps (constant size: the bitmaps themselves follow from the writer count
         and would make every OPEN grow with the writers)."""
-        return {"sinks": {name: {"writers": len(maps), "digest": _digest(maps)}
-                          for name, maps in self._bitmaps.items()}}
+        return self.writer_layout().to_record()
+
+    def writer_layout(self) -> WriterLayout:
+        """Per sink, its writers and the digest of their vnode bitmaps."""
+        return WriterLayout(writers={n: len(maps) for n, maps in self._bitmaps.items()},
+                            digests={n: _digest(maps) for n, maps in self._bitmaps.items()})
 
     def set_layout(self, bitmaps: Mapping[str, Sequence[Bitmap]]) -> None:
         """New writer bitmaps, effective from the next epoch (rescale): the next opened

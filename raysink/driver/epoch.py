@@ -23,10 +23,10 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
 from raysink.driver import routing
-from raysink.driver.calls import ask, get, short
+from raysink.driver.calls import ask, get, result, short
 from raysink.driver.lifecycle import ActorSet
 from raysink.errors import (
     EpochFailedError,
@@ -36,12 +36,14 @@ from raysink.errors import (
 )
 from raysink.progress import Progress
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import Call
 from raysink.protocol.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
 from raysink.reports import EpochReport
 
 __all__ = ["EpochDriver", "EpochSettings"]
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 class EpochSettings:
@@ -220,7 +222,7 @@ class EpochDriver:
         backpressure, so the deadline is twice that."""
         decision: OpenedEpoch = self._ask(
             actors, "opening an epoch",
-            actors.coordinator_call("open_epoch", epoch, self._options.commit_timeout),
+            actors.coordinator_client.open_epoch(epoch, self._options.commit_timeout),
             timeout=2 * self._options.commit_timeout)
         return decision
 
@@ -269,7 +271,7 @@ class EpochDriver:
         requests = [ack.request for ack in acks] + [
             CommitRequest(sink=sink, writer=k, epoch=epoch, attempt=attempt, manifest=None)
             for sink, k in barriers.idle]
-        outcome: CommitWait = get(actors.coordinator.commit_epoch.remote(
+        outcome: CommitWait = result(actors.coordinator_client.commit_epoch(
             epoch, attempt, requests, self._options.commit_timeout, generation))
         rows = sum(ack.rows for ack in acks) // max(self.sinks, 1)
         return rows, outcome
@@ -309,7 +311,7 @@ class EpochDriver:
         timeout = self._options.commit_timeout
         answer: CommitWait = self._ask(
             actors, f"waiting for epoch {epoch}",
-            actors.coordinator_call("wait_committed", epoch, timeout), timeout=2 * timeout)
+            actors.coordinator_client.wait_committed(epoch, timeout), timeout=2 * timeout)
         return answer
 
     def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool:
@@ -319,7 +321,7 @@ class EpochDriver:
         actors.metrics.attempt_failed()
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
-                               actors.coordinator_call("resolve", epoch, attempt))
+                               actors.coordinator_client.resolve(epoch, attempt))
         log.debug("%s: epoch %s attempt %s resolved %s", self.name, epoch, attempt,
                   resolution)
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
@@ -352,7 +354,7 @@ class EpochDriver:
         actors.metrics.attempt_failed()
         self._predicted = None
         self._ask(actors, f"resolving epoch {epoch}",
-                  actors.coordinator_call("resolve", epoch, attempt))
+                  actors.coordinator_client.resolve(epoch, attempt))
         self._rollback_writers(actors, epoch, attempt)
         self._settle_inflight()
 
@@ -362,7 +364,7 @@ class EpochDriver:
         import ray
 
         cancel = CheckpointBarrier(self.next_checkpoint(), epoch, BarrierFlags.CANCEL)
-        refs = [h.cancel.remote(cancel, attempt) for h in actors.all_writers()]
+        refs = [w.cancel(cancel, attempt).send() for w in actors.writer_clients()]
         for ref in refs:
             try:
                 ray.get(ref, timeout=60)
@@ -377,9 +379,9 @@ class EpochDriver:
                            skipped_sinks=skipped_sinks, attempts=attempts,
                            seconds=time.monotonic() - started)
 
-    def _ask(self, actors: ActorSet, what: str, make: Callable[[], Any],
-             timeout: float | None = None) -> Any:
+    def _ask(self, actors: ActorSet, what: str, call: Call[R],
+             timeout: float | None = None) -> R:
         """An idempotent call to the runtime's actors, waiting while they restart (up to
         ``commit_timeout``) and re-creating one that is gone."""
-        return ask(make, what=what, runtime=self.name, heal=actors.heal,
+        return ask(call, what=what, runtime=self.name, heal=actors.heal,
                    timeout=self._options.commit_timeout if timeout is None else timeout)

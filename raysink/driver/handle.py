@@ -23,11 +23,12 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from raysink.coordinator.producers import FeedsState
-from raysink.driver.calls import get
+from raysink.driver.calls import result
 from raysink.driver.feed import Feed, FeedRoute
 from raysink.driver.routing import Barriers
 from raysink.errors import ConfigError, EpochFailedError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import WriterClient
 from raysink.reports import EpochReport
 
 if TYPE_CHECKING:
@@ -150,7 +151,7 @@ def wait_for_feeds(actors: ActorSet, epoch: int, attempt: int, feeds: list[int],
     deadline = time.monotonic() + timeout
     while True:
         left = max(0.0, deadline - time.monotonic())
-        state: FeedsState = get(actors.coordinator.wait_feeds.remote(
+        state: FeedsState = result(actors.coordinator_client.wait_feeds(
             epoch, attempt, feeds, min(left, 10.0), lease))
         if state.done or left <= 0:
             return state
@@ -166,7 +167,7 @@ def seal_writers(actors: ActorSet, barrier: CheckpointBarrier, attempt: int,
             by_writer.setdefault(int(k), []).append(feed)
     writers = actors.writers
     return Barriers(
-        refs=[handles[k].seal.remote(barrier, attempt, sorted(feeds))
+        refs=[WriterClient(handles[k]).seal(barrier, attempt, sorted(feeds)).send()
               for handles in writers.values() for k, feeds in sorted(by_writer.items())],
         idle=[(sink, k) for sink, handles in writers.items()
               for k in range(len(handles)) if k not in by_writer])

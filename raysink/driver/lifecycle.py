@@ -55,6 +55,7 @@ from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.driver.calls import watched
 from raysink.driver.placement import ClusterView, Placement, affinity, coordinator_node
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.protocol.clients import CoordinatorClient, WriterClient
 from raysink.writer.writer import NAMESPACE, SinkWriterActor, WriterConfig
 
 __all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
@@ -509,10 +510,15 @@ class ActorSet:
 
     # ------------------------------------------------------------------ calls, stop
 
-    def coordinator_call(self, method: str, *args: Any) -> Callable[[], Any]:
-        """A call of ``method`` on the coordinator, to submit (again) with ``_calls.ask``:
-        it always goes to the current handle, which ``heal`` may replace."""
-        return lambda: getattr(self.coordinator, method).remote(*args)
+    @property
+    def coordinator_client(self) -> CoordinatorClient:
+        """The coordinator's calls, to send (again) with ``calls.ask``: each send goes to
+        the current handle, which ``heal`` may replace."""
+        return CoordinatorClient(lambda: self.coordinator)
+
+    def writer_clients(self) -> list[WriterClient]:
+        """Every writer of every sink, as clients (sink by sink, in writer order)."""
+        return [WriterClient(h) for h in self.all_writers()]
 
     def all_writers(self) -> list[Any]:
         return [h for handles in self.writers.values() for h in handles]

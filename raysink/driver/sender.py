@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from raysink.errors import BackpressureError
+from raysink.protocol.clients import WriterClient
 
 __all__ = ["Sender"]
 
@@ -80,8 +81,8 @@ class Sender:
         from ray.exceptions import PendingCallsLimitExceeded
 
         try:
-            call = self.writers[sink][k].write.remote(self.epoch, self.attempt, seq, [ref],
-                                                      self.feed)
+            call = WriterClient(self.writers[sink][k]).write(
+                self.epoch, self.attempt, seq, [ref], self.feed).send()
         except PendingCallsLimitExceeded as exc:
             raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
                                     retry_after=0.5, epoch=self.epoch) from exc

@@ -61,8 +61,11 @@ from raysink.errors import (
     SinkUnavailableError,
 )
 from raysink.protocol.barrier import CheckpointBarrier
+from raysink.protocol.clients import CoordinatorClient
 from raysink.protocol.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.protocol.pull import resolve
+from raysink.protocol.results import WriterStatus
+from raysink.reports import RuntimeStatus
 from raysink.sinks.base import Held, Sink
 from raysink.writer.mailbox import EpochSlot, Feed, Mailbox, Verdict
 from raysink.writer.watchdog import Watchdog
@@ -149,8 +152,8 @@ class SinkWriterActor:
         """Tell the coordinator (without waiting) whether the target is reachable."""
         self._unreachable = error is not None
         try:
-            self._coordinator().writer_health.remote(
-                self._config.sink_name, self._config.writer_id, error)
+            self._coordinator().writer_health(
+                self._config.sink_name, self._config.writer_id, error).send()
         except Exception as exc:  # no coordinator right now: the next report tells it
             self._coordinator_handle = None
             log.debug("%s: could not report to the coordinator: %s", self._name, exc)
@@ -364,7 +367,7 @@ class SinkWriterActor:
         deadline = time.monotonic() + self._config.barrier_timeout
         while True:
             try:
-                status = ray.get(self._coordinator().status.remote(), timeout=30)
+                status: RuntimeStatus = ray.get(self._coordinator().status().send(), timeout=30)
                 done = status.sinks[sink].last_committed_epoch
                 if not any(p < epoch and (done is None or done < p)
                            for p in status.pending_epochs):
@@ -381,13 +384,15 @@ class SinkWriterActor:
                     sink=sink, epoch=epoch)
             time.sleep(0.5 if error else 0.02)
 
-    def _coordinator(self) -> Any:
+    def _coordinator(self) -> CoordinatorClient:
+        """The coordinator's calls; its handle looked up by name once (again after a call
+        failed: the driver may have replaced it)."""
         import ray
 
         if self._coordinator_handle is None:
             self._coordinator_handle = ray.get_actor(self._config.coordinator,
                                                      namespace=NAMESPACE)
-        return self._coordinator_handle
+        return CoordinatorClient.of(self._coordinator_handle)
 
     # ------------------------------------------------------------------ control group
 
@@ -436,24 +441,21 @@ class SinkWriterActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> WriterStatus:
         slots = self._mailbox.slots()
         slot = slots[0] if slots else None
-        return {
-            "writer": self._config.writer_id, "sink": self._config.sink_name,
-            "pid": os.getpid(), "rows_total": self._rows_total,
-            "epoch": None if slot is None else slot.epoch,
-            "attempt": None if slot is None else slot.attempt,
-            "epochs_here": [s.key for s in slots],
-            "waiting_for_feeds": {f"{s.epoch}/{s.attempt}": s.waiting_for()
-                                  for s in slots if s.waiting_for()},
-            "mailbox_depth": sum(s.waiting_count() for s in slots),
-            "mailbox_bytes": self._mailbox.waiting_bytes,
-            "refused": self._refused,
-            "busy": self._watchdog.busy(),
-            "slow_warnings": self._watchdog.warnings,
-            "closed": self._closed.is_set(),
-        }
+        return WriterStatus(
+            writer=self._config.writer_id, sink=self._config.sink_name, pid=os.getpid(),
+            rows_total=self._rows_total,
+            epoch=None if slot is None else slot.epoch,
+            attempt=None if slot is None else slot.attempt,
+            epochs_here=tuple(s.key for s in slots),
+            waiting_for_feeds={f"{s.epoch}/{s.attempt}": s.waiting_for()
+                               for s in slots if s.waiting_for()},
+            mailbox_depth=sum(s.waiting_count() for s in slots),
+            mailbox_bytes=self._mailbox.waiting_bytes, refused=self._refused,
+            busy=self._watchdog.busy(), slow_warnings=self._watchdog.warnings,
+            closed=self._closed.is_set())
 
     def _close_writer(self) -> None:
         """Close the sink writer once (it is never called twice); stops the timers."""

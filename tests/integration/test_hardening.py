@@ -240,7 +240,7 @@ def test_a_hanging_flush_keeps_warning(tmp_path: Path, name: str, meta: str) -> 
         writer = actors.writers["main"][0]
         status = ray.get(writer.status.remote())
         text = _actor_log(ray.get(writer.ping.remote()))
-    assert status["slow_warnings"] >= 3, status
+    assert status.slow_warnings >= 3, status
     assert text.count("flush has been running for") >= 3, text[-3000:]
 
 
@@ -325,7 +325,7 @@ def test_a_flooded_reorder_buffer_refuses_early_messages(tmp_path: Path, name: s
                 assert isinstance(exc.cause, BackpressureError), exc
                 refused.append(seq)
         status = ray.get(writer.status.remote())
-        assert 0 < status["mailbox_bytes"] <= 1_000_000
+        assert 0 < status.mailbox_bytes <= 1_000_000
         assert len(refused) == 19 - 1_000_000 // size, (refused, size)
         ray.get(writer.write.remote(epoch, attempt, 0, [ray.put(pieces[0])]))
         for seq in refused:
@@ -349,6 +349,6 @@ def test_shuffled_deliveries_into_a_small_buffer_are_sent_again(tmp_path: Path, 
             assert rt.write_arrow(_pieces(epoch, 16, 10_000)).committed
         actors = rt._actors
         assert actors is not None
-        refused = sum(ray.get(w.status.remote())["refused"] for w in actors.all_writers())
+        refused = sum(ray.get(w.status.remote()).refused for w in actors.all_writers())
     assert refused > 0
     assert_exactly(tmp_path / "pq", [1, 2], 160_000)
