@@ -1,4 +1,4 @@
-"""Benchmark: epochs in flight, short epochs back to back (issue 11; not a test).
+"""Benchmark: epochs in flight, short epochs back to back (not a test).
 
 Two ways of writing a stream of small epochs into a ``ParquetSink``, side by side in one
 run, each at every writer count of ``--writers`` (default 2 and 16; writer actors reserve

@@ -8,7 +8,7 @@
 
 ``commit`` waits until every feed handed out closed (its barrier is at the writers it
 sent data to); then each writer that received data gets a *seal* naming the feeds it
-must align (the seed's ``BarrierAligner`` over them), pre-commits and answers with its
+must align (a ``BarrierAligner`` over them), pre-commits and answers with its
 commit request; the driver sends the requests to the coordinator in one call, as for
 ``write_arrow``. A feed that failed, or whose producer went silent past ``feed_timeout``
 (its task or actor died and was not retried in time), makes the commit give the

@@ -10,8 +10,8 @@ reorder calls even from one caller, and different callers have no order at all.
 the feed's messages back in ``seq`` order. Only the *current* slot (the oldest) is applied
 to the sink writer; the slots after it wait (the sink writer writes one epoch at a time).
 A feed's barrier gives its ``last_seq`` (how many messages it sent this writer). The seal
-of an epoch names its feeds; a ``BarrierAligner`` over them (the seed's aligned
-checkpoint: inputs are feeds) says when the last one's barrier arrived, and the epoch may
+of an epoch names its feeds; a ``BarrierAligner`` over them (an aligned checkpoint
+whose inputs are feeds) says when the last one's barrier arrived, and the epoch may
 be pre-committed once aligned and every message before the barriers is applied.
 
 The waiting messages are bounded in bytes (``max_bytes``), over every slot: an early

@@ -1,6 +1,6 @@
 """``SinkWriterActor``: one Ray actor per sink writer, owning one ``SinkWriter``.
 
-The commands of LaminarDB's sink task, as actor methods:
+The commands of a sink writer, as actor methods:
 
 =============  ==========  ==================================================================
 method         group       what it does
@@ -286,7 +286,7 @@ class SinkWriterActor:
 
     def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[Feed]) -> BarrierAck:
         """The epoch ``barrier.epoch`` has these ``feeds``: once each delivered its barrier
-        (``feed_barrier``) and its messages are applied (aligned: the seed's
+        (``feed_barrier``) and its messages are applied (aligned: a
         ``BarrierAligner`` over the feeds), and every earlier epoch is done here,
         pre-commit; the answer carries the commit request. ``DRAIN`` set: close after."""
         epoch = barrier.epoch

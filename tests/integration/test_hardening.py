@@ -2,7 +2,7 @@
 others, status tells the truth, only raysink errors reach the user, the fault hooks need
 an opt-in, and the reorder buffer is bounded.
 
-Each case fails on the code before the issue (checked and said in the issue's note).
+Each case failed on the code before its fix (checked when the fix was made).
 """
 
 from __future__ import annotations

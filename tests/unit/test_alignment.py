@@ -1,5 +1,5 @@
-"""BarrierAligner (cases after LaminarDB's unaligned.rs tests; its unaligned fallback is not
-in raysink: see the alignment module's docstring)."""
+"""BarrierAligner (raysink has no unaligned fallback: see the alignment module's
+docstring)."""
 
 from __future__ import annotations
 
