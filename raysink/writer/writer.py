@@ -67,7 +67,7 @@ from raysink.protocol.pull import resolve
 from raysink.protocol.results import WriterStatus
 from raysink.reports import RuntimeStatus
 from raysink.sinks.base import Held, Sink
-from raysink.writer.mailbox import EpochSlot, Feed, Mailbox, Verdict
+from raysink.writer.mailbox import EpochSlot, FeedId, Mailbox, Verdict
 from raysink.writer.watchdog import Watchdog
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
@@ -161,7 +161,7 @@ class SinkWriterActor:
     # ------------------------------------------------------------------ data group
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
-              feed: Feed = 0) -> int:
+              feed: FeedId = 0) -> int:
         """File one data message of ``feed``; returns the rows it carried (0 when dropped:
         a duplicate, or of an attempt given up). An early message the mailbox has no room
         for is ``BackpressureError``: send it again after ``retry_after``."""
@@ -185,7 +185,7 @@ class SinkWriterActor:
         self._drain()
         return int(table.num_rows)
 
-    def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: Feed,
+    def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: FeedId,
                      last_seq: int) -> None:
         """``feed``'s barrier of ``(barrier.epoch, attempt)``: it sent this writer
         ``last_seq`` messages of it; what it sends after belongs to a later epoch."""
@@ -284,7 +284,7 @@ class SinkWriterActor:
         self.feed_barrier(barrier, attempt, 0, last_seq)
         return self.seal(barrier, attempt, [0])
 
-    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[Feed]) -> BarrierAck:
+    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[FeedId]) -> BarrierAck:
         """The epoch ``barrier.epoch`` has these ``feeds``: once each delivered its barrier
         (``feed_barrier``) and its messages are applied (aligned: a
         ``BarrierAligner`` over the feeds), and every earlier epoch is done here,
