@@ -17,7 +17,6 @@ packages is in ``raysink``'s docstring); this module only ties it together.
 
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
@@ -25,7 +24,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from raysink._options import rejects_unknown_options
 from raysink.driver import routing
 from raysink.driver.calls import ask, typed_errors
-from raysink.driver.closing import close_actors, retire_writers
+from raysink.driver.closing import close_actors
 from raysink.driver.epoch import EpochDriver, EpochSettings
 from raysink.driver.feed import FeedRoute
 from raysink.driver.handle import EpochHandle
@@ -39,12 +38,12 @@ from raysink.driver.options import (
     routing_key,
 )
 from raysink.driver.placement import Placement
+from raysink.driver.rescale import refuse_rescale, resize_writers
 from raysink.driver.stream_controller import StreamController
 from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import (
     ConfigError,
     EpochFailedError,
-    RescaleRefusedError,
     RuntimeUnavailableError,
 )
 from raysink.progress import Progress
@@ -404,34 +403,12 @@ class SinkRuntime:
         actors = self._require_started()
         if writers == self._options.writers:
             return
-        self._refuse_rescale(writers)
+        refuse_rescale(self.name, writers, self._handle, self._stream)
         with self._epochs.exclusive():
-            actors.heal()
-            def take_layout() -> None:
-                self._ask(actors, "changing the writer layout",
-                          actors.coordinator_client.set_layout(writers))
-
-            removed = actors.resize(
-                self._options.writer_configs(self.name, self._sinks, writers),
-                commit=take_layout)
-            self._options = dataclasses.replace(self._options, writers=writers)
+            self._options = resize_writers(self.name, actors, self._epochs, self._options,
+                                           self._sinks, writers, self._ask_started)
             self._bitmaps = assign(writers)
-            retire_writers(self.name, actors, self._epochs, removed,
-                           timeout=self._options.commit_timeout)
         log.info("%s: rescaled to %s writers per sink", self.name, writers)
-
-    def _refuse_rescale(self, writers: int) -> None:
-        if self._handle is not None:
-            raise RescaleRefusedError(
-                f"{self._handle!r} is open for producers: commit or abort it, then rescale",
-                runtime=self.name, epoch=self._handle.epoch)
-        if self._stream is not None:
-            raise RescaleRefusedError(
-                "a continuous stream runs (rt.stream()): its producers write an epoch at "
-                "every moment, routed by the layout they joined with. To rescale, close "
-                "the runtime (rt.close() drains the stream), open it again with "
-                f"writers={writers} and start the stream again (producers resume from "
-                "feed.committed())", runtime=self.name)
 
     # ------------------------------------------------------------------ status
 

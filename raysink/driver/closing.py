@@ -1,4 +1,4 @@
-"""Ending a runtime's actors in order (``rt.close()``) and retiring writers (``rescale``).
+"""Ending a runtime's actors in order (``rt.close()``).
 
 ``close_actors`` runs four steps, each logged and skipped past when it fails: the
 continuous stream drains (its producers close their last epoch; it commits), the epochs
@@ -10,16 +10,15 @@ and the coordinator pauses its sinks and closes its connections and the meta sto
 from __future__ import annotations
 
 import logging
-from typing import Any
 
 from raysink.driver.calls import result, results, short
 from raysink.driver.epoch import EpochDriver
 from raysink.driver.lifecycle import ActorSet
 from raysink.driver.stream_controller import StreamController
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
-from raysink.protocol.clients import Ask, WriterClient
+from raysink.protocol.clients import Ask
 
-__all__ = ["close_actors", "retire_writers"]
+__all__ = ["close_actors"]
 
 log = logging.getLogger(__name__)
 
@@ -61,16 +60,3 @@ def close_actors(name: str, actors: ActorSet, epochs: EpochDriver,
         except Exception as exc:
             log.warning("%s: close: %s failed: %s", name, what, short(exc))
 
-
-def retire_writers(name: str, actors: ActorSet, epochs: EpochDriver, handles: list[Any], *,
-                   timeout: float) -> None:
-    """The DRAIN barrier to writers a rescale removed (each closes its sink writer), then
-    end them. They hold nothing undecided: no epoch is in flight."""
-    if not handles:
-        return
-    barrier = CheckpointBarrier(epochs.next_checkpoint(), 0, BarrierFlags.DRAIN)
-    try:
-        results((WriterClient(h).drain(barrier) for h in handles), timeout=timeout)
-    except Exception as exc:  # ending them drops nothing decided
-        log.warning("%s: rescale: draining removed writers failed: %s", name, short(exc))
-    actors.end(handles)
