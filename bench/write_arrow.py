@@ -51,7 +51,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from raysink import SinkRuntime
 from raysink.driver.epoch import EpochDriver
 from raysink.sinks import ParquetSink
-from raysink.sinks._staging import dictionary_columns
+from raysink.sinks._parquet_buffer import dictionary_columns
 
 COMPRESSION = "zstd"  # ParquetSink's default
 ROW_GROUP = 131_072  # ParquetSink's default row_group_size

@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_VAR", "HANDOFF_POINTS", "POINTS", "SINK_POINTS", "InjectedFault", "enabled",
-           "fault_dir", "hit"]
+__all__ = ["ENV_VAR", "HANDOFF_POINTS", "LIFECYCLE_POINTS", "POINTS", "SINK_POINTS",
+           "InjectedFault", "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -61,6 +61,13 @@ HANDOFF_POINTS = (
 """Points of the Spark handoff, apart from the protocol's (the chaos plan draws from
 ``POINTS``): ``spark.mid_pull``, a consumer chose the executor to pull a partition from
 and has not asked it yet (context ``executor``, ``rdd``, ``partition``)."""
+
+LIFECYCLE_POINTS = (
+    "writer.start",
+)
+"""Points of an actor's life, outside any epoch: ``writer.start``, a writer's process is
+starting it (its constructor, before anything; context ``writer``, ``sink``). A ``sleep``
+there holds a writer that Ray restarts, or the runtime replaces, in its (re)start."""
 
 
 SINK_POINTS = (

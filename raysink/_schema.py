@@ -25,6 +25,8 @@ Schema evolution (``schema_evolution="add_columns"`` on every sink)::
                                  the first column at fault and what to change), or ``None``
     align(tables, target)        tables of an epoch as ONE table of the target's schema:
                                  its columns in order, missing ones null, cast up
+    reported(manifests)          the schemas an epoch's manifests report, decoded
+    united(manifests)            their union (``None`` when none reports one)
 
 A lossless widening (``lossless``) is a cast Arrow makes without losing any value: a
 wider integer of the same signedness (or a signed one wider than an unsigned one), a
@@ -39,7 +41,7 @@ same rules, so a commit never meets a change its target refuses.
 from __future__ import annotations
 
 import base64
-from collections.abc import Callable, Hashable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TypeVar
 
@@ -67,8 +69,10 @@ __all__ = [
     "loosen",
     "lossless",
     "refusal",
+    "reported",
     "same",
     "union",
+    "united",
 ]
 
 _Data = TypeVar("_Data", pa.RecordBatch, pa.Table)
@@ -198,6 +202,28 @@ def union(schemas: Sequence[pa.Schema]) -> pa.Schema:
             seen_in[f.name] += 1
     return pa.schema([f if seen_in[f.name] == len(schemas) else f.with_nullable(True)
                       for f in fields.values()])
+
+
+def reported(manifests: Iterable[Mapping[str, object]]) -> list[pa.Schema]:
+    """The schemas ``manifests`` report (each one's ``"schema"``, where it has one),
+    decoded, in order."""
+    return [decode(text) for m in manifests if isinstance(text := m.get("schema"), str)]
+
+
+def united(manifests: Iterable[Mapping[str, object]], *, more: Iterable[pa.Schema] = (),
+           where: Mapping[str, Any] | None = None) -> pa.Schema | None:
+    """The ``union`` of the schemas ``manifests`` report and of ``more`` (say, of their
+    files); ``None`` when no manifest reports one. A ``SchemaMismatchError`` names the
+    column, and carries ``where`` (runtime, sink, epoch) when given."""
+    schemas = reported(manifests)
+    if not schemas:
+        return None
+    try:
+        return union([*schemas, *more])
+    except SchemaMismatchError as exc:
+        if where is None:
+            raise
+        raise SchemaMismatchError(exc.message, column=exc.column, **where) from None
 
 
 def loosen(schema: pa.Schema) -> pa.Schema:

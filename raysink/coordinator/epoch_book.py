@@ -319,14 +319,13 @@ def manifest_schemas(manifests: Mapping[str, Sequence[Manifest]]) -> dict[str, p
     """Per sink, the union of the schemas its recovered manifests report."""
     found: dict[str, pa.Schema] = {}
     for name, listed in manifests.items():
-        schemas = [_schema.decode(text) for m in listed
-                   if isinstance(text := m.get("schema"), str)]
-        if schemas:
-            try:
-                found[name] = _schema.union(schemas)
-            except SchemaMismatchError as exc:  # decided already: never refuse it now
-                log.warning("sink %s: recovered manifests disagree on the schema: %s", name,
-                            exc)
+        try:
+            united = _schema.united(listed)
+        except SchemaMismatchError as exc:  # decided already: never refuse it now
+            log.warning("sink %s: recovered manifests disagree on the schema: %s", name, exc)
+            continue
+        if united is not None:
+            found[name] = united
     return found
 
 

@@ -12,9 +12,12 @@ Not waiting for Ray's failure detector: a call to an actor whose node was lost m
 (no answer and no error) until Ray declares the node dead, 15-20 s later or more. So
 ``ask`` with ``heal`` waits in slices of ``PROBE_EVERY`` seconds and heals between them
 (``ActorSet.heal`` replaces an actor that does not answer a short ping, then the call is
-sent again to its replacement), and ``get`` inside ``watched(probe)`` (the epoch driver
-feeding an attempt) calls ``probe`` between slices, which raises when an actor stopped
-answering: the attempt fails at once and is recovered.
+sent again to its replacement), and ``get`` inside ``watched(probe, quick)`` (the epoch
+driver feeding an attempt) calls ``quick`` with the calls still out every ``QUICK_EVERY``
+seconds and ``probe`` every ``PROBE_EVERY``; either raises when an actor stopped answering
+(``quick``: one the calls went to lost its process), so the attempt fails at once and is
+recovered. Ray itself fails a call to an actor whose process ended only after waiting for
+the details of its end (over a second), and a call to a lost node later still.
 """
 
 from __future__ import annotations
@@ -30,8 +33,8 @@ from typing import Any, Protocol, TypeVar, cast
 from raysink.errors import RaySinkError, RuntimeUnavailableError
 from raysink.protocol.clients import Call
 
-__all__ = ["PROBE_EVERY", "ask", "get", "result", "results", "short", "typed_errors",
-           "watched"]
+__all__ = ["PROBE_EVERY", "QUICK_EVERY", "ask", "get", "result", "results", "short",
+           "typed_errors", "watched"]
 
 log = logging.getLogger(__name__)
 
@@ -41,20 +44,24 @@ _RETRY_SLEEP = 0.2
 
 PROBE_EVERY = 1.0
 """Seconds a call may go unanswered before the actors are probed (then again each time)."""
+QUICK_EVERY = 0.25
+"""Seconds between quick checks of the calls a ``watched`` wait is for."""
 
 _watch = threading.local()
 
 
 @contextlib.contextmanager
-def watched(probe: Callable[[], Any]) -> Iterator[None]:
+def watched(probe: Callable[[], Any],
+            quick: Callable[[list[Any]], Any] | None = None) -> Iterator[None]:
     """Within the block, ``get`` without a timeout (in this thread) calls ``probe`` each
-    ``PROBE_EVERY`` seconds it waits; ``probe`` raises to end the wait."""
-    previous = getattr(_watch, "probe", None)
-    _watch.probe = probe
+    ``PROBE_EVERY`` seconds it waits, and ``quick`` with the refs still out each
+    ``QUICK_EVERY`` seconds; either raises to end the wait."""
+    previous = getattr(_watch, "checks", None)
+    _watch.checks = (probe, quick)
     try:
         yield
     finally:
-        _watch.probe = previous
+        _watch.checks = previous
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:
@@ -62,9 +69,9 @@ def get(refs: Any, timeout: float | None = None) -> Any:
     import ray
     from ray.exceptions import RayTaskError
 
-    probe = getattr(_watch, "probe", None)
-    if probe is not None and timeout is None:
-        _wait_probing(refs, probe)
+    checks = getattr(_watch, "checks", None)
+    if checks is not None and timeout is None:
+        _wait_probing(refs, checks)
     try:
         return ray.get(refs, timeout=timeout)
     except RayTaskError as exc:
@@ -74,16 +81,25 @@ def get(refs: Any, timeout: float | None = None) -> Any:
         raise
 
 
-def _wait_probing(refs: Any, probe: Callable[[], Any]) -> None:
-    """Wait until every ref is ready, calling ``probe`` between slices of waiting."""
+def _wait_probing(refs: Any, checks: tuple[Callable[[], Any],
+                                          Callable[[list[Any]], Any] | None]) -> None:
+    """Wait until every ref is ready, calling the quick check between slices of waiting
+    and the probe every ``PROBE_EVERY`` seconds."""
     import ray
 
+    probe, quick = checks
     pending = list(dict.fromkeys(refs if isinstance(refs, list) else [refs]))
+    probe_at = time.monotonic() + PROBE_EVERY
     while pending:
-        _, pending = ray.wait(pending, num_returns=len(pending), timeout=PROBE_EVERY,
-                              fetch_local=False)
-        if pending:
+        _, pending = ray.wait(pending, num_returns=len(pending), fetch_local=False,
+                              timeout=PROBE_EVERY if quick is None else QUICK_EVERY)
+        if not pending:
+            return
+        if quick is not None:
+            quick(pending)
+        if time.monotonic() >= probe_at:
             probe()
+            probe_at = time.monotonic() + PROBE_EVERY
 
 
 class _Replaced(Exception):

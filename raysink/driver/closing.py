@@ -41,6 +41,8 @@ def close_actors(name: str, actors: ActorSet, epochs: EpochDriver,
                 coordinator.wait_committed(max(pending), timeout))
 
     def drain_writers() -> None:
+        # a writer Ray is restarting is waited for first (a call sent meanwhile would fail)
+        actors.await_writers(actors.starting_writers(), timeout=timeout)
         barrier = CheckpointBarrier(epochs.next_checkpoint(), 0, BarrierFlags.DRAIN)
         reports = results((w.drain(barrier) for w in actors.writer_clients()), timeout=timeout)
         swept = [(r.sink, r.writer, r.swept) for r in reports if r.swept is not None]

@@ -13,6 +13,13 @@ After any failure the driver asks the coordinator to ``resolve`` the attempt and
 again only when it was aborted (after a CANCEL barrier to every writer), up to
 ``max_attempts`` attempts; a decided attempt rolls forward. Bad data
 (``SchemaMismatchError``) is never fed again.
+
+A writer Ray is restarting (its process ended) or that is still starting (a replacement)
+holds nothing of the attempt: its CANCEL is sent but not waited for (the next attempt's
+number makes the old one stale there anyway). An epoch without a routing key is fed
+around such writers (they are idle in the attempt, the driver answers for them); a keyed
+epoch waits until they answer, since a call sent while Ray restarts an actor fails once
+it is back.
 """
 
 from __future__ import annotations
@@ -121,7 +128,9 @@ class EpochDriver:
         known, so the data goes at once and the open travels with the commit requests
         (one meta store transaction records both). Any other epoch is opened first."""
         with self._epoch_running():
-            return self._run(actors, epoch, plan)
+            report = self._run(actors, epoch, plan)
+        actors.tend_standby()
+        return report
 
     def _run(self, actors: ActorSet, epoch: int | None,
              plan: routing.FeedPlan) -> EpochReport:
@@ -243,7 +252,8 @@ class EpochDriver:
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
         barriers = routing.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self.next_checkpoint(),
-                              shuffle=self.shuffle, on_rows=on_rows)
+                              shuffle=self.shuffle, on_rows=on_rows,
+                              avoid=self._starting_writers(actors, plan))
         return self.commit_barriers(actors, epoch, attempt, barriers, generation)
 
     def commit_barriers(self, actors: ActorSet, epoch: int, attempt: int,
@@ -275,6 +285,19 @@ class EpochDriver:
             epoch, attempt, requests, self._options.commit_timeout, generation))
         rows = sum(ack.rows for ack in acks) // max(self.sinks, 1)
         return rows, outcome
+
+    def _starting_writers(self, actors: ActorSet, plan: routing.FeedPlan) -> frozenset[int]:
+        """The writers to feed around: those Ray is still (re)starting, for a movable plan
+        while another writer is up. Otherwise the attempt waits until they answer."""
+        starting = actors.starting_writers()
+        if not starting:
+            return starting
+        if plan.movable and len(starting) < actors.writer_count:
+            log.info("%s: writers %s are starting; the attempt goes around them", self.name,
+                     sorted(starting))
+            return starting
+        actors.await_writers(starting, timeout=self._options.commit_timeout)
+        return frozenset()
 
     def _bad_data_among(self, barriers: list[Any], timeout: float
                         ) -> SchemaMismatchError | None:
@@ -325,24 +348,28 @@ class EpochDriver:
         log.debug("%s: epoch %s attempt %s resolved %s", self.name, epoch, attempt,
                   resolution)
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
-            self._settle_inflight()
+            self._settle_inflight(actors)
             return True
         self._rollback_writers(actors, epoch, attempt)
-        self._settle_inflight()
+        self._settle_inflight(actors)
         log.debug("%s: epoch %s attempt %s given up at every writer", self.name, epoch,
                   attempt)
         return False
 
-    def _settle_inflight(self, timeout: float = 2.0) -> None:
+    def _settle_inflight(self, actors: ActorSet, timeout: float = 2.0) -> None:
         """Collect the failed attempt's barrier calls (cancelled, they end at once), so no
-        error is left unobserved. A call to an actor on a lost node may end only when Ray
-        declares the node dead: it is collected at a later settle, never waited for."""
+        error is left unobserved. A call to an actor replaced since (its node lost: it may
+        end only when Ray declares the node dead) or restarting is collected at a later
+        settle, never waited for."""
         import ray
 
         refs, self._inflight = self._inflight + self._unsettled, []
-        ready, pending = (ray.wait(refs, num_returns=len(refs), timeout=timeout) if refs
-                          else ([], []))
-        self._unsettled = list(pending)
+        soon, later = actors.waitable(refs)
+        ready, _ = (ray.wait(soon, num_returns=len(soon), timeout=timeout) if soon
+                    else ([], []))
+        ready += ray.wait(later, num_returns=len(later), timeout=0)[0] if later else []
+        done = set(ready)
+        self._unsettled = [ref for ref in refs if ref not in done]
         for ref in ready:
             try:
                 ray.get(ref)
@@ -356,16 +383,19 @@ class EpochDriver:
         self._ask(actors, f"resolving epoch {epoch}",
                   actors.coordinator_client.resolve(epoch, attempt))
         self._rollback_writers(actors, epoch, attempt)
-        self._settle_inflight()
+        self._settle_inflight(actors)
 
     def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """The abandoned attempt's CANCEL barrier to every writer: each stops waiting for
-        it and drops what it staged."""
+        it and drops what it staged. Not waited for at a writer that is (re)starting: its
+        new process holds nothing of the attempt (the call goes to ``_unsettled``)."""
         import ray
 
         cancel = CheckpointBarrier(self.next_checkpoint(), epoch, BarrierFlags.CANCEL)
-        refs = [w.cancel(cancel, attempt).send() for w in actors.writer_clients()]
-        for ref in refs:
+        soon, later = actors.waitable([w.cancel(cancel, attempt).send()
+                                       for w in actors.writer_clients()])
+        self._unsettled += later
+        for ref in soon:
             try:
                 ray.get(ref, timeout=60)
             except Exception as exc:  # a dead writer holds nothing to roll back

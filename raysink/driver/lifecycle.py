@@ -6,8 +6,9 @@ the Ray namespace ``raysink``, named ``<runtime>.coordinator`` and
 die with the driver. Where they run: ``raysink.driver.placement`` (writers spread over the
 nodes, the coordinator on the driver's node). Writers restart after a crash
 (``max_restarts=-1``; in-flight calls fail, ``max_task_retries=0``). The coordinator is
-not restarted by Ray: the driver re-creates it (``heal``), so a new coordinator always
-starts with the current writer layout (``rescale`` changes it).
+not restarted by Ray: the driver re-creates it (``heal``) with the current writer layout
+(``rescale`` changes it), or a standby started ahead takes over when node labels pin the
+coordinator (``raysink.coordinator.standby``: no process start while the epoch waits).
 
 Replacing what does not answer (``heal``). Ray declares a lost node dead only after its
 health checks time out (15-20 s with the defaults), and until then an actor there is
@@ -18,11 +19,14 @@ the name, as it may for an actor on a lost node until it declares the node dead)
 does not answer within ``ping_timeout`` seconds is replaced only when its node does not
 accept a connection to its raylet either: the node is lost, and every actor placed there is
 replaced (one may still answer for a moment, its process not yet ended), on other nodes,
-and placement leaves the node out for a while. Silence on a node that answers is a busy
-actor, or one Ray is restarting there (in a second or two): it is left alone, since
-replacing a healthy writer would fail an epoch whose producers cannot feed it again (a
-Ray Data write, a feed). Then the epoch in flight is resolved and fed again to the new
-actors.
+and placement leaves the node out for a while (at once, unpinged, when the raylet refuses
+connections). Silence on a node that answers is a busy actor, or one Ray is restarting
+there (in a second or two): it is left alone, since replacing a healthy writer would fail
+an epoch whose producers cannot feed it again (a Ray Data write, a feed); one Ray's GCS
+lists as (re)starting (``raysink.driver.raystate``) is not pinged at all. Then the epoch
+in flight is resolved and fed again: ``heal`` waits for a new coordinator, not for new
+writers (the epoch driver feeds around a writer still starting, or waits for it when the
+epoch is keyed).
 
 Why a replaced actor that is still running somewhere (a zombie: its node cut off, not
 dead) cannot get anything committed: with the gathered protocol a writer never talks to
@@ -41,7 +45,6 @@ idempotent by the target's marker).
 from __future__ import annotations
 
 import dataclasses
-import functools
 import logging
 import threading
 import time
@@ -51,128 +54,39 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysink._metrics import DriverMetrics
-from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
-from raysink.driver.calls import watched
+from raysink.coordinator.coordinator import CoordinatorConfig
+from raysink.driver import raystate
+from raysink.driver.calls import ask, watched
 from raysink.driver.placement import ClusterView, Placement, affinity, coordinator_node
-from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.driver.remote import (
+    await_name_free,
+    coordinator_class,
+    coordinator_name,
+    create,
+    exists,
+    find_coordinator,
+    in_use,
+    take_over,
+    writer_class,
+    writer_name,
+)
+from raysink.errors import RuntimeUnavailableError
 from raysink.protocol.clients import CoordinatorClient, WriterClient
-from raysink.writer.writer import NAMESPACE, SinkWriterActor, WriterConfig
+from raysink.writer.writer import NAMESPACE, WriterConfig
 
 __all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
 
 log = logging.getLogger(__name__)
 
-_WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
-_WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "barrier",
-                         "seal": "barrier"}
-_WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "finish",
-                   "ping", "status")
-_NAME_RELEASE_SECONDS = 10.0
 _REPLACE_NAME_WAIT = 0.3
 PING_TIMEOUT = 1.0
 """Seconds an actor may take to answer a ping before ``heal`` replaces it."""
+STANDBY_CHECK = 2.0
+"""Seconds between looks for a better node for a standby coordinator (``tend_standby``)."""
 
 Key = tuple[str, int]
 """An actor of the set: ``(sink, writer index)``, or ``COORDINATOR``."""
 COORDINATOR: Key = ("", -1)
-
-
-def coordinator_name(runtime: str) -> str:
-    return f"{runtime}.coordinator"
-
-
-def writer_name(runtime: str, sink: str, index: int) -> str:
-    return f"{runtime}.{sink}.writer-{index}"
-
-
-@functools.cache
-def _remote_writer_class() -> Any:
-    """The writer as a Ray actor class, made once per process: Ray exports a class to the
-    cluster once per job, but disassembles it again for each new ``ray.remote`` of it
-    (about 60 ms of driver CPU per writer started, measured with 16 writers)."""
-    import ray
-
-    for method in _WRITER_METHODS:
-        group = _WRITER_METHOD_GROUPS.get(method, "control")
-        ray.method(concurrency_group=group)(getattr(SinkWriterActor, method))
-    remote = ray.remote(concurrency_groups=_WRITER_GROUPS)  # type: ignore[call-overload]
-    return remote(SinkWriterActor)
-
-
-@functools.cache
-def _remote_coordinator_class() -> Any:
-    """The coordinator as a Ray actor class, made once per process (see the writer's)."""
-    import ray
-
-    return ray.remote(CoordinatorActor)
-
-
-def _exists(name: str) -> bool:
-    import ray
-
-    try:
-        ray.get_actor(name, namespace=NAMESPACE)
-    except ValueError:
-        return False
-    return True
-
-
-def _create(name: str, make: Callable[[str], Any], *, runtime: str,
-            first: bool = False) -> tuple[str, Any]:
-    """``make(name)`` the actor. A replacement (not ``first``) whose name Ray still holds
-    (an actor that died in its constructor, or one on a lost node, may keep it a while) is
-    started under the first free ``<name>.<n>``. The ``first`` incarnation never is: Ray
-    registers a name atomically, so when it is taken another driver started the runtime
-    at the same moment (``RuntimeInUseError``). Returns the name used and the handle."""
-    from ray.exceptions import ActorAlreadyExistsError
-
-    for incarnation in range(64):
-        candidate = name if incarnation == 0 else f"{name}.{incarnation}"
-        if incarnation and _exists(candidate):
-            continue
-        try:
-            return candidate, make(candidate)
-        except ActorAlreadyExistsError as exc:
-            if first:
-                raise _in_use(name, runtime) from exc
-            log.warning("the name %s is still taken; starting the actor under another",
-                        candidate)
-    raise RuntimeUnavailableError(f"no free name for a new incarnation of {name}")
-
-
-def find_coordinator(runtime: str, wait: float = 5.0) -> Any | None:
-    """The runtime's current coordinator, for a process that lost it (a stream's
-    producer): of the live actors named ``<runtime>.coordinator`` or
-    ``<runtime>.coordinator.<n>`` (see ``_create``), the one that answers with the highest
-    generation (a replaced one that still answers has a lower one). ``None`` when none
-    answers within ``wait`` seconds."""
-    import ray
-
-    base = coordinator_name(runtime)
-    names = [entry["name"] for entry in ray.util.list_named_actors(all_namespaces=True)
-             if entry["namespace"] == NAMESPACE and (entry["name"] == base or (
-                 entry["name"].startswith(f"{base}.")
-                 and entry["name"][len(base) + 1:].isdigit()))]
-    best: tuple[int, Any] | None = None
-    for name in names:
-        try:
-            handle = ray.get_actor(name, namespace=NAMESPACE)
-            answer: Any = ray.get(handle.ping.remote(), timeout=wait)
-            generation = int(answer)
-        except Exception as exc:  # dead, or gone meanwhile
-            log.debug("coordinator candidate %s: %s", name, exc)
-            continue
-        if best is None or generation > best[0]:
-            best = (generation, handle)
-    return None if best is None else best[1]
-
-
-def _in_use(name: str, runtime: str) -> RuntimeInUseError:
-    return RuntimeInUseError(
-        f"an actor named {name!r} is live in this Ray cluster: the runtime is open in "
-        "another driver (one with another meta store, or none: the lease in a meta store "
-        "fences only the drivers that share it). Close it there, or pick another runtime "
-        "name", runtime=runtime)
 
 
 @dataclass(kw_only=True)
@@ -196,6 +110,9 @@ class ActorSet:
     _index_nodes: dict[int, str | None] = field(default_factory=dict)
     _coordinator_node: str | None = None
     _probed: tuple[float, list[Key]] | None = None
+    _starting: set[Key] = field(default_factory=set)  # seen (re)starting, until they answer
+    _standby: tuple[str, str | None, Any] | None = None  # name, node, handle
+    _standby_looked: float = 0.0
     _retired_names: list[str] = field(default_factory=list)
     # one heal at a time: a stream's ticks and the user's calls may both heal
     _healing: threading.Lock = field(default_factory=threading.Lock, repr=False)
@@ -222,8 +139,8 @@ class ActorSet:
         """``RuntimeInUseError`` when an actor of the runtime is live in this Ray cluster
         (a cheap check first; creating the actors checks again, atomically)."""
         for name in self.names():
-            if _exists(name):
-                raise _in_use(name, self.runtime)
+            if exists(name):
+                raise in_use(name, self.runtime)
 
     def start(self, timeout: float = 300.0) -> None:
         """Start the coordinator and the writers where placement puts them, and wait (up
@@ -242,7 +159,8 @@ class ActorSet:
             self.stop()
             raise
         if self._await_answers(self._handles(), timeout):
-            self.heal(timeout)  # one could not start (its node lost meanwhile, say)
+            self.heal(timeout, writers=True)  # one could not start (its node lost, say)
+        self._keep_standby()
 
     # ------------------------------------------------------------------ placement
 
@@ -280,15 +198,17 @@ class ActorSet:
         options.update({"name": name, "namespace": NAMESPACE, "lifetime": None})
         return options
 
-    def _start_coordinator(self, first: bool = False) -> Any:
+    def _start_coordinator(self, *, first: bool = False, standby: bool = False) -> Any:
         """A new coordinator (a new generation: it claims the runtime in the meta store);
-        ``first``: at ``start``, never under another name (see ``_create``)."""
+        ``first``: at ``start``, never under another name (see ``remote.create``);
+        ``standby``: a standby (``_standby``) on another node its labels allow."""
         options_node: dict[str, Any] = {}
+        node: str | None = None
         if not self._user_schedules():
             node, hard = coordinator_node(self._cluster(), self.placement,
                                           self.coordinator_config.metastore or "sqlite:",
-                                          self.runtime)
-            self._coordinator_node = node
+                                          self.runtime,
+                                          avoid=self._coordinator_node if standby else None)
             options_node = affinity(node, soft=not hard)
 
         def make(name: str) -> Any:
@@ -297,12 +217,60 @@ class ActorSet:
                 options["max_restarts"] = 0  # the driver re-creates it with the current layout
             options["max_concurrency"] = 1000
             options.update(options_node)
-            return _remote_coordinator_class().options(**options).remote(
+            return coordinator_class(standby).options(**options).remote(
                 self.coordinator_config)
 
-        self._names[COORDINATOR], handle = _create(coordinator_name(self.runtime), make,
-                                                   runtime=self.runtime, first=first)
+        suffix = "-standby" if standby else ""
+        name, handle = create(coordinator_name(self.runtime) + suffix, make,
+                               runtime=self.runtime, first=first)
+        if standby:
+            self._standby = (name, node, handle)
+        else:
+            self._names[COORDINATOR], self._coordinator_node = name, node
         return handle
+
+    def _keep_standby(self) -> None:
+        """A standby coordinator when node labels pin the coordinator (not waited for)."""
+        if (self._standby is not None or self.placement.coordinator_on_driver
+                or self._user_schedules()):
+            return
+        try:
+            self._start_coordinator(standby=True)
+        except Exception as exc:  # the runtime goes on without one
+            log.warning("%s: no standby coordinator: %s", self.runtime, exc)
+
+    def tend_standby(self) -> None:
+        """Between epochs: a standby that shares the coordinator's node (no other node
+        matched when it started: one was just lost, say), or none, is started on another
+        matching node once there is one. Looked for at most every ``STANDBY_CHECK`` s."""
+        standby, now = self._standby, time.monotonic()
+        if (self.placement.coordinator_on_driver or self._user_schedules()
+                or (standby is not None and standby[1] != self._coordinator_node)
+                or now - self._standby_looked < STANDBY_CHECK):
+            return
+        self._standby_looked = now
+        if standby is not None:
+            node, _ = coordinator_node(self._cluster(), self.placement,
+                                       self.coordinator_config.metastore or "sqlite:",
+                                       self.runtime, avoid=self._coordinator_node)
+            if node == self._coordinator_node:
+                return
+            self._standby = None
+            self.end([standby[2]])
+        self._keep_standby()
+
+    def _replace_coordinator(self, timeout: float) -> Any:
+        """The standby coordinator once it took over (unless its node is suspect); else,
+        or when it cannot, a new coordinator."""
+        if self._standby is not None:
+            (name, node, handle), self._standby = self._standby, None
+            if (node is None or not self._cluster().is_suspect(node)) and take_over(
+                    handle, self.coordinator_config, ping_timeout=self.ping_timeout,
+                    timeout=timeout):
+                self._names[COORDINATOR], self._coordinator_node = name, node
+                return handle
+            self.end([handle])
+        return self._start_coordinator()
 
     def _start_writer(self, sink: str, index: int, first: bool = False) -> Any:
         config = self.writer_configs[sink][index]
@@ -316,9 +284,9 @@ class ActorSet:
                 options["resources"] = resources
             if node is not None:
                 options.update(affinity(node, soft=False))
-            return _remote_writer_class().options(**options).remote(config)
+            return writer_class().options(**options).remote(config)
 
-        self._names[(sink, index)], handle = _create(
+        self._names[(sink, index)], handle = create(
             writer_name(self.runtime, sink, index), make, runtime=self.runtime, first=first)
         return handle
 
@@ -365,24 +333,81 @@ class ActorSet:
         return failed, [key for key, ref in refs.items() if ref not in ready]
 
     def _probe(self) -> list[Key]:
-        """The actors to replace: those whose ping failed (dead), and, when one did not
-        answer within ``ping_timeout`` and its node's raylet does not answer either,
-        every actor on that node (the node is lost: an actor there may still answer for
-        a moment, its process not yet ended, but it is doomed). Such a node is left out
-        of placement for a while. An actor that is only silent, on a node that answers,
-        is busy or being restarted by Ray: left alone. A result is reused for
-        ``ping_timeout`` seconds."""
+        """The actors to replace: those whose ping failed (dead), and every actor of a
+        lost node (left out of placement for a while): its raylet refuses connections, or
+        does not answer when an actor there was silent for ``ping_timeout`` (one there may
+        answer a moment longer, but it is doomed). An actor Ray's GCS says it is
+        (re)starting is not pinged (the ping would come back only once it is up); it, and
+        a silent one on a node that answers, are left alone (busy, or restarted by Ray).
+        A result is reused for ``ping_timeout`` seconds."""
         now = time.monotonic()
         if self._probed is not None and now - self._probed[0] < self.ping_timeout:
             return list(self._probed[1])
         handles = self._handles()
-        failed, quiet = self._ping(handles, self.ping_timeout)
         view = self._cluster()
-        lost = {node for node in {self.node_of(k) for k in failed + quiet}
-                if node is not None and node != view.driver_node and view.lost(node)}
+        starting = raystate.keys_in(self._handles(), raystate.STARTING)
+        self._starting = set(starting)
+        refused = {node for node in {self.node_of(k) for k in handles}
+                   if node is not None and node != view.driver_node and view.refuses(node)}
+        failed, quiet = self._ping({k: h for k, h in handles.items() if k not in starting
+                                    and self.node_of(k) not in refused}, self.ping_timeout)
+        lost = refused | {node for node in {self.node_of(k) for k in failed + quiet + starting}
+                          if node is not None and node != view.driver_node
+                          and node not in refused and view.lost(node)}
         replace = failed + [k for k in handles if k not in failed and self.node_of(k) in lost]
         self._probed = (time.monotonic(), replace)
         return replace
+
+    # ------------------------------------------------------------------ Ray's view
+
+    def starting_writers(self) -> frozenset[int]:
+        """Writer indexes (of any sink) whose actor Ray is still restarting or starting,
+        among those seen so (by a probe, or replaced by ``heal``): the GCS is asked only
+        while there are such writers, and forgets them once they are up."""
+        if not self._starting - {COORDINATOR}:
+            return frozenset()
+        now = set(raystate.keys_in(self._handles(), raystate.STARTING))
+        self._starting &= now
+        return frozenset(index for key in self._starting - {COORDINATOR} for _, index in [key])
+
+    def await_writers(self, indexes: frozenset[int], timeout: float) -> None:
+        """Wait (up to ``timeout``) until the writers of ``indexes`` answer a ping (a call
+        sent while Ray restarts an actor fails once the actor is back)."""
+        for sink, handles in self.writers.items():
+            for index in sorted(indexes):
+                ask(handles[index].ping.remote, what=f"writer {index} of {sink} starting",
+                    timeout=timeout, runtime=self.runtime)
+
+    def check_calls(self, refs: list[Any]) -> None:
+        """The quick check while the epoch driver waits for ``refs``:
+        ``RuntimeUnavailableError`` once an actor they went to is being restarted by Ray
+        (the call is lost: Ray fails it only after gathering the details of the death),
+        sits on a node whose raylet refuses connections, or is the coordinator and dead.
+        One or two GCS requests, a connection to each node's raylet."""
+        handles = self._handles()
+        keys = raystate.targeted(handles, refs)
+        if not keys:
+            return
+        view = self._cluster()
+        lost = [key for key in keys if (node := self.node_of(key)) is not None
+                and node != view.driver_node and view.refuses(node)]
+        restarting = raystate.keys_in({k: handles[k] for k in keys}, raystate.RESTARTING)
+        self._starting.update(restarting)
+        if COORDINATOR in keys and raystate.state_of(self.coordinator) == "DEAD":
+            restarting.append(COORDINATOR)  # Ray does not restart it: the driver replaces it
+        if lost or restarting:
+            names = [self._names.get(k, str(k)) for k in lost + restarting]
+            raise RuntimeUnavailableError(
+                f"{', '.join(names)} lost its process (restarting, or its node is gone) "
+                "with calls of this attempt: the attempt is given up", runtime=self.runtime)
+
+    def waitable(self, refs: list[Any]) -> tuple[list[Any], list[Any]]:
+        """Calls of a failed attempt that end soon (to a current actor that is up), and
+        the others (to one replaced since, or (re)starting); asks the GCS afresh."""
+        handles = self._handles()
+        self._starting.update(raystate.keys_in(handles, raystate.STARTING))
+        return raystate.split_calls(refs, [h for k, h in handles.items()
+                                           if k not in self._starting])
 
     def check_responsive(self) -> None:
         """``RuntimeUnavailableError`` naming the actors to replace (dead, or on a lost
@@ -399,36 +424,41 @@ class ActorSet:
     def watching(self) -> AbstractContextManager[None]:
         """Within the block, waits of the epoch driver end with ``RuntimeUnavailableError``
         as soon as an actor stops answering (see ``raysink.driver.calls.watched``)."""
-        return watched(self.check_responsive)
+        return watched(self.check_responsive, self.check_calls)
 
-    def heal(self, timeout: float = 60.0) -> list[str]:
-        """Replace every dead actor, and every actor of a lost node, by a new
-        incarnation, and wait (up to ``timeout``) until the new ones answer. Returns the
-        names of what was replaced. One heal at a time (a second one probes again)."""
+    def heal(self, timeout: float = 60.0, *, writers: bool = False) -> list[str]:
+        """Replace every dead actor, and every actor of a lost node, by a new incarnation
+        (the standby takes a coordinator's place), and wait (up to ``timeout``) until a
+        new coordinator answers; new writers too with ``writers`` (else the epoch driver
+        goes around a writer still starting, or waits for it). Returns what was replaced.
+        One heal at a time (a second one probes again)."""
         with self._healing:
-            return self._heal(timeout)
+            return self._heal(timeout, writers)
 
-    def _heal(self, timeout: float) -> list[str]:
+    def _heal(self, timeout: float, writers: bool) -> list[str]:
         silent = self._probe()
         if not silent:
             return []
         self._retire(silent)
         self.metrics.replaced("coordinator" if key == COORDINATOR else "writer" for key in silent)
         if COORDINATOR in silent:
-            self.coordinator = self._start_coordinator()
-        writers = [key for key in silent if key != COORDINATOR]
-        for index in sorted({index for _, index in writers}):
+            self.coordinator = self._replace_coordinator(timeout)
+        new = [key for key in silent if key != COORDINATOR]
+        for index in sorted({index for _, index in new}):
             node = self._index_nodes.get(index)
             if node is None or self._cluster().is_suspect(node):
                 self._index_nodes[index] = self._choose_node(index)
-        for sink, index in writers:
+        for sink, index in new:
             self.writers[sink][index] = self._start_writer(sink, index)
         self._probed = None
+        self._starting.update(new)
         replaced = [self._names[key] for key in silent]
-        late = self._await_answers({k: h for k, h in self._handles().items() if k in silent},
+        awaited = silent if writers else [k for k in silent if k == COORDINATOR]
+        late = self._await_answers({k: h for k, h in self._handles().items() if k in awaited},
                                    timeout)
         log.warning("%s: replaced actors that did not answer: %s%s", self.runtime, replaced,
                     f" (not answering yet: {late})" if late else "")
+        self._keep_standby()
         return replaced
 
     def _retire(self, keys: list[Key]) -> None:
@@ -447,7 +477,7 @@ class ActorSet:
         for key in keys:
             name = self._names.get(key)
             if name is not None:
-                _await_name_free(name, max(0.0, deadline - time.monotonic()))
+                await_name_free(name, max(0.0, deadline - time.monotonic()))
 
     # ------------------------------------------------------------------ rescale
 
@@ -506,7 +536,7 @@ class ActorSet:
                 log.debug("kill: %s", exc)
         names, self._retired_names[:] = list(self._retired_names), []
         for name in names:
-            _await_name_free(name)
+            await_name_free(name)
 
     # ------------------------------------------------------------------ calls, stop
 
@@ -529,9 +559,10 @@ class ActorSet:
         closes its sinks and meta store), so ending the processes drops nothing open.
         (Ray frees the name of a killed actor at once, of one that exits on its own only
         seconds later.)"""
-        self.end([self.coordinator, *self.all_writers()])
-        for name in self._names.values():
-            _await_name_free(name)
+        standby, self._standby = self._standby, None
+        self.end([self.coordinator, *self.all_writers(), standby and standby[2]])
+        for name in [*self._names.values(), *(standby[:1] if standby else [])]:
+            await_name_free(name)
         self.coordinator = None
         self.writers = {}
 
@@ -544,9 +575,3 @@ def _answered(ref: Any) -> bool:
     except Exception:
         return False
     return True
-
-
-def _await_name_free(name: str, seconds: float = _NAME_RELEASE_SECONDS) -> None:
-    deadline = time.monotonic() + seconds
-    while _exists(name) and time.monotonic() < deadline:
-        time.sleep(0.05)

@@ -126,6 +126,7 @@ class ClusterView:
         self._driver_node = driver_node
         self._fixed = None if nodes is None else list(nodes)
         self._suspects = _suspects if suspects is None else suspects
+        self._rows: tuple[float, dict[str, Mapping[str, Any]]] | None = None
 
     @property
     def driver_node(self) -> str:
@@ -176,6 +177,24 @@ class ClusterView:
             self.suspect(node)
         return gone
 
+    def refuses(self, node: str) -> bool:
+        """Whether ``node``'s raylet refuses a connection now (nothing listens on its port:
+        the node is lost, and becomes suspect). Unlike ``lost``, a slow answer does not
+        count and Ray's node list is read at most every ``REACH_TTL`` seconds, so this is
+        cheap enough to ask while waiting for every call."""
+        row = self._row(node)
+        if row is None or not _raylet_refuses(row):
+            return False
+        self.suspect(node)
+        return True
+
+    def _row(self, node: str) -> Mapping[str, Any] | None:
+        now = time.monotonic()
+        if self._rows is None or now - self._rows[0] >= REACH_TTL or node not in self._rows[1]:
+            rows = self._fixed if self._fixed is not None else _ray_nodes()
+            self._rows = (now, {str(r["NodeID"]): r for r in rows})
+        return self._rows[1].get(node)
+
     def is_suspect(self, node: str) -> bool:
         with _lock:
             return node in self._suspects
@@ -207,12 +226,13 @@ def affinity(node: str, *, soft: bool) -> dict[str, Any]:
 
 
 def coordinator_node(view: ClusterView, placement: Placement, metastore: str,
-                     runtime: str) -> tuple[str, bool]:
+                     runtime: str, avoid: str | None = None) -> tuple[str, bool]:
     """The coordinator's node and whether the affinity is hard.
 
     On the driver's node by default; hard there with SQLite on more than one node (with
-    a warning), soft otherwise. Labels: the first matching node, hard; refused with the
-    SQLite meta store on a cluster (its file is on the driver's node)."""
+    a warning), soft otherwise. Labels: the first matching node other than ``avoid``
+    (``avoid`` when no other matches), hard; refused with the SQLite meta store on a
+    cluster (its file is on the driver's node)."""
     nodes = view.size()
     sqlite = is_sqlite(metastore)
     if placement.coordinator_on_driver:
@@ -231,7 +251,7 @@ def coordinator_node(view: ClusterView, placement: Placement, metastore: str,
             f"the driver's node, but the meta store {metastore} is a SQLite file on the "
             "driver's node: use a PostgreSQL meta store (metastore='postgresql://...') or "
             "coordinator='driver'", runtime=runtime)
-    return view.choose({}, labels, {}), True
+    return view.choose({avoid: 1} if avoid else {}, labels, {}), True
 
 
 def _raylet_answers(row: Mapping[str, Any], *, fresh: bool = False) -> bool:
@@ -253,6 +273,21 @@ def _raylet_answers(row: Mapping[str, Any], *, fresh: bool = False) -> bool:
     with _lock:
         _reached[node] = (time.monotonic(), answered)
     return answered
+
+
+def _raylet_refuses(row: Mapping[str, Any]) -> bool:
+    """Whether the node's raylet port refuses a connection now (a row without an address,
+    in tests, never does). A connection that is slow to open does not count."""
+    address, port = row.get("NodeManagerAddress"), row.get("NodeManagerPort")
+    if not address or not port:
+        return False
+    try:
+        with socket.create_connection((str(address), int(port)), timeout=REACH_TIMEOUT):
+            return False
+    except ConnectionRefusedError:
+        return True
+    except OSError:
+        return False
 
 
 def _ray_nodes() -> list[dict[str, Any]]:

@@ -26,7 +26,7 @@ from raysink.protocol.clients import WriterClient
 from raysink.protocol.pull import resolve
 from raysink.protocol.vnodes import Bitmap, split_by_writer
 
-__all__ = ["FeedPlan", "plan_arrow", "plan_refs", "send"]
+__all__ = ["FeedPlan", "around", "plan_arrow", "plan_refs", "send"]
 
 log = logging.getLogger(__name__)
 
@@ -50,13 +50,15 @@ class FeedPlan:
     A retry of the epoch replays the items already produced, then goes on consuming the
     source; so a source that yields partitions as they become fetchable is read once.
     ``owned``: the refs the plan put in the object store itself (``renew`` puts them
-    again).
+    again). ``movable``: no routing key placed the items, so any writer may take any of
+    them (``send`` can go around a writer).
     """
 
     def __init__(self, items: Iterable[tuple[int, Any]], rows: int | None,
                  keep: Sequence[Any] = (), schema: pa.Schema | None = None,
-                 owned: Iterable[Any] = ()) -> None:
+                 owned: Iterable[Any] = (), movable: bool = False) -> None:
         self.rows = rows
+        self.movable = movable
         self.schema = schema  # of the local tables, when there were any
         self.keep = list(keep)
         self._seen: list[tuple[int, Any]] = []
@@ -173,7 +175,7 @@ def plan_arrow(data: Any, *, writers: int, key: Sequence[str] | None,
         else:
             rows = None
             turn = _place_ref(item, placed, writers, key, bitmaps, turn)
-    return FeedPlan(placed, rows, schema=schema, owned=owned)
+    return FeedPlan(placed, rows, schema=schema, owned=owned, movable=not key)
 
 
 def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
@@ -190,7 +192,7 @@ def plan_refs(refs: Iterable[Any], *, writers: int, key: Sequence[str] | None,
             turn = _place_ref(ref, placed, writers, key, bitmaps, turn)
             yield from placed
 
-    return FeedPlan(items(), rows)
+    return FeedPlan(items(), rows, movable=not key)
 
 
 def _place_table(table: pa.Table, placed: list[tuple[int, Any]], writers: int,
@@ -282,6 +284,7 @@ def send(
     checkpoint_id: int,
     shuffle: random.Random | None = None,
     on_rows: Callable[[int], None] | None = None,
+    avoid: frozenset[int] = frozenset(),
 ) -> Barriers:
     """Send the plan's writes (feed 0, the driver) with a credit window, then every
     writer's barrier.
@@ -289,13 +292,16 @@ def send(
     Returns the barriers: a ref per writer that received data (each resolves to its
     ``BarrierAck`` once it pre-committed), and the writers that received nothing.
     With ``shuffle`` the writes go in a random order (tests prove the writer's reordering).
+    ``avoid``: writer indexes that get nothing (a movable plan only: their items go to the
+    other writers in turn); they are idle in the attempt.
     """
     sender = Sender(writers, epoch=epoch, attempt=attempt, credits=credits, on_rows=on_rows)
+    items = around(plan, avoid, len(sender.seqs)) if plan.movable else iter(plan)
     if shuffle is None:
-        for k, ref in plan:
+        for k, ref in items:
             sender.send(k, ref)
     else:
-        numbered = [(sink, k, seq, ref) for k, ref in plan
+        numbered = [(sink, k, seq, ref) for k, ref in items
                     for seq in [sender.number(k)] for sink in writers]
         shuffle.shuffle(numbered)
         for sink, k, seq, ref in numbered:
@@ -309,6 +315,18 @@ def send(
               if seqs[k]],
         idle=[(sink, k) for sink, handles in writers.items() for k in range(len(handles))
               if not seqs[k]])
+
+
+def around(items: Iterable[tuple[int, Any]], avoid: frozenset[int],
+           writers: int) -> Iterator[tuple[int, Any]]:
+    """The items, those for a writer in ``avoid`` given to the other writers in turn
+    (unchanged when every writer is in ``avoid``)."""
+    others = [k for k in range(writers) if k not in avoid]
+    turn = 0
+    for k, ref in items:
+        if k in avoid and others:
+            k, turn = others[turn % len(others)], turn + 1
+        yield k, ref
 
 
 @dataclass(frozen=True, slots=True)

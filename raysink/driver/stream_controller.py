@@ -229,8 +229,9 @@ class StreamController:
     def _recover(self, why: str) -> None:
         """Heal, give up what was not decided, and have the stream go on after the last
         decided epoch at the current coordinator (taking the stream over to a successor
-        when it does not know it)."""
-        self._actors.heal()
+        when it does not know it). New writers are waited for: the producers replay into
+        them at once, and their process ids are taken before."""
+        self._actors.heal(writers=True)
         epoch = self._give_up_undecided()
         writers = self._actors.writers
         if [h for hs in writers.values() for h in hs] != self._routed:
@@ -240,13 +241,16 @@ class StreamController:
         state: StreamState = ask(
             self._actors.coordinator_client.stream_rewind(epoch, self._commit_timeout,
                                           self._record, writers),
-            what="rewinding the stream", runtime=self._driver.name, heal=self._actors.heal,
+            what="rewinding the stream", runtime=self._driver.name, heal=self._heal,
             timeout=2 * self._commit_timeout)
         self._record = dataclasses.replace(state, feeds=self._ids, route=self.route)
         self._open, self._pids = (state.epoch, state.attempt), pids
         self._actors.metrics.rewound()
         log.info("%s: stream rewound after %s; it goes on at epoch %s", self._driver.name,
                  why, state.epoch)
+
+    def _heal(self) -> list[str]:
+        return self._actors.heal(writers=True)
 
     def _give_up_undecided(self) -> int:
         """Resolve the epoch in flight (a decided one rolls forward) and give up, at the

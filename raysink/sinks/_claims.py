@@ -15,6 +15,8 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from raysink.sinks._files import fsync_dir
+
 __all__ = ["claim", "claimant"]
 
 
@@ -25,11 +27,7 @@ def claim(path: Path, decision: str) -> str:
         os.symlink(decision, path)
     except FileExistsError:
         return os.readlink(path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_dir(path.parent)
     return decision
 
 

@@ -102,32 +102,14 @@ class _ManifestRequired(TypedDict):
 
 class Manifest(_ManifestRequired, total=False):
     """What one writer staged for one epoch attempt: small and JSON-serialisable (the meta
-    store keeps it as JSON). ``writer`` and ``rows`` always; the rest as the sink needs."""
+    store keeps it as JSON). ``writer`` and ``rows`` always; the rest as the sink needs.
+    A sink's own keys live in its own ``TypedDict`` extending this one (``FilesManifest``
+    of the file-based sinks, ``PostgresManifest``, ``KafkaManifest``)."""
 
     epoch: int
     attempt: int
     bytes: int
-    # file-based sinks: the staged files (path, rows, size...; "schema": the file's own
-    # schema, encoded, when it is not the manifest's: its writer's batches changed schema
-    # within the epoch)
-    files: list[dict[str, Any]]
     schema: str | None  # the schema the writer wrote (raysink._schema.encode), if any
-    # PostgresSink: its commit method, the epoch's columns and their types, and what it
-    # staged: a token (staging) or a prepared transaction (prepared)
-    method: str
-    columns: list[str]
-    types: dict[str, str] | None
-    token: int | None
-    gid: str | None
-    # PostgresSink with schema_evolution="add_columns": the writer's own stage table holding
-    # every row it wrote in the attempt (the commit alters the target, then moves them in)
-    evolving: str | None
-    # KafkaSink: the writer's transactional id, its actor's Ray name, the data topic and
-    # the offsets its records got per partition ([[first, count], ...] per partition)
-    txn: str
-    actor: str | None
-    topic: str
-    runs: dict[str, list[list[int]]]
 
 
 class CommitResult(enum.Enum):

@@ -22,7 +22,7 @@ from raysink.errors import (
     ConfigError,
     SinkUnavailableError,
 )
-from raysink.sinks._staging import write_durably
+from raysink.sinks._files import write_durably
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 _F = TypeVar("_F", bound="FailingSink")

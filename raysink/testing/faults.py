@@ -10,6 +10,7 @@ from typing import Any, Literal
 
 from raysink._faults import (
     HANDOFF_POINTS,
+    LIFECYCLE_POINTS,
     POINTS,
     SINK_POINTS,
     _arm_path,
@@ -18,7 +19,7 @@ from raysink._faults import (
 from raysink.errors import (
     ConfigError,
 )
-from raysink.sinks._staging import write_durably
+from raysink.sinks._files import write_durably
 
 FaultAction = Literal["kill", "raise", "sleep"]
 
@@ -39,9 +40,9 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    if point not in POINTS + HANDOFF_POINTS + SINK_POINTS:
-        raise ConfigError(f"unknown fault point {point!r}; one of "
-                          f"{POINTS + HANDOFF_POINTS + SINK_POINTS}")
+    points = POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS
+    if point not in points:
+        raise ConfigError(f"unknown fault point {point!r}; one of {points}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:
@@ -59,7 +60,7 @@ def disarm_faults(runtime: str) -> None:
     fault injection is off."""
     if not enabled():
         return
-    for point in POINTS + HANDOFF_POINTS:
+    for point in POINTS + HANDOFF_POINTS + LIFECYCLE_POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)

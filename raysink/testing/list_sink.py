@@ -3,9 +3,7 @@ file (the data and the marker at once); works across processes."""
 
 from __future__ import annotations
 
-import contextlib
 import os
-import shutil
 import uuid
 from collections.abc import Sequence
 from pathlib import Path, PurePosixPath
@@ -23,7 +21,7 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks._staging import write_durably
+from raysink.sinks._files import FilesManifest, files_manifests, rmtree, write_durably
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 
@@ -38,10 +36,6 @@ def _read_ipc(path: Path) -> pa.Table:
     with pa.memory_map(str(path)) as source:
         return pa.ipc.open_file(source).read_all()
 
-
-def _rmtree(path: Path) -> None:
-    with contextlib.suppress(FileNotFoundError):
-        shutil.rmtree(path)
 
 
 # --------------------------------------------------------------------------- ListSink
@@ -123,7 +117,7 @@ class ListSink(Sink):
             hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
             write_durably(self._committed(epoch), _ipc_bytes(table))
             result = CommitResult.COMMITTED
-        _rmtree(self._staging(epoch))
+        rmtree(self._staging(epoch))
         return result
 
     def _read_staged(self, epoch: int, paths: list[Path],
@@ -149,7 +143,7 @@ class ListSink(Sink):
         """Delete the listed staged files, or with ``None`` all of ``staging/<epoch>``.
         Idempotent."""
         if manifests is None:
-            _rmtree(self._staging(epoch))
+            rmtree(self._staging(epoch))
             return
         for path in self._staged_paths(epoch, manifests):
             path.unlink(missing_ok=True)
@@ -187,7 +181,7 @@ class ListSink(Sink):
     def _staged_paths(self, epoch: int, manifests: Sequence[Manifest]) -> list[Path]:
         staging = self._staging(epoch)
         paths = []
-        for manifest in manifests:
+        for manifest in files_manifests(manifests):
             for staged in manifest.get("files", []):
                 relative = staged.get("path")
                 pure = PurePosixPath(str(relative))
@@ -248,7 +242,7 @@ class ListSinkWriter(SinkWriter):
             tables = [pa.Table.from_batches([b]) for b in self._batches]
             write_durably(path, _ipc_bytes(pa.concat_tables(tables, promote_options="permissive")))
             files.append({"path": path.relative_to(self._sink.directory).as_posix()})
-        manifest: Manifest = {"writer": self._writer_id, "files": files, "rows": rows}
+        manifest: FilesManifest = {"writer": self._writer_id, "files": files, "rows": rows}
         self._batches, self._last = [], ((epoch, attempt), manifest)
         return manifest
 

@@ -96,6 +96,8 @@ class SinkWriterActor:
     """Named ``<runtime>.<sink>.writer-<i>`` in the ``raysink`` namespace."""
 
     def __init__(self, config: WriterConfig) -> None:
+        _faults.hit("writer.start", runtime=config.runtime, writer=config.writer_id,
+                    sink=config.sink_name)
         self._config = config
         self._writer = config.sink.create_writer(config.writer_id)
         self._lock = threading.Lock()

@@ -42,7 +42,14 @@ from tests.chaos.faults import (
 )
 from tests.chaos.plan import TrialSpec
 from tests.chaos.streams import StreamRun, expected_rows
-from tests.chaos.targets import build_sinks, commit_order, epoch_table, read_target, sink_specs
+from tests.chaos.targets import (
+    build_sinks,
+    commit_order,
+    epoch_table,
+    order_problems,
+    read_target,
+    sink_specs,
+)
 from tests.chaos.ways import ProducerFailed, WayIn
 
 __all__ = ["TrialEnv", "TrialResult", "run_trial"]
@@ -57,11 +64,13 @@ _FEED_TIMEOUT = 5.0  # a killed producer is found lost this soon
 
 @dataclass(kw_only=True)
 class TrialEnv:
-    """What trials share: a directory per trial, the Ray cluster, the PostgreSQL server."""
+    """What trials share: a directory per trial, the Ray cluster, the PostgreSQL server,
+    the Kafka broker (``tests.support.kafka.KafkaBroker``)."""
 
     root: Path
     ray_address: str
     pg: Any = None
+    kafka: Any = None
     spark: Any = None
     restart_spark: Any = None  # returns a fresh shared Spark session
 
@@ -76,6 +85,8 @@ class TrialResult:
     notes: list[str] = field(default_factory=list)
     checks: list[Check] = field(default_factory=list)
     failure: str | None = None
+    phases: dict[str, float] = field(default_factory=dict)
+    """Seconds from the trial's start to the end of each of its phases (where it spends)."""
 
     @property
     def ok(self) -> bool:
@@ -85,6 +96,7 @@ class TrialResult:
         return {"spec": self.spec, "fired": self.fired,
                 "recovery_seconds": self.recovery_seconds, "seconds": self.seconds,
                 "errors": self.errors, "notes": self.notes, "failure": self.failure,
+                "phases": self.phases,
                 "checks": [c.as_dict() for c in self.checks]}
 
 
@@ -119,6 +131,11 @@ class _Trial:
         self.way = WayIn(spec, env, self.dir)
         self.stream: StreamRun | None = None
         self.fault_epoch = spec.fault_epoch  # a stream's: counted from its first data
+        self._t0 = time.monotonic()
+
+    def phase(self, name: str) -> None:
+        """Note that phase ``name`` ended now."""
+        self.result.phases[name] = round(time.monotonic() - self._t0, 3)
 
     # ------------------------------------------------------------------ set-up
 
@@ -128,6 +145,7 @@ class _Trial:
             self.specs = sink_specs(
                 self.spec.sink, self.dir, self.spec.name.replace("-", "_"), data_dir=data_dir,
                 pg_dsn=self.env.pg.dsn() if self.env.pg is not None else None,
+                kafka=self.env.kafka.bootstrap if self.env.kafka is not None else None,
                 two_sinks=self.spec.two_sinks, stall=self._stall())
             if self.spec.fault == "driver_kill":
                 self._driver_kill()
@@ -138,6 +156,7 @@ class _Trial:
             else:
                 self._in_process()
             self._check()
+            self.phase("checked")
 
     @contextlib.contextmanager
     def _data_dir(self, fs: bool) -> Iterator[Path | None]:
@@ -232,34 +251,43 @@ class _Trial:
 
     def _in_process(self) -> None:
         rt = self.runtime().start()
+        self.phase("runtime started")
         try:
             for epoch in range(1, self.spec.epochs + 1):
                 if epoch == self.spec.fault_epoch:
                     self._faulted(rt, epoch, lambda e=epoch: self.write(rt, e))
                 else:
                     self.write(rt, epoch)
+                self.phase(f"epoch {epoch}")
             self._wait_all_committed(rt)
         finally:
             rt.close()
+            self.phase("runtime closed")
 
     def _streamed(self, rt: SinkRuntime | None = None) -> None:
         """The stream's producers write while the fault happens; then it drains."""
         rt = rt or self.runtime().start()
+        self.phase("runtime started")
         try:
             self.stream = stream = StreamRun(rt, self.dir, self.spec.extra["stream"])
+            self.phase("producers started")
             if self.spec.fault == "driver_kill":
                 stream.run()
             else:
                 thread, box = run_in_thread(stream.run)
                 first = stream.first_data_epoch(120.0, box)
+                self.phase("first data")
                 # the fault comes in the next epoch or the one after (one the producers
                 # certainly write into, none sealed before the fault is armed)
                 self.fault_epoch = (first or 0) + 1 + (self.spec.fault_epoch - 1) % 2
                 self._faulted(rt, self.fault_epoch, lambda: self._join(thread, box))
+            self.phase("producers done")
         finally:
             rt.close()
+            self.phase("runtime closed")
             if self.stream is not None:
                 self.stream.stop()
+                self.phase("producers stopped")
         self.result.notes.append(f"stream: {self.stream.outcomes}, producer restarts "
                                  f"{self.stream.restarts}")
         if self.fault_at is not None:
@@ -280,6 +308,8 @@ class _Trial:
             self._producer_kill(work)
         elif kind == "pg_restart":
             self._pg_restart(work)
+        elif kind == "broker_restart":
+            self._broker_restart(work)
         elif kind in ("fs_readonly", "fs_full"):
             if self.stream is not None:
                 self._filesystem_stream(rt, work)
@@ -374,6 +404,23 @@ class _Trial:
         def restart() -> str:
             pg.restart("immediate")
             return "postgres crash-restarted"
+
+        if self.spec.point is None:
+            self._after_delay(work, restart)
+        else:
+            self._point_then(work, restart)
+
+    # ------------------------------------------------------------------ Kafka broker restart
+
+    def _broker_restart(self, work: Callable[[], Any]) -> None:
+        """SIGKILL the broker's JVM and start it again on the same port and directory:
+        ``delay`` seconds into the epoch, or while the epoch is held at the trial's point
+        (a write in progress, or a decided epoch whose transactions are not committed)."""
+        broker = self.env.kafka
+
+        def restart() -> str:
+            took = broker.restart(kill=True)
+            return f"kafka broker SIGKILLed and restarted ({took:.1f} s)"
 
         if self.spec.point is None:
             self._after_delay(work, restart)
@@ -504,5 +551,6 @@ class _Trial:
         for name, spec in self.specs.items():
             rows = read_target(spec, self.env.pg)
             order = commit_order(spec, self.spec.name, name, self.env.pg)
-            self.result.checks.append(check(name, rows, expected, order,
-                                            must_commit=must_commit))
+            outcome = check(name, rows, expected, order, must_commit=must_commit)
+            outcome.problems += order_problems(spec, epochs=self.spec.via != "stream")
+            self.result.checks.append(outcome)

@@ -16,9 +16,10 @@ way in             how the trial's data reaches the runtime
                    following the producer's contract; the runtime cuts the epochs
 =================  ==========================================================================
 
-The mix repeats in blocks of 20 trials (21 from the second block on, with one
-``node_loss``), shuffled per block; each block holds every fault kind, producer kills on
-each producer way in, and writer and coordinator kills during streams and Ray Data writes:
+The mix repeats in blocks of 20 trials (23 from the second block on, with one
+``node_loss`` and two ``broker_restart``), shuffled per block; each block holds every
+fault kind, producer kills on each producer way in, and writer and coordinator kills
+during streams and Ray Data writes:
 
 =====================  ====  ============================================================
 kind                   /20   what happens (the ways in it is drawn with)
@@ -49,7 +50,19 @@ kind                   /20   what happens (the ways in it is drawn with)
                              mid-epoch (at a protocol point or after a delay); one per
                              block from the second block on (arrow; ``make chaos`` runs
                              them, the default sample never starts a cluster)
+``broker_restart``      (2)  the Kafka broker's JVM is SIGKILLed and started again on the
+                             same port and directory: once mid-epoch (after a delay, or
+                             while a writer is held writing), once mid-commit (the epoch
+                             held decided at ``kafka.before_finish``,
+                             ``coordinator.after_pending`` or ``sink.mid_commit``); two
+                             per block from the second block on (a Kafka target, any way
+                             in; the default sample never starts a broker)
 =====================  ====  ============================================================
+
+Targets: a trial's ``main`` sink is Parquet, Delta, Iceberg or PostgreSQL (a kind's own
+faults choose among those they apply to), taken in turn per fault kind; from the second
+block on also Kafka (a topic of the session's broker, read back by a ``read_committed``
+consumer), for every kind but ``stall_commit`` and ``node_loss``.
 
 The default sample of the test run (``sample``) is the first block's trials minus the
 costly ones: the ones that need a RayDP session (spark, foreach_batch, executor kills)
@@ -65,7 +78,8 @@ from typing import Any
 
 from raysink._faults import POINTS
 
-__all__ = ["BLOCK", "FAULT_KINDS", "WAYS_IN", "TrialSpec", "make_plan", "sample"]
+__all__ = ["BLOCK", "FAULT_KINDS", "LATER_BLOCKS", "WAYS_IN", "TrialSpec", "make_plan",
+           "sample"]
 
 WAYS_IN = ("arrow", "spark", "foreach_batch", "feeds", "datasink", "stream")
 SPARK_WAYS = ("spark", "foreach_batch")
@@ -88,8 +102,13 @@ BLOCK: tuple[tuple[str, str], ...] = (
     ("fs_readonly", _ANY), ("fs_full", _ANY), ("stall_commit", _ANY),
 )
 """One block of the mix: (fault kind, way in or how it is drawn)."""
-FAULT_KINDS = (*dict.fromkeys(kind for kind, _ in BLOCK), "node_loss")
-_FULL_RUN_ONLY = ("node_loss", "arrow")  # one per block, from the second block on
+LATER_BLOCKS: tuple[tuple[str, str], ...] = (
+    ("node_loss", "arrow"), ("broker_restart", _ANY), ("broker_restart", _ANY),
+)
+"""Added to every block from the second on (the default sample starts no cluster and no
+Kafka broker); the ``broker_restart`` trials alternate mid-epoch and mid-commit."""
+FAULT_KINDS = (*dict.fromkeys(kind for kind, _ in BLOCK),
+               *dict.fromkeys(kind for kind, _ in LATER_BLOCKS))
 _DRAWN = {"producers": ("feeds", "datasink", "stream"), "spark-ways": SPARK_WAYS,
           _ANY: WAYS_IN}
 _WEIGHTS = {"arrow": 3.0, "spark": 0.5, "foreach_batch": 0.5, "feeds": 1.5,
@@ -103,8 +122,15 @@ _SINKS_FOR = {
     "pg_restart": ("postgres",),
     "fs_readonly": ("parquet", "delta"),
     "fs_full": ("parquet", "delta"),
+    "broker_restart": ("kafka",),
 }
 _ALL_SINKS = ("parquet", "delta", "iceberg", "postgres")
+_LATER_SINKS = (*_ALL_SINKS, "kafka")
+_NO_KAFKA = ("stall_commit", "node_loss")
+"""Kinds that never write to Kafka: the stall wraps the sink in ``FailingSink``; the
+node-loss child cluster is a test of the runtime's placement, not of a target."""
+BROKER_MID_EPOCH = (None, "writer.during_write")
+BROKER_MID_COMMIT = ("kafka.before_finish", "coordinator.after_pending", "sink.mid_commit")
 
 
 @dataclass(kw_only=True)
@@ -149,11 +175,18 @@ def make_plan(seed: int, trials: int) -> list[TrialSpec]:
     turns = random.Random(f"{seed}:sinks")
     sink_turns = {k: turns.randrange(4) for k in FAULT_KINDS}
     specs: list[TrialSpec] = []
+    restarts = 0
     for index, (kind, via) in enumerate(items[:trials]):
-        options = _SINKS_FOR.get(kind, _ALL_SINKS)
+        later = index >= len(BLOCK) and kind not in _NO_KAFKA
+        options = _SINKS_FOR.get(kind, _LATER_SINKS if later else _ALL_SINKS)
         sink = options[sink_turns[kind] % len(options)]
         sink_turns[kind] += 1
-        specs.append(_trial(random.Random(f"{seed}:{index}"), seed, index, kind, sink, via))
+        variant = None
+        if kind == "broker_restart":
+            variant = "mid_commit" if restarts % 2 else "mid_epoch"
+            restarts += 1
+        specs.append(_trial(random.Random(f"{seed}:{index}"), seed, index, kind, sink, via,
+                            variant=variant))
     return specs
 
 
@@ -168,10 +201,20 @@ def _items(seed: int, trials: int) -> list[tuple[str, str]]:
     items: list[tuple[str, str]] = []
     while len(items) < trials:
         block = _block(shuffler)
-        if items:  # every block but the first (the default sample stays on one node)
-            block.insert(shuffler.randrange(len(block) + 1), _FULL_RUN_ONLY)
+        if items:  # every block but the first (the default sample: one node, no broker)
+            for kind, how in LATER_BLOCKS:
+                block.insert(shuffler.randrange(len(block) + 1),
+                             (kind, _draw(shuffler, how)))
         items.extend(block)
     return items
+
+
+def _draw(rng: random.Random, how: str) -> str:
+    """The way in ``how`` names, or one drawn from the ways it stands for."""
+    if how not in _DRAWN:
+        return how
+    options = _DRAWN[how]
+    return rng.choices(options, weights=[_WEIGHTS[w] for w in options])[0]
 
 
 def _block(rng: random.Random) -> list[tuple[str, str]]:
@@ -181,20 +224,13 @@ def _block(rng: random.Random) -> list[tuple[str, str]]:
     ways = iter(rotating)
     block: list[tuple[str, str]] = []
     for kind, how in BLOCK:
-        if how == _ROTATE:
-            via = next(ways)
-        elif how in _DRAWN:
-            options = _DRAWN[how]
-            via = rng.choices(options, weights=[_WEIGHTS[w] for w in options])[0]
-        else:
-            via = how
-        block.append((kind, via))
+        block.append((kind, next(ways) if how == _ROTATE else _draw(rng, how)))
     rng.shuffle(block)
     return block
 
 
 def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str,
-           via: str) -> TrialSpec:
+           via: str, *, variant: str | None = None) -> TrialSpec:
     epochs = rng.randint(3, 4)
     spec = TrialSpec(
         index=index, seed=seed,
@@ -205,7 +241,7 @@ def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str,
         pieces=[rng.randint(1, 3) for _ in range(epochs)],
         fault_epoch=rng.randint(1, epochs), flush_interval=rng.choice([0.2, 0.5, 1.0]),
         two_sinks=rng.random() < 0.2, pg_metastore=sink == "postgres" and rng.random() < 0.3,
-        via=via)
+        via=via, variant=variant)
     if spec.fault_epoch == epochs:  # one more epoch, to see the runtime go on after it
         spec.epochs += 1
         spec.rows.append(rng.randint(1, 500))
@@ -262,6 +298,8 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
                       "commit_timeout": rng.choice([0.5, 30.0])}
     elif kind == "node_loss":
         _node_loss(rng, spec)
+    elif kind == "broker_restart":
+        _broker_restart(rng, spec)
     elif kind == "driver_kill":
         spec.point = rng.choice([None, None, "writer.after_pre_commit",
                                  "coordinator.after_pending", "sink.mid_commit"])
@@ -270,7 +308,8 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         spec.writer = 0
     if spec.via == "stream" and kind == "driver_kill":
         spec.point = None  # killed once the producers write: a stream's epochs are its own
-    if spec.via == "stream" and kind in ("random_kill", "driver_kill"):
+    if spec.via == "stream" and (kind in ("random_kill", "driver_kill") or (
+            kind == "broker_restart" and spec.point is None)):
         spec.delay = round(rng.uniform(0.3, 1.5), 3)  # into the stream, not into an epoch
 
 
@@ -288,6 +327,17 @@ def _producer_kill(rng: random.Random, spec: TrialSpec) -> None:
         return
     spec.delay = round(rng.uniform(0.0, 0.3), 3)
     spec.rows[spec.fault_epoch - 1] = max(60, spec.rows[spec.fault_epoch - 1])
+
+
+def _broker_restart(rng: random.Random, spec: TrialSpec) -> None:
+    """Mid-epoch: ``delay`` seconds into the fault epoch's write, or while writer
+    ``writer`` is held writing it; mid-commit: while the decided epoch is held at a
+    point of its commit."""
+    points = BROKER_MID_COMMIT if spec.variant == "mid_commit" else BROKER_MID_EPOCH
+    spec.point = rng.choice(points)
+    spec.victim, spec.how = "broker", "sigkill"
+    spec.writer = rng.randrange(2)
+    spec.delay = round(rng.uniform(0.0, 0.3), 3)
 
 
 def _node_loss(rng: random.Random, spec: TrialSpec) -> None:

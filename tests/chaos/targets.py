@@ -5,13 +5,20 @@ function runs in the test process and in a driver subprocess). ``read_target`` r
 rows readers see (``id``, ``epoch``, ``feed``) and ``commit_order`` the epochs in the order
 the target recorded their commits: the Parquet commit log (by ``committed_at``), Delta
 versions (their ``txn`` actions), Iceberg snapshots (by sequence number), PostgreSQL
-progress rows (by ``committed_at``).
+progress rows (by ``committed_at``), the epoch records of a Kafka sink's progress topic
+(by offset).
+
+A Kafka target (``kafka``) is a topic of the session's broker, named after the trial, keyed
+by ``payload`` over three partitions; it is read back record by record by a
+``read_committed`` consumer, each record's row from its JSON value. ``order_problems``
+adds what only Kafka can get wrong: a partition whose records are not in epoch order.
 """
 
 from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
@@ -19,11 +26,13 @@ import pyarrow as pa
 
 from raysink.sinks.base import Sink
 
-__all__ = ["KINDS", "build_sinks", "commit_order", "epoch_table", "read_target", "sink_specs"]
+__all__ = ["KINDS", "build_sinks", "commit_order", "epoch_table", "order_problems",
+           "read_target", "sink_specs"]
 
-KINDS = ("parquet", "delta", "iceberg", "postgres")
+KINDS = ("parquet", "delta", "iceberg", "postgres", "kafka")
 COLUMNS = ["id", "epoch", "feed"]
 ID_BASE = 1_000_000
+_KAFKA_TIMEOUT = 90.0
 
 
 def epoch_table(epoch: int, rows: int, feed: int) -> pa.Table:
@@ -38,10 +47,11 @@ def epoch_table(epoch: int, rows: int, feed: int) -> pa.Table:
 
 
 def sink_specs(kind: str, trial_dir: Path, table: str, *, data_dir: Path | None = None,
-               pg_dsn: str | None = None, two_sinks: bool = False,
+               pg_dsn: str | None = None, kafka: str | None = None, two_sinks: bool = False,
                stall: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """JSON-able descriptions of the trial's sinks: ``main`` of ``kind``, and optionally a
-    Parquet ``copy``. ``data_dir`` holds file targets (a tmpfs in filesystem trials)."""
+    Parquet ``copy``. ``data_dir`` holds file targets (a tmpfs in filesystem trials);
+    ``kafka`` is the broker's bootstrap address (the topic is ``table``)."""
     root = data_dir or trial_dir
     main: dict[str, Any] = {"kind": kind}
     if kind == "parquet":
@@ -55,6 +65,9 @@ def sink_specs(kind: str, trial_dir: Path, table: str, *, data_dir: Path | None 
     elif kind == "postgres":
         main["dsn"] = pg_dsn
         main["table"] = table
+    elif kind == "kafka":
+        main["bootstrap"] = kafka
+        main["topic"] = table
     if stall:
         main["stall"] = {**stall, "state_dir": str(trial_dir / "failing")}
     specs = {"main": main}
@@ -83,6 +96,12 @@ def _build_one(spec: Mapping[str, Any]) -> Sink:
         from raysink.sinks import PostgresSink
 
         sink = PostgresSink(spec["dsn"], spec["table"])
+    elif kind == "kafka":
+        from raysink.sinks import KafkaSink
+
+        # a restarted broker takes 10-20 s to answer: the sink's calls wait that long
+        sink = KafkaSink(spec["bootstrap"], spec["topic"], key="payload", partitions=3,
+                         timeout=_KAFKA_TIMEOUT)
     else:
         raise ValueError(f"unknown sink kind {kind!r}")
     stall = spec.get("stall")
@@ -116,6 +135,8 @@ def read_target(spec: Mapping[str, Any], pg: Any = None) -> pa.Table:
         return _read_delta(spec["path"])
     if kind == "iceberg":
         return _read_iceberg(spec)
+    if kind == "kafka":
+        return _read_kafka(spec)
     return _read_postgres(spec, pg)
 
 
@@ -174,6 +195,41 @@ def _read_postgres(spec: Mapping[str, Any], pg: Any) -> pa.Table:
                      "feed": pa.array([r[2] for r in rows], pa.int32())})
 
 
+def _kafka_rows(spec: Mapping[str, Any]) -> tuple[list[Any], list[dict[str, Any]]]:
+    """The data topic's records as a ``read_committed`` consumer sees them, and their
+    rows (JSON values)."""
+    from tests.support.kafka import read_topic
+
+    messages = read_topic(spec["bootstrap"], spec["topic"], timeout=_KAFKA_TIMEOUT)
+    return messages, [json.loads(m.value()) for m in messages]
+
+
+def _read_kafka(spec: Mapping[str, Any]) -> pa.Table:
+    _, rows = _kafka_rows(spec)
+    return pa.table({"id": pa.array([int(r["id"]) for r in rows], pa.int64()),
+                     "epoch": pa.array([int(r["epoch"]) for r in rows], pa.int64()),
+                     "feed": pa.array([int(r["feed"]) for r in rows], pa.int32())})
+
+
+def order_problems(spec: Mapping[str, Any], *, epochs: bool = True) -> list[str]:
+    """A Kafka target's partitions whose records are out of epoch order (``epochs``: the
+    rows' ``epoch`` column holds their epoch, not a stream producer's group); a record
+    keyed by anything but its ``payload``. Nothing for other targets."""
+    if spec["kind"] != "kafka":
+        return []
+    messages, rows = _kafka_rows(spec)
+    problems: list[str] = []
+    by_partition: dict[int, list[int]] = {}
+    for message, row in zip(messages, rows, strict=True):
+        if message.key() != str(row["payload"]).encode():
+            problems.append(f"record {row['id']} keyed {message.key()!r}")
+        by_partition.setdefault(message.partition(), []).append(int(row["epoch"]))
+    if epochs:
+        problems += [f"partition {p}: epochs out of order" for p, order in
+                     by_partition.items() if any(b < a for a, b in pairwise(order))]
+    return problems[:20]
+
+
 def commit_order(spec: Mapping[str, Any], runtime: str, sink: str, pg: Any = None) -> list[int]:
     """The epochs the target recorded as committed, in the order it recorded them."""
     kind = spec["kind"]
@@ -183,6 +239,8 @@ def commit_order(spec: Mapping[str, Any], runtime: str, sink: str, pg: Any = Non
         return _delta_order(Path(spec["path"]))
     if kind == "iceberg":
         return _iceberg_order(spec)
+    if kind == "kafka":
+        return _kafka_order(spec, runtime, sink)
     return _postgres_order(runtime, sink, pg)
 
 
@@ -228,3 +286,15 @@ def _postgres_order(runtime: str, sink: str, pg: Any) -> list[int]:
                       "sink = %s AND writer = -1 ORDER BY committed_at, epoch",
                       (runtime, sink), dbname="raysink")
     return [int(r[0]) for r in rows]
+
+
+def _kafka_order(spec: Mapping[str, Any], runtime: str, sink: str) -> list[int]:
+    """The epoch records of the sink in its progress topic, by offset (a record written
+    again for the same epoch, by a commit run again, counts once)."""
+    from tests.support.kafka import read_topic
+
+    key = f"raysink:{runtime}:{sink}".encode()
+    messages = read_topic(spec["bootstrap"], f"{spec['topic']}-raysink-progress",
+                          timeout=_KAFKA_TIMEOUT)
+    epochs = [int(json.loads(m.value())["epoch"]) for m in messages if m.key() == key]
+    return list(dict.fromkeys(epochs))

@@ -65,11 +65,14 @@ def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
     import ray
 
     pg = request.getfixturevalue("pg_server") if _needs_postgres(trial) else None
+    kafka = request.getfixturevalue("kafka_broker") if trial.sink == "kafka" else None
+
     def restart_spark() -> Any:
         _restart_spark(spark_sessions)
         return _spark(trial, spark_sessions)
 
     env = TrialEnv(root=tmp_path, ray_address=ray.get_runtime_context().gcs_address, pg=pg,
+                   kafka=kafka,
                    spark=_spark(trial, spark_sessions), restart_spark=restart_spark)
     result = run_trial(trial, env)
     chaos_results.append(result)

@@ -1,15 +1,19 @@
 """Nodes removed without grace mid-epoch, on a four-node Ray (``tests/cluster/conftest.py``).
 
-One runtime writes a Parquet directory, a Delta table and a PostgreSQL table at once
-(three writers per sink: one per worker node), its decisions in the PostgreSQL meta store,
+One runtime writes a Parquet directory, a Delta table, a PostgreSQL table and a Kafka topic
+at once (three writers per sink: one per worker node; the session's real broker, on this
+machine's loopback), its decisions in the PostgreSQL meta store,
 its coordinator on a worker node labelled for it (a PostgreSQL meta store lets it run
 anywhere). Each of epochs 2-5 is held at one protocol point (a ``sleep`` fault inside the
 actor) while that actor's node is removed: every process on it SIGKILLed, and Ray goes on
 listing the node alive until its health checks time out. The epoch must commit (given up
 and fed again to a writer on another node, or rolled forward by a new coordinator on the
 other labelled node); a worker with the lost one's labels joins before the next epoch.
-Every target holds every row of epochs 1-6 once, compared row by row. (One runtime for
-every case: the layer's time budget is small.)
+Every target holds every row of epochs 1-6 once, compared row by row; the topic is read
+with ``isolation.level=read_committed``, each partition's records in epoch order. A lost
+node takes a Kafka writer with it: one that had begun its transaction (epoch 3) leaves it
+to be fenced and its part replayed from the log by the coordinator's committer. (One
+runtime for every case: the layer's time budget is small.)
 
 The seconds from each removal to its epoch committed are logged, never asserted
 (``bench/node_loss.py`` measures them).
@@ -17,8 +21,10 @@ The seconds from each removal to its epoch committed are logged, never asserted
 
 from __future__ import annotations
 
+import json
 import logging
 import time
+import uuid
 from pathlib import Path
 
 import pyarrow as pa
@@ -26,6 +32,7 @@ import pytest
 
 from raysink import Placement, SinkRuntime
 from raysink.driver.lifecycle import COORDINATOR
+from raysink.sinks import KafkaSink
 from raysink.testing import arm_fault
 from tests.cluster.conftest import COORDINATOR_LABELS, Nodes
 from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
@@ -36,9 +43,10 @@ from tests.integration.real_targets import (
     Target,
     assert_ids_exact,
 )
+from tests.support.kafka import KafkaBroker, read_topic
 from tests.support.postgres import PostgresServer
 
-pytestmark = pytest.mark.timeout(180)
+pytestmark = pytest.mark.timeout(300)
 
 log = logging.getLogger(__name__)
 
@@ -108,12 +116,27 @@ def _lose_node_mid_epoch(rt: SinkRuntime, nodes: Nodes, name: str, epoch: int, p
     return float(box["ended"]) - removed
 
 
+def _read_committed_ids(broker: KafkaBroker, topic: str) -> list[int]:
+    """The ids a ``read_committed`` reader sees; each partition's epochs in order."""
+    messages = read_topic(broker.bootstrap, topic)
+    rows = [json.loads(m.value()) for m in messages]
+    by_partition: dict[int, list[int]] = {}
+    for message, row in zip(messages, rows, strict=True):
+        by_partition.setdefault(message.partition(), []).append(int(row["id"]) // 1_000_000)
+    for partition, epochs in by_partition.items():
+        assert epochs == sorted(epochs), f"partition {partition}: epochs out of order"
+    return [int(row["id"]) for row in rows]
+
+
 def test_nodes_lost_mid_epoch(nodes: Nodes, pg_server: PostgresServer, schema: str,
-                              tmp_path: Path, name: str) -> None:
+                              kafka_broker: KafkaBroker, tmp_path: Path, name: str) -> None:
     targets: dict[str, Target] = {"parquet": ParquetTarget(tmp_path / "parquet"),
                                   "delta": DeltaTarget(tmp_path / "delta"),
                                   "pg": PostgresTarget(pg_server, schema)}
     sinks = {sink: target.sink() for sink, target in targets.items()}
+    topic = f"node-loss-{uuid.uuid4().hex[:8]}"
+    sinks["kafka"] = KafkaSink(kafka_broker.bootstrap, topic, key="customer", partitions=3,
+                               timeout=30.0)
     with SinkRuntime(name, sinks, writers=WRITERS, metastore=pg_server.dsn(), retry_cap=0.5,
                      placement=Placement(coordinator=COORDINATOR_LABELS),
                      progress=False) as rt:
@@ -127,3 +150,4 @@ def test_nodes_lost_mid_epoch(nodes: Nodes, pg_server: PostgresServer, schema: s
         assert rt.write_arrow(_pieces(last)).committed
     for target in targets.values():
         assert_ids_exact(target.ids(), range(1, last + 1), ROWS)
+    assert_ids_exact(_read_committed_ids(kafka_broker, topic), range(1, last + 1), ROWS)

@@ -1,19 +1,33 @@
 """The chaos plan (``tests.chaos.plan``): every block covers the ways in and the
-producer kills, plans are prefixes of longer plans, the default sample stays cheap."""
+producer kills, every block after the first restarts the Kafka broker mid-epoch and
+mid-commit, plans are prefixes of longer plans, the default sample stays cheap."""
 
 from __future__ import annotations
 
 import pytest
 
-from tests.chaos.plan import BLOCK, PRODUCER_WAYS, SPARK_WAYS, WAYS_IN, make_plan, sample
+from tests.chaos.plan import (
+    BLOCK,
+    BROKER_MID_COMMIT,
+    BROKER_MID_EPOCH,
+    LATER_BLOCKS,
+    PRODUCER_WAYS,
+    SPARK_WAYS,
+    WAYS_IN,
+    make_plan,
+    sample,
+)
 
 SEEDS = (1, 2, 21, 97)
 
 
 def _blocks(seed: int, count: int) -> list[list[tuple[str, str]]]:
-    """The plan's first ``count`` blocks as (fault, way in), node losses left out."""
-    plan = [(t.fault, t.via) for t in make_plan(seed, count * (len(BLOCK) + 1))]
-    plain = [item for item in plan if item[0] != "node_loss"]
+    """The plan's first ``count`` blocks as (fault, way in), the later blocks' additions
+    (node losses, broker restarts) left out."""
+    later = {kind for kind, _ in LATER_BLOCKS}
+    plan = [(t.fault, t.via)
+            for t in make_plan(seed, count * (len(BLOCK) + len(LATER_BLOCKS)))]
+    plain = [item for item in plan if item[0] not in later]
     return [plain[k * len(BLOCK):(k + 1) * len(BLOCK)] for k in range(count)]
 
 
@@ -34,7 +48,8 @@ def test_every_block_kills_producers_and_kills_actors_during_streams_and_datasin
 def test_the_first_block_holds_every_way_in_with_writer_or_coordinator_kills(
         seed: int) -> None:
     first = make_plan(seed, len(BLOCK))
-    assert [t.fault for t in first].count("node_loss") == 0
+    assert not {t.fault for t in first} & {"node_loss", "broker_restart"}
+    assert "kafka" not in {t.sink for t in first}
     killed = {t.via for t in first if t.victim in ("writer", "coordinator")}
     assert killed >= set(WAYS_IN)
 
@@ -62,3 +77,25 @@ def test_producer_kills_name_their_victim() -> None:
     assert victims["stream"] == "stream_producer"
     assert victims["datasink"] == "write_task"
     assert victims["feeds"] in ("feed_task", "feed_actor")
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_later_block_restarts_the_broker_mid_epoch_and_mid_commit(seed: int) -> None:
+    size = len(BLOCK) + len(LATER_BLOCKS)
+    plan = make_plan(seed, len(BLOCK) + 3 * size)
+    for k in range(3):
+        block = plan[len(BLOCK) + k * size:len(BLOCK) + (k + 1) * size]
+        restarts = [t for t in block if t.fault == "broker_restart"]
+        assert [t.sink for t in restarts] == ["kafka", "kafka"], block
+        assert sorted(str(t.variant) for t in restarts) == ["mid_commit", "mid_epoch"]
+        for t in restarts:
+            points = BROKER_MID_COMMIT if t.variant == "mid_commit" else BROKER_MID_EPOCH
+            assert t.point in points and t.victim == "broker"
+        assert [t.fault for t in block].count("node_loss") == 1
+
+
+def test_kafka_targets_come_under_other_faults_too() -> None:
+    later = [t for seed in SEEDS for t in make_plan(seed, 120)[len(BLOCK):]]
+    kinds = {t.fault for t in later if t.sink == "kafka"}
+    assert kinds > {"broker_restart"}, kinds
+    assert not kinds & {"stall_commit", "node_loss", "pg_restart", "fs_full", "fs_readonly"}

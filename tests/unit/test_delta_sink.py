@@ -25,8 +25,8 @@ from raysink.errors import (  # noqa: E402
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks import delta as delta_module  # noqa: E402
 from raysink.sinks.delta import DeltaSink  # noqa: E402
+from raysink.sinks.delta import _sink as delta_module  # noqa: E402
 from tests.support.staging import stage_writers as stage  # noqa: E402
 
 

@@ -6,7 +6,7 @@ import pyarrow as pa
 import pytest
 
 from raysink._options import checked_options
-from raysink.driver.routing import CHUNK_ROWS, MIN_PIECE_ROWS, _chunks, _place_table
+from raysink.driver.routing import CHUNK_ROWS, MIN_PIECE_ROWS, _chunks, _place_table, around
 from raysink.errors import ConfigError
 
 
@@ -83,3 +83,21 @@ def test_unkeyed_tables_are_spread_over_writers(rows: int, writers: int, first: 
     _place_table(table, placed, writers, None, [], first, lambda t: t, None)
     assert [w for w, _ in placed] == expected
     assert pa.concat_tables([t for _, t in placed]).equals(table)  # type: ignore[misc]
+
+
+# writers avoided, items (writer index, piece) -> what each writer gets
+AROUND_CASES = [
+    # nothing to avoid: unchanged
+    (set(), [(0, "a"), (1, "b"), (2, "c")], [(0, "a"), (1, "b"), (2, "c")]),
+    # writer 1's items go to the others in turn; the others keep theirs
+    ({1}, [(0, "a"), (1, "b"), (2, "c"), (1, "d"), (1, "e")],
+     [(0, "a"), (0, "b"), (2, "c"), (2, "d"), (0, "e")]),
+    # every writer avoided: unchanged (the driver waits for them instead)
+    ({0, 1, 2}, [(0, "a"), (1, "b")], [(0, "a"), (1, "b")]),
+]
+
+
+@pytest.mark.parametrize(("avoid", "items", "expected"), AROUND_CASES)
+def test_items_go_around_avoided_writers(avoid: set[int], items: list[tuple[int, str]],
+                                         expected: list[tuple[int, str]]) -> None:
+    assert list(around(items, frozenset(avoid), 3)) == expected

@@ -25,8 +25,8 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
-from raysink.sinks import iceberg as iceberg_module
 from raysink.sinks.iceberg import EPOCH_PROPERTY, SINK_PROPERTY, IcebergSink
+from raysink.sinks.iceberg import _sink as iceberg_module
 from tests.support.staging import stage_writers as stage
 
 IDENT = "ns.events"

@@ -22,7 +22,7 @@ import pyarrow.dataset as ds
 import pyarrow.parquet as pq
 import pytest
 
-import raysink.sinks.parquet as parquet_module
+import raysink.sinks.parquet._sink as parquet_module
 from raysink._faults import InjectedFault
 from raysink.errors import (
     ConfigError,
@@ -188,7 +188,7 @@ def _crash_after_log(sink: ParquetSink, manifests: list[Manifest],
         raise OSError("crash before sweeping staging")
 
     with monkeypatch.context() as patch:
-        patch.setattr(parquet_module, "_rmtree", crash)
+        patch.setattr(parquet_module, "rmtree", crash)
         with pytest.raises(OSError, match="crash before"):
             sink.commit(1, manifests)
     assert sink.committed_epoch() == 1
@@ -517,7 +517,7 @@ def test_importing_sinks_imports_no_optional_library() -> None:
 
 
 def test_dictionary_encoding_only_where_values_repeat() -> None:
-    from raysink.sinks._staging import dictionary_columns
+    from raysink.sinks._parquet_buffer import dictionary_columns
 
     rows = 10_000
     table = pa.table({

@@ -108,6 +108,27 @@ def test_lost_nodes() -> None:
         assert view.lost(node) and view.is_suspect(node)
 
 
+def test_refusing_raylets() -> None:
+    """Only a raylet port that refuses a connection counts (the quick check while the
+    driver waits): a node Ray lists without an address (as in these rows) never does, nor
+    a node it does not list."""
+    import socket
+
+    with socket.socket() as listening:
+        listening.bind(("127.0.0.1", 0))
+        listening.listen()
+        rows = _rows((DRIVER, {}, {}), ("n1", {}, {}))
+        rows += [{"NodeID": "n-cut", "Alive": True, "Labels": {}, "Resources": {},
+                  "NodeManagerAddress": "127.0.0.1", "NodeManagerPort": 1},
+                 {"NodeID": "n-up", "Alive": True, "Labels": {}, "Resources": {},
+                  "NodeManagerAddress": "127.0.0.1",
+                  "NodeManagerPort": listening.getsockname()[1]}]
+        view = ClusterView(driver_node=DRIVER, nodes=rows, suspects={})
+        assert view.refuses("n-cut") and view.is_suspect("n-cut")
+        for node in ("n1", "n-up", "n-unknown"):
+            assert not view.refuses(node) and not view.is_suspect(node)
+
+
 # the coordinator's node: (meta store, nodes in the cluster, placement) -> (node, hard)
 COORDINATOR_CASES = [
     # SQLite on one node: the driver's node, soft (nothing else to go to)

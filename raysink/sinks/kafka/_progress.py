@@ -25,14 +25,33 @@ from __future__ import annotations
 import json
 import logging
 import time
-from typing import Any
+from collections.abc import Sequence
+from typing import Any, cast
 
 from raysink.errors import SinkUnavailableError
+from raysink.sinks.base import Manifest
 from raysink.sinks.kafka._config import KafkaSettings, kafka_module, unavailable
 
-__all__ = ["ProgressReader", "Topics", "epoch_key", "part_key", "record_value"]
+__all__ = ["KafkaManifest", "ProgressReader", "Topics", "epoch_key", "kafka_manifests",
+           "part_key", "record_value"]
 
 log = logging.getLogger(__name__)
+
+
+class KafkaManifest(Manifest, total=False):
+    """What one Kafka writer produced for one epoch attempt: its transactional id
+    (``txn``), its actor's Ray name, the data topic and the offsets its records got per
+    partition (``[[first, count], ...]`` per partition)."""
+
+    txn: str
+    actor: str | None
+    topic: str
+    runs: dict[str, list[list[int]]]
+
+
+def kafka_manifests(manifests: Sequence[Manifest] | None) -> Sequence[KafkaManifest]:
+    """The manifests the coordinator hands a Kafka sink back, as its writers made them."""
+    return cast("Sequence[KafkaManifest]", manifests or ())
 
 
 def epoch_key(runtime: str, sink: str) -> str:

@@ -28,9 +28,9 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raysink.errors import DataLossError, SinkUnavailableError
-from raysink.sinks.base import Held, Manifest
+from raysink.sinks.base import Held
 from raysink.sinks.kafka._config import kafka_module, unavailable
-from raysink.sinks.kafka._progress import epoch_key, part_key, record_value
+from raysink.sinks.kafka._progress import KafkaManifest, epoch_key, part_key, record_value
 
 if TYPE_CHECKING:
     from raysink.sinks.kafka._sink import KafkaSink
@@ -56,7 +56,7 @@ def fence(sink: KafkaSink, txn: str) -> None:
 
 
 def replay(sink: KafkaSink, epoch: int, attempt: int,
-           parts: Sequence[tuple[Manifest, Held]]) -> bool:
+           parts: Sequence[tuple[KafkaManifest, Held]]) -> bool:
     """Write ``parts`` of ``epoch`` again with the progress records, in one transaction of
     the sink's committer. Returns ``False`` when the progress topic says the epoch is in."""
     started = time.monotonic()
@@ -85,7 +85,7 @@ def replay(sink: KafkaSink, epoch: int, attempt: int,
     return True
 
 
-def _copy(sink: KafkaSink, committer: Any, manifest: Manifest, epoch: int) -> int:
+def _copy(sink: KafkaSink, committer: Any, manifest: KafkaManifest, epoch: int) -> int:
     """Produce the part's records again; ``DataLossError`` when some are gone."""
     ck = kafka_module()
     runs: dict[str, list[list[int]]] = manifest.get("runs", {})

@@ -39,7 +39,14 @@ from raysink.sinks.kafka._config import (
     unavailable,
 )
 from raysink.sinks.kafka._encode import check_columns
-from raysink.sinks.kafka._progress import ProgressReader, Topics, epoch_key, record_value
+from raysink.sinks.kafka._progress import (
+    KafkaManifest,
+    ProgressReader,
+    Topics,
+    epoch_key,
+    kafka_manifests,
+    record_value,
+)
 from raysink.sinks.kafka._writer import KafkaWriter
 
 __all__ = ["KafkaSink"]
@@ -250,7 +257,7 @@ class KafkaSink(Sink):
     def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Make ``epoch`` visible with its progress records (see the module docstring)."""
         started = time.monotonic()
-        parts = [m for m in manifests if m.get("txn")]
+        parts = [m for m in kafka_manifests(manifests) if m.get("txn")]
         try:
             if not self._ready and not self._topics_ready(epoch, parts):
                 return CommitResult.NO_TARGET
@@ -269,7 +276,7 @@ class KafkaSink(Sink):
                  time.monotonic() - started)
         return CommitResult.COMMITTED
 
-    def _topics_ready(self, epoch: int, parts: Sequence[Manifest]) -> bool:
+    def _topics_ready(self, epoch: int, parts: Sequence[KafkaManifest]) -> bool:
         """The data topic is there (else: ``False`` for an epoch without records, a
         ``DataLossError`` for one with), and the progress topic (created if missing)."""
         topics = self.topics()
@@ -284,7 +291,7 @@ class KafkaSink(Sink):
         self._ready = True
         return True
 
-    def _commit_parts(self, epoch: int, parts: Sequence[Manifest]) -> int | None:
+    def _commit_parts(self, epoch: int, parts: Sequence[KafkaManifest]) -> int | None:
         """Steps 1-3 of the module docstring: the number of parts replayed, ``None`` when
         the progress topic showed the epoch in."""
         attempt = int(parts[0].get("attempt", 0)) if parts else 0
@@ -315,7 +322,8 @@ class KafkaSink(Sink):
             return self.committed_epoch()
         return self.progress().committed_epoch(cached=True)
 
-    def _finish(self, epoch: int, parts: Sequence[Manifest], *, commit: bool) -> list[Held]:
+    def _finish(self, epoch: int, parts: Sequence[KafkaManifest], *,
+                commit: bool) -> list[Held]:
         """Ask each part's writer actor to end its transaction; ``UNKNOWN`` where no
         actor answers. A writer's own error (the broker down) is raised: asked again."""
         if not parts:
@@ -350,7 +358,7 @@ class KafkaSink(Sink):
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Abort the parts' held transactions; a part no writer vouches for is fenced.
         With ``None`` nothing is known: each writer's next start fences its own."""
-        parts = [m for m in manifests or () if m.get("txn")]
+        parts = [m for m in kafka_manifests(manifests) if m.get("txn")]
         for manifest, held in zip(parts, self._finish(epoch, parts, commit=False),
                                   strict=True):
             if held is Held.UNKNOWN:

@@ -35,9 +35,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
-from raysink.sinks.base import Held, Manifest, SinkWriter
+from raysink.sinks.base import Held, SinkWriter
 from raysink.sinks.kafka._encode import Encoded, encode
-from raysink.sinks.kafka._progress import ProgressReader, Topics, part_key, record_value
+from raysink.sinks.kafka._progress import (
+    KafkaManifest,
+    ProgressReader,
+    Topics,
+    part_key,
+    record_value,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -143,12 +149,12 @@ class KafkaWriter(SinkWriter):
             self._buffer.append(encoded)
             self._rows += len(encoded.values)
 
-    def pre_commit(self, epoch: int, attempt: int) -> Manifest:
+    def pre_commit(self, epoch: int, attempt: int) -> KafkaManifest:
         """Produce the epoch's records in a transaction and keep it open."""
         buffer, rows = self._buffer, self._rows
         self._buffer, self._rows = [], 0
         self._sealed = (epoch, attempt)
-        manifest: Manifest = {"writer": self.writer_id, "rows": rows, "epoch": epoch,
+        manifest: KafkaManifest = {"writer": self.writer_id, "rows": rows, "epoch": epoch,
                               "attempt": attempt}
         if not rows:
             return manifest

@@ -18,9 +18,18 @@ its own module:
     epoch's rows into the target with its progress row. Works on any server; readers see
     each epoch at once; rows are written twice.
 
-The rest: ``_common`` (types, CSV, names, raysink's tables, progress rows), ``_sink``
-(``PostgresSink``: description, connections, the coordinator's calls), ``_writer``
-(``PostgresWriter``), ``_validate`` (``validate()``).
+The modules, in layers: each imports only those below it::
+
+    _sink        PostgresSink: the description, its connection, the coordinator's calls
+    _writer      PostgresWriter: one writer actor's rows, one transaction per attempt
+    _validate    validate(): read-only checks of privileges, tables, server settings
+    _prepared    method="prepared"      _staging    method="staging"
+    _evolve      schema_evolution="add_columns": stage tables, the target altered at commit
+    _target      Target: the bound sink's options, connections and errors; the target's
+                 creation at commit
+    _tables      raysink's tables beside the target, progress rows, claims, gids, and
+                 PostgresManifest (what a writer's manifest holds)
+    _types       psycopg (imported lazily), Arrow and PostgreSQL types, CSV for COPY
 
 Measured with ``bench/sink_postgres.py`` (1 M rows of 4 columns, 2 writers, 2 cores):
 appends in ``prepared`` run at 0.8-1.3x a plain single-process COPY, ``staging`` at
@@ -38,8 +47,8 @@ pending) or raises ``DataLossError`` (one pending). A target deleted after commi
 ``DataLossError``; one that never received data is created.
 """
 
-from raysink.sinks.postgres._common import arrow_to_postgres_type
 from raysink.sinks.postgres._sink import PostgresSink
+from raysink.sinks.postgres._types import arrow_to_postgres_type
 from raysink.sinks.postgres._writer import PostgresWriter
 
 __all__ = ["PostgresSink", "PostgresWriter", "arrow_to_postgres_type"]

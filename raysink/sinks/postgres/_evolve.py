@@ -40,7 +40,7 @@ from __future__ import annotations
 
 import hashlib
 import re
-from collections.abc import Collection, Hashable, Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
@@ -48,77 +48,26 @@ import pyarrow as pa
 from raysink import _schema
 from raysink.errors import DataLossError, MetaStoreError, SchemaMismatchError
 from raysink.sinks.base import Manifest
-from raysink.sinks.postgres._common import (
-    _ORD_COL,
-    _csv_bytes,
-    _sql,
-    _Target,
+from raysink.sinks.postgres._tables import ORD_COL, Tables, postgres_manifests
+from raysink.sinks.postgres._target import Target
+from raysink.sinks.postgres._types import (
     arrow_to_postgres_type,
+    as_arrow,
+    compatible,
+    csv_bytes,
+    pg_type,
+    sql_module,
 )
-from raysink.sinks.postgres._validate import compatible
 
 if TYPE_CHECKING:
     import psycopg
 
-    from raysink.sinks.postgres._sink import PostgresSink
-
 __all__ = ["EVOLVE_PREFIX", "Stage", "check_nulls", "commit_epoch", "drop_stages", "is_stage",
-           "required_columns", "rules", "stage_name", "table_schema"]
+           "required_columns", "stage_name", "table_schema"]
 
 EVOLVE_PREFIX = "_raysink_ev_"
 
-# format_type's names for what arrow_to_postgres_type calls otherwise
-_FORMAT_NAMES = {"timestamp": "timestamp without time zone",
-                 "timestamptz": "timestamp with time zone",
-                 "time": "time without time zone"}
-_TO_ARROW: dict[str, pa.DataType] = {
-    "smallint": pa.int16(), "integer": pa.int32(), "bigint": pa.int64(),
-    "real": pa.float32(), "double precision": pa.float64(), "boolean": pa.bool_(),
-    "text": pa.string(), "bytea": pa.binary(), "date": pa.date32(),
-    "timestamp without time zone": pa.timestamp("us"),
-    "timestamp with time zone": pa.timestamp("us", tz="UTC"),
-}
-_NUMERIC = re.compile(r"numeric\((\d+),(\d+)\)")
-_WIDER = {("smallint", "integer"), ("smallint", "bigint"), ("integer", "bigint"),
-          ("real", "double precision")}
-
-
 # --------------------------------------------------------------------------- types
-
-
-def pg_type(field: pa.Field) -> str:
-    """The column type storing ``field``, as ``format_type`` names it."""
-    name = arrow_to_postgres_type(field.name, field.type)
-    return _FORMAT_NAMES.get(name, name)
-
-
-def _key(field: pa.Field) -> Hashable:
-    return pg_type(field)
-
-
-def _widens(old: pa.DataType, new: pa.DataType) -> bool:
-    a, b = pg_type(pa.field("c", old)), pg_type(pa.field("c", new))
-    if (a, b) in _WIDER:
-        return True
-    ma, mb = _NUMERIC.fullmatch(a), _NUMERIC.fullmatch(b)
-    return bool(ma and mb and ma.group(2) == mb.group(2) and int(mb.group(1)) > int(ma.group(1)))
-
-
-def rules(table: str) -> _schema.Rules:
-    """PostgreSQL's: its column types; integer, float and numeric precision widening."""
-    return _schema.Rules(target=f"the table {table}", key=_key, widen=_widens,
-                         refuses_widening="PostgreSQL widens only smallint to integer to "
-                                          "bigint, real to double precision and a numeric's "
-                                          "precision")
-
-
-def _as_arrow(pg: str) -> pa.DataType | None:
-    if pg in _TO_ARROW:
-        return _TO_ARROW[pg]
-    numeric = _NUMERIC.fullmatch(pg)
-    if numeric and int(numeric.group(1)) <= 38:
-        return pa.decimal128(int(numeric.group(1)), int(numeric.group(2)))
-    return None
 
 
 def table_schema(columns: Mapping[str, str], incoming: pa.Schema, table_rules: _schema.Rules,
@@ -132,7 +81,7 @@ def table_schema(columns: Mapping[str, str], incoming: pa.Schema, table_rules: _
     fields = []
     for name, existing in columns.items():
         index = incoming.get_field_index(name)
-        mapped = _as_arrow(existing)
+        mapped = as_arrow(existing)
         if index < 0:
             fields.append(pa.field(name, mapped if mapped is not None else pa.null(),
                                    nullable=name not in required))
@@ -154,19 +103,7 @@ def table_schema(columns: Mapping[str, str], incoming: pa.Schema, table_rules: _
     return pa.schema(fields)
 
 
-def epoch_schema(manifests: Sequence[Manifest], where: Mapping[str, Any]) -> pa.Schema | None:
-    """The union of the schemas the epoch's writers wrote (``None``: none reported one)."""
-    schemas = [_schema.decode(text) for m in manifests
-               if isinstance(text := m.get("schema"), str)]
-    if not schemas:
-        return None
-    try:
-        return _schema.union(schemas)
-    except SchemaMismatchError as exc:
-        raise SchemaMismatchError(exc.message, column=exc.column, **where) from None
-
-
-def required_columns(conn: psycopg.Connection[Any], t: _Target) -> set[str]:
+def required_columns(conn: psycopg.Connection[Any], t: Tables) -> set[str]:
     """The target's columns that must be set: NOT NULL without a default."""
     rows = conn.execute(
         "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
@@ -190,12 +127,12 @@ def check_nulls(batch: pa.RecordBatch, required: Collection[str],
 # --------------------------------------------------------------------------- stages
 
 
-def stage_name(t: _Target, token: int) -> str:
+def stage_name(t: Tables, token: int) -> str:
     """The stage of one writer segment: ``_raysink_ev_<hash of target and sink>_<token>``."""
     return f"{EVOLVE_PREFIX}{_digest(t)}_{token:x}"
 
 
-def _digest(t: _Target) -> str:
+def _digest(t: Tables) -> str:
     return hashlib.sha1(f"{t.schema}.{t.table}|{t.runtime}|{t.sink}".encode()).hexdigest()[:16]
 
 
@@ -203,7 +140,7 @@ class Stage:
     """One writer segment's stage table, on the writer's connection: created at the
     segment's first batch, its columns widened and added as later batches need."""
 
-    def __init__(self, t: _Target, token: int) -> None:
+    def __init__(self, t: Tables, token: int) -> None:
         self.t = t
         self.name = stage_name(t, token)
         self.schema: pa.Schema | None = None
@@ -212,23 +149,23 @@ class Stage:
     def write(self, conn: psycopg.Connection[Any], batch: pa.RecordBatch) -> None:
         """COPY ``batch`` (already in the stage's types where it is narrower) into the
         stage, after creating or altering it for the batch's columns."""
-        s = _sql()
+        s = sql_module()
         self._fit(conn, batch.schema)
         assert self.schema is not None
         types = {f.name: arrow_to_postgres_type(f.name, f.type) for f in batch.schema}
         order = pa.array(range(self.rows, self.rows + batch.num_rows), pa.int64())
-        columns = [_ORD_COL, *batch.schema.names]
+        columns = [ORD_COL, *batch.schema.names]
         copy = s.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
             self.t.ident(self.name), s.SQL(", ").join(s.Identifier(c) for c in columns))
         with conn.cursor().copy(copy) as cp:
-            cp.write(_csv_bytes(batch, types, {_ORD_COL: order}))
+            cp.write(csv_bytes(batch, types, {ORD_COL: order}))
         self.rows += batch.num_rows
 
     def _fit(self, conn: psycopg.Connection[Any], schema: pa.Schema) -> None:
-        s = _sql()
+        s = sql_module()
         ident = self.t.ident(self.name)
         if self.schema is None:
-            columns = [s.SQL("{} bigint NOT NULL").format(s.Identifier(_ORD_COL))]
+            columns = [s.SQL("{} bigint NOT NULL").format(s.Identifier(ORD_COL))]
             columns += [s.SQL("{} {}").format(s.Identifier(f.name), s.SQL(pg_type(f)))
                         for f in schema]
             conn.execute(s.SQL("CREATE TABLE {} ({})").format(ident, s.SQL(", ").join(columns)))
@@ -246,12 +183,12 @@ class Stage:
         self.schema = union
 
 
-def stages_of(manifests: Sequence[Manifest], t: _Target, where: Mapping[str, Any]
+def stages_of(manifests: Sequence[Manifest], t: Tables, where: Mapping[str, Any]
               ) -> list[tuple[str, int]]:
     """``(stage, rows)`` of every manifest with a stage; a name that is not a stage of this
     sink is refused (``MetaStoreError``), never followed."""
     found = []
-    for m in manifests:
+    for m in postgres_manifests(manifests):
         name = m.get("evolving")
         if name is None:
             continue
@@ -260,12 +197,12 @@ def stages_of(manifests: Sequence[Manifest], t: _Target, where: Mapping[str, Any
     return found
 
 
-def is_stage(name: str, t: _Target) -> bool:
+def is_stage(name: str, t: Tables) -> bool:
     """Whether ``name`` is a stage table of this sink (``stage_name``)."""
     return re.fullmatch(f"{EVOLVE_PREFIX}{_digest(t)}_[0-9a-f]+", name) is not None
 
 
-def check_stage(name: str, t: _Target, where: Mapping[str, Any]) -> None:
+def check_stage(name: str, t: Tables, where: Mapping[str, Any]) -> None:
     if not is_stage(name, t):
         raise MetaStoreError(f"manifest names {name!r}, which is not a stage table of this "
                              "sink; refused, not followed", **where)
@@ -274,14 +211,14 @@ def check_stage(name: str, t: _Target, where: Mapping[str, Any]) -> None:
 # --------------------------------------------------------------------------- commit
 
 
-def alter_target(conn: psycopg.Connection[Any], t: _Target, schema: pa.Schema,
+def alter_target(conn: psycopg.Connection[Any], t: Tables, schema: pa.Schema,
                  table_rules: _schema.Rules, where: Mapping[str, Any]) -> _schema.Evolution:
     """Evolve the target to take ``schema`` (the epoch's): one ``ALTER TABLE`` adding the
     new columns and widening the wider ones, in the caller's transaction."""
     current = table_schema(t.columns(conn), schema, table_rules, where)
     evolution = _schema.evolve(current, schema, table_rules, where=where)
     if evolution.changed:
-        s = _sql()
+        s = sql_module()
         changes = [s.SQL("ADD COLUMN IF NOT EXISTS {} {}").format(
             s.Identifier(n), s.SQL(pg_type(schema.field(n)))) for n in evolution.added]
         changes += [s.SQL("ALTER COLUMN {} TYPE {}").format(
@@ -290,12 +227,12 @@ def alter_target(conn: psycopg.Connection[Any], t: _Target, schema: pa.Schema,
     return evolution
 
 
-def move_stage(conn: psycopg.Connection[Any], t: _Target, stage: str,
+def move_stage(conn: psycopg.Connection[Any], t: Tables, stage: str,
                key: Sequence[str] | None) -> int:
     """Insert a stage's rows into the target (upserts: the last row per key by row order)
     and drop the stage; returns how many rows it held."""
-    s = _sql()
-    names = [c for c in _stage_columns(conn, t, stage) if c != _ORD_COL]
+    s = sql_module()
+    names = [c for c in _stage_columns(conn, t, stage) if c != ORD_COL]
     cols = s.SQL(", ").join(s.Identifier(c) for c in names)
     ident = t.ident(stage)
     row = conn.execute(s.SQL("SELECT count(*) FROM {}").format(ident)).fetchone()
@@ -310,15 +247,15 @@ def move_stage(conn: psycopg.Connection[Any], t: _Target, stage: str,
             "INSERT INTO {target} ({cols}) SELECT DISTINCT ON ({keys}) {cols} FROM {stage} "
             "ORDER BY {keys}, {ord} DESC ON CONFLICT ({keys}) {action}").format(
                 target=t.target, cols=cols, keys=keys, stage=ident,
-                ord=s.Identifier(_ORD_COL), action=action))
+                ord=s.Identifier(ORD_COL), action=action))
     else:
         conn.execute(s.SQL("INSERT INTO {} ({}) SELECT {} FROM {} ORDER BY {}").format(
-            t.target, cols, cols, ident, s.Identifier(_ORD_COL)))
+            t.target, cols, cols, ident, s.Identifier(ORD_COL)))
     conn.execute(s.SQL("DROP TABLE {}").format(ident))
     return held
 
 
-def _stage_columns(conn: psycopg.Connection[Any], t: _Target, stage: str) -> list[str]:
+def _stage_columns(conn: psycopg.Connection[Any], t: Tables, stage: str) -> list[str]:
     rows = conn.execute(
         "SELECT a.attname FROM pg_attribute a JOIN pg_class c ON c.oid = a.attrelid "
         "JOIN pg_namespace n ON n.oid = c.relnamespace WHERE n.nspname = %s AND "
@@ -327,26 +264,26 @@ def _stage_columns(conn: psycopg.Connection[Any], t: _Target, stage: str) -> lis
     return [str(r[0]) for r in rows]
 
 
-def drop_stages(conn: psycopg.Connection[Any], t: _Target, names: Sequence[str]) -> None:
+def drop_stages(conn: psycopg.Connection[Any], t: Tables, names: Sequence[str]) -> None:
     """Drop stage tables (gone already is fine)."""
-    s = _sql()
+    s = sql_module()
     for name in names:
         conn.execute(s.SQL("DROP TABLE IF EXISTS {}").format(t.ident(name)))
 
 
-def commit_epoch(sink: PostgresSink, conn: psycopg.Connection[Any], t: _Target, epoch: int,
+def commit_epoch(target: Target, conn: psycopg.Connection[Any], t: Tables, epoch: int,
                  manifests: Sequence[Manifest]) -> None:
     """Inside the commit transaction, after the epoch's progress row: evolve the target to
     the epoch's schema, then move every writer's stage in (manifest order) and drop it. A
     stage gone, or holding another number of rows than its manifest says, is a
     ``DataLossError``: its rows were deleted outside raysink."""
-    where = {"runtime": sink.runtime or None, "sink": sink.name or None, "epoch": epoch}
-    schema = epoch_schema(manifests, where)
+    where = target.where(epoch)
+    schema = _schema.united(manifests, where=where)
     if schema is not None:
-        alter_target(conn, t, schema, sink.evolution_rules(), where)
+        alter_target(conn, t, schema, target.evolution_rules(), where)
     for stage, rows in stages_of(manifests, t, where):
-        held = move_stage(conn, t, stage, sink.key) if t.regclass(conn, stage) else None
+        held = move_stage(conn, t, stage, target.key) if t.regclass(conn, stage) else None
         if held != rows:
-            raise sink._err(DataLossError, f"stage table {stage} holds "
-                            f"{'nothing' if held is None else held} of the {rows} rows "
-                            "staged for the epoch; it was changed outside raysink", epoch)
+            raise target.err(DataLossError, f"stage table {stage} holds "
+                             f"{'nothing' if held is None else held} of the {rows} rows "
+                             "staged for the epoch; it was changed outside raysink", epoch)

@@ -67,28 +67,27 @@ from typing import TYPE_CHECKING, Any
 from raysink._faults import hit
 from raysink.errors import DataLossError
 from raysink.sinks.base import Manifest, decision_id
-from raysink.sinks.postgres._common import (
+from raysink.sinks.postgres._evolve import commit_epoch
+from raysink.sinks.postgres._tables import (
     EPOCH_ROW,
     Outcome,
-    _csv_bytes,
-    _encode_column,
-    _ensure_target,
-    _has_progress_row,
-    _insert_progress,
-    _psycopg,
-    _sql,
-    _Target,
+    Tables,
     claim_epoch,
     gid,
     gid_prefix,
+    has_progress_row,
+    insert_progress,
+    postgres_manifests,
 )
-from raysink.sinks.postgres._evolve import commit_epoch
+from raysink.sinks.postgres._target import Target
+from raysink.sinks.postgres._types import csv_bytes, encode_column, psycopg_module, sql_module
 
 if TYPE_CHECKING:
     import psycopg
     import pyarrow as pa
 
-    from raysink.sinks.postgres._sink import PostgresSink
+__all__ = ["UPSERT_CHUNK_ROWS", "abort_prepared", "commit_prepared", "finish_prepared",
+           "last_per_key", "prepare", "sweep_prepared", "upsert_chunk"]
 
 UPSERT_CHUNK_ROWS = 131_072
 """Rows an upserting writer gathers before it sends them (the rest at ``pre_commit``)."""
@@ -100,7 +99,7 @@ UPSERT_CHUNK_ROWS = 131_072
 def last_per_key(table: pa.Table, key: Sequence[str], types: dict[str, str]) -> pa.Table:
     """``table`` sorted by ``key``, keeping only the last row (by index) of each key.
 
-    Keys are compared in the form PostgreSQL receives them (``_encode_column``: nested
+    Keys are compared in the form PostgreSQL receives them (``encode_column``: nested
     values as JSON text, binary as hex) and with its equality for floats (NaN = NaN), so
     two rows of one key never reach one statement."""
     import numpy as np
@@ -108,7 +107,7 @@ def last_per_key(table: pa.Table, key: Sequence[str], types: dict[str, str]) -> 
     import pyarrow.compute as pc
 
     rows = table.num_rows
-    keys = {f"k{i}": _encode_column(table.column(k), types[k]) for i, k in enumerate(key)}
+    keys = {f"k{i}": encode_column(table.column(k), types[k]) for i, k in enumerate(key)}
     keys["ord"] = pa.array(np.arange(rows, dtype=np.int64))
     order = pc.sort_indices(pa.table(keys), sort_keys=[
         *((name, "ascending") for name in keys if name != "ord"), ("ord", "descending")])
@@ -142,10 +141,10 @@ def _changed(column: Any) -> Any:
     return np.asarray(changed.to_numpy(zero_copy_only=False), dtype=bool)
 
 
-def upsert_chunk(conn: psycopg.Connection[Any], t: _Target, writer: int, chunk: pa.Table,
+def upsert_chunk(conn: psycopg.Connection[Any], t: Tables, writer: int, chunk: pa.Table,
                  types: dict[str, str], key: Sequence[str]) -> None:
     """Upsert one chunk through the writer's stage, inside the open transaction."""
-    s = _sql()
+    s = sql_module()
     rows = last_per_key(chunk, key, types)
     columns = list(rows.schema.names)
     stage = t.ident(t.upsert_stage(writer))
@@ -153,13 +152,13 @@ def upsert_chunk(conn: psycopg.Connection[Any], t: _Target, writer: int, chunk: 
     conn.execute(s.SQL("TRUNCATE {}").format(stage))
     with conn.cursor().copy(s.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
             stage, cols)) as copy:
-        copy.write(_csv_bytes(rows, types, {}))
+        copy.write(csv_bytes(rows, types, {}))
     conn.execute(_upsert_sql(t, stage, columns, key))
 
 
-def _upsert_sql(t: _Target, stage: Any, columns: Sequence[str],
+def _upsert_sql(t: Tables, stage: Any, columns: Sequence[str],
                 key: Sequence[str]) -> Any:
-    s = _sql()
+    s = sql_module()
     cols = s.SQL(", ").join(s.Identifier(c) for c in columns)
     keys = s.SQL(", ").join(s.Identifier(k) for k in key)
     rest = [c for c in columns if c not in key]
@@ -170,12 +169,12 @@ def _upsert_sql(t: _Target, stage: Any, columns: Sequence[str],
         target=t.target, cols=cols, stage=stage, keys=keys, action=action)
 
 
-def prepare(conn: psycopg.Connection[Any], t: _Target, epoch: int, attempt: int,
+def prepare(conn: psycopg.Connection[Any], t: Tables, epoch: int, attempt: int,
             writer: int) -> str:
     """Add this writer's progress row and ``PREPARE TRANSACTION``; the transaction
     survives crashes until the coordinator's ``COMMIT PREPARED``. Returns the gid."""
-    s = _sql()
-    _insert_progress(conn, t, epoch, writer)
+    s = sql_module()
+    insert_progress(conn, t, epoch, writer)
     txid = gid(t.runtime, t.sink, epoch, attempt, writer)
     conn.execute(s.SQL("PREPARE TRANSACTION {}").format(s.Literal(txid)))
     return txid
@@ -194,8 +193,8 @@ def _prepared_gids(conn: psycopg.Connection[Any], prefix: str) -> list[str]:
 def finish_prepared(conn: psycopg.Connection[Any], verb: str, txid: str) -> bool:
     """``COMMIT PREPARED`` / ``ROLLBACK PREPARED``; ``False`` when the gid no longer exists
     (another committer finished it, or it was never prepared). Waits while it is busy."""
-    psycopg = _psycopg()
-    s = _sql()
+    psycopg = psycopg_module()
+    s = sql_module()
     for _ in range(600):
         try:
             conn.execute(s.SQL(verb + " PREPARED {}").format(s.Literal(txid)))
@@ -208,13 +207,14 @@ def finish_prepared(conn: psycopg.Connection[Any], verb: str, txid: str) -> bool
 
 
 def commit_prepared(
-    sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
+    target: Target, conn: psycopg.Connection[Any], epoch: int, manifests: Sequence[Manifest]
 ) -> Outcome:
     """Claim the epoch, ``COMMIT PREPARED`` per writer, then the epoch row; stale attempts
     are rolled back. Another decision's claim: this one's transactions are rolled back."""
-    t = sink._tables()
-    if _has_progress_row(conn, t, epoch, EPOCH_ROW):
-        sweep_prepared(conn, sink, epoch, keep=())
+    t = target.tables()
+    listed = postgres_manifests(manifests)
+    if has_progress_row(conn, t, epoch, EPOCH_ROW):
+        sweep_prepared(conn, t, epoch, keep=())
         return "already"
     decision = decision_id(epoch, manifests)
     with conn.transaction():
@@ -224,42 +224,41 @@ def commit_prepared(
         t.ensure_tables(conn)
         holder = claim_epoch(conn, t, epoch, decision)
     if holder != decision:
-        abort_prepared(conn, sink, epoch, manifests)  # only this decision's: the other's
-        return "already"                              # may not be committed yet
-    for m in manifests:
+        abort_prepared(conn, t, epoch, manifests)  # only this decision's: the other's
+        return "already"                           # may not be committed yet
+    for m in listed:
         if m.get("gid") and not finish_prepared(conn, "COMMIT", str(m["gid"])) \
-                and not _has_progress_row(conn, t, epoch, int(m["writer"])):
-            raise sink._err(DataLossError, f"prepared transaction {m['gid']!r} is gone and "
-                            "its rows were never committed (rolled back outside raysink?)",
-                            epoch)
-    hit("sink.mid_commit", runtime=sink.runtime, sink=sink.name, epoch=epoch)
+                and not has_progress_row(conn, t, epoch, int(m["writer"])):
+            raise target.err(DataLossError, f"prepared transaction {m['gid']!r} is gone and "
+                             "its rows were never committed (rolled back outside raysink?)",
+                             epoch)
+    hit("sink.mid_commit", runtime=target.runtime, sink=target.sink, epoch=epoch)
     with conn.transaction():
-        if not _ensure_target(sink, conn, t, manifests):
+        if not target.ensure(conn, t, manifests):
             return "unmarked"
-        inserted = _insert_progress(conn, t, epoch, EPOCH_ROW)
-        if inserted and (sink.evolving or any(m.get("evolving") for m in manifests)):
-            commit_epoch(sink, conn, t, epoch, manifests)
-    sweep_prepared(conn, sink, epoch, keep=())
+        inserted = insert_progress(conn, t, epoch, EPOCH_ROW)
+        if inserted and (target.evolving or any(m.get("evolving") for m in listed)):
+            commit_epoch(target, conn, t, epoch, manifests)
+    sweep_prepared(conn, t, epoch, keep=())
     return "committed" if inserted else "already"
 
 
-def sweep_prepared(
-    conn: psycopg.Connection[Any], sink: PostgresSink, epoch: int, keep: Sequence[str]
-) -> None:
+def sweep_prepared(conn: psycopg.Connection[Any], t: Tables, epoch: int,
+                   keep: Sequence[str]) -> None:
     """Roll back this sink's prepared transactions of ``epoch`` not in ``keep`` (stale
     attempts, zombie writers): after a commit they can only hold locks."""
-    for txid in _prepared_gids(conn, gid_prefix(sink.runtime, sink.name, epoch)):
+    for txid in _prepared_gids(conn, gid_prefix(t.runtime, t.sink, epoch)):
         if txid not in keep:
             finish_prepared(conn, "ROLLBACK", txid)
 
 
-def abort_prepared(conn: psycopg.Connection[Any], sink: PostgresSink, epoch: int,
+def abort_prepared(conn: psycopg.Connection[Any], t: Tables, epoch: int,
                    manifests: Sequence[Manifest] | None) -> None:
     """Roll back the epoch's prepared transactions: the manifests' gids, or (``None``)
     every one of this sink's epoch."""
     if manifests is None:
-        sweep_prepared(conn, sink, epoch, keep=())
+        sweep_prepared(conn, t, epoch, keep=())
         return
-    for m in manifests:
+    for m in postgres_manifests(manifests):
         if m.get("gid"):
             finish_prepared(conn, "ROLLBACK", str(m["gid"]))

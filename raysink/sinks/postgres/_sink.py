@@ -1,6 +1,8 @@
 """``PostgresSink``: the picklable description, its connection, and the coordinator's
 calls (``commit``/``abort``/``committed_epoch``), each dispatched to its commit method
-(``_prepared``, ``_staging``)."""
+(``_prepared``, ``_staging``), on a ``Target`` it builds from itself.
+
+The top of the package: no other module of it imports this one."""
 
 from __future__ import annotations
 
@@ -10,24 +12,21 @@ from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysink import _schema
-from raysink.errors import ConfigError, RaySinkError, SinkUnavailableError
+from raysink.errors import ConfigError
 from raysink.sinks.base import CommitResult, Manifest, Sink, decision_id
-from raysink.sinks.postgres import _evolve, _prepared, _staging
-from raysink.sinks.postgres._common import (
-    CONNECT_TIMEOUT,
+from raysink.sinks.postgres._prepared import abort_prepared, commit_prepared
+from raysink.sinks.postgres._staging import abort_staged, commit_staging
+from raysink.sinks.postgres._tables import (
     EPOCH_ROW,
     PROGRESS_TABLE,
     Method,
-    _dsn_field,
-    _has_progress_row,
-    _insert_progress,
-    _psycopg,
-    _sql,
-    _Target,
-    arrow_to_postgres_type,
     claimed,
+    has_progress_row,
+    insert_progress,
     redact_dsn,
 )
+from raysink.sinks.postgres._target import Target
+from raysink.sinks.postgres._types import psycopg_module, sql_module
 from raysink.sinks.postgres._validate import Validator
 from raysink.sinks.postgres._writer import PostgresWriter
 
@@ -40,6 +39,8 @@ __all__ = ["PostgresSink"]
 logger = logging.getLogger("raysink.sinks.postgres")
 
 T = TypeVar("T")
+
+CONNECT_TIMEOUT = 5
 
 
 _RESULTS = {"committed": CommitResult.COMMITTED, "already": CommitResult.ALREADY,
@@ -75,7 +76,7 @@ class PostgresSink(Sink):
         connect_timeout: int = CONNECT_TIMEOUT,
         schema_evolution: _schema.SchemaEvolution = "fail",
     ) -> None:
-        _psycopg()
+        psycopg_module()
         self.schema_evolution = _schema.check_evolution_option("PostgresSink",
                                                                schema_evolution)
         if not table or not schema:
@@ -112,7 +113,7 @@ class PostgresSink(Sink):
         return self.schema_evolution == "add_columns"
 
     def evolution_rules(self) -> _schema.Rules:
-        return _evolve.rules(f"{self.schema}.{self.table}")
+        return self.target().evolution_rules()
 
     def __getstate__(self) -> dict[str, Any]:
         state = dict(self.__dict__)
@@ -121,50 +122,27 @@ class PostgresSink(Sink):
 
     def pg_types(self, arrow_schema: pa.Schema | None = None) -> dict[str, str]:
         """PostgreSQL types for the columns of ``arrow_schema`` (default: the sink's)."""
-        schema = arrow_schema if arrow_schema is not None else self.arrow_schema
-        if schema is None:
-            return {}
-        return {f.name: arrow_to_postgres_type(f.name, f.type) for f in schema}
+        return self.target().pg_types(arrow_schema)
 
-    def _tables(self) -> _Target:
-        return _Target(schema=self.schema, table=self.table, runtime=self.runtime, sink=self.name)
-
-    def _redact(self, text: str) -> str:
-        password = _dsn_field(self._dsn, "password")
-        return text.replace(password, "***") if password else text
-
-    def _err(
-        self, cls: type[RaySinkError], message: str, epoch: int | None = None
-    ) -> RaySinkError:
-        return cls(self._redact(message), runtime=self.runtime or None,
-                   sink=self.name or None, epoch=epoch)
+    def target(self) -> Target:
+        """This sink as its writer, commit methods and checks use it (bound: its runtime
+        and name as they are now)."""
+        return Target(dsn=self._dsn, schema=self.schema, table=self.table, key=self._key,
+                      method=self.method, create_table=self.create_table,
+                      schema_evolution=self.schema_evolution, arrow_schema=self.arrow_schema,
+                      connect_timeout=self.connect_timeout, runtime=self.runtime,
+                      sink=self.name)
 
     # -- connections ----------------------------------------------------------------
 
     def connect(self, *, autocommit: bool = False) -> psycopg.Connection[Any]:
         """A new connection; refusals become ``SinkUnavailableError`` (password redacted)."""
-        psycopg = _psycopg()
-        try:
-            conn = psycopg.connect(self._dsn, autocommit=autocommit,
-                                   connect_timeout=self.connect_timeout)
-        except psycopg.OperationalError as exc:
-            raise self._unavailable(exc) from None
-        return conn  # type: ignore[no-any-return]
-
-    def _unavailable(self, exc: Exception) -> Exception:
-        text = str(exc).strip()
-        user = _dsn_field(self._dsn, "user") or "(default user)"
-        if "authentication failed" in text or "no password supplied" in text:
-            return self._err(SinkUnavailableError,
-                             f"authentication failed for user {user!r}: check the DSN's user "
-                             f"and password ({redact_dsn(self._dsn)})")
-        return self._err(SinkUnavailableError,
-                         f"PostgreSQL unreachable at {redact_dsn(self._dsn)}: {text}")
+        return self.target().connect(autocommit=autocommit)
 
     def _run(self, fn: Callable[[psycopg.Connection[Any]], T]) -> T:
         """Run ``fn`` on the cached coordinator connection, reconnecting once if it broke
         (e.g. after a server restart); ``fn`` must be idempotent."""
-        psycopg = _psycopg()
+        psycopg = psycopg_module()
         for attempt in (0, 1):
             if self._conn is None or self._conn.closed or self._conn.broken:
                 self._conn = self.connect(autocommit=True)
@@ -174,7 +152,7 @@ class PostgresSink(Sink):
                 self._conn.close()
                 self._conn = None
                 if attempt:
-                    raise self._unavailable(exc) from exc
+                    raise self.target().unavailable(exc) from exc
         raise AssertionError("unreachable")
 
     def close(self) -> None:
@@ -192,14 +170,14 @@ class PostgresSink(Sink):
         try:
             conn.read_only = True
             with conn.transaction():
-                Validator(self, conn).run()
+                Validator(self.target(), conn).run()
         finally:
             conn.close()
 
     # -- writers --------------------------------------------------------------------
 
     def create_writer(self, writer_id: int) -> PostgresWriter:
-        return PostgresWriter(self, writer_id)
+        return PostgresWriter(self.target(), writer_id)
 
     # -- commit ---------------------------------------------------------------------
 
@@ -208,9 +186,9 @@ class PostgresSink(Sink):
         A missing table is created from the epoch's schema (an empty epoch's too);
         ``NO_TARGET`` when there is none and no writer saw a schema: nothing is written."""
         started = time.perf_counter()
-        commit = (_prepared.commit_prepared if self.method == "prepared"
-                  else _staging.commit_staging)
-        outcome = self._run(lambda conn: commit(self, conn, epoch, manifests))
+        commit = commit_prepared if self.method == "prepared" else commit_staging
+        target = self.target()
+        outcome = self._run(lambda conn: commit(target, conn, epoch, manifests))
         if outcome == "committed":
             logger.info("postgres sink %s/%s committed epoch %d (%d rows) in %.3fs",
                         self.runtime, self.name, epoch,
@@ -220,17 +198,17 @@ class PostgresSink(Sink):
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Drop what was staged or prepared for ``epoch``; ``None`` sweeps by epoch."""
-        self._run(lambda conn: _abort(self, conn, epoch, manifests))
+        self._run(lambda conn: self._abort(conn, epoch, manifests))
 
     def committed_epoch(self) -> int | None:
         """Highest committed epoch; ``None`` if the progress table is missing or empty."""
         return self._run(self._committed_epoch)
 
     def _committed_epoch(self, conn: psycopg.Connection[Any]) -> int | None:
-        t = self._tables()
+        t = self.target().tables()
         if not t.regclass(conn, PROGRESS_TABLE):
             return None
-        row = conn.execute(_sql().SQL(
+        row = conn.execute(sql_module().SQL(
             "SELECT max(epoch) FROM {} WHERE runtime = %s AND sink = %s AND writer = %s"
         ).format(t.ident(PROGRESS_TABLE)), (self.runtime, self.name, EPOCH_ROW)).fetchone()
         return None if row is None or row[0] is None else int(row[0])
@@ -238,34 +216,32 @@ class PostgresSink(Sink):
     def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         """Whether ``epoch``'s claim names the decision ``manifests`` (``None``: no claim,
         as for an epoch committed by an older raysink)."""
-        holder = self._run(lambda conn: claimed(conn, self._tables(), epoch))
+        holder = self._run(lambda conn: claimed(conn, self.target().tables(), epoch))
         return None if holder is None else holder == decision_id(epoch, manifests)
 
     def target_exists(self) -> bool:
         """Whether the data table exists (the coordinator tells a deleted one apart)."""
-        return self._run(lambda conn: self._tables().regclass(conn, self.table))
+        return self._run(lambda conn: self.target().tables().regclass(conn, self.table))
 
     def recreate_marker(self, epoch: int) -> None:
         """Re-create the progress table and this sink's marker at ``epoch`` (only when no
         epoch is pending: the coordinator decides)."""
         def run(conn: psycopg.Connection[Any]) -> None:
-            t = self._tables()
+            t = self.target().tables()
             with conn.transaction():
                 t.lock(conn)
                 t.ensure_progress(conn)
-                _insert_progress(conn, t, epoch, EPOCH_ROW)
+                insert_progress(conn, t, epoch, EPOCH_ROW)
         self._run(run)
         logger.info("postgres sink %s/%s: progress marker re-created at epoch %d",
                     self.runtime, self.name, epoch)
 
-
-def _abort(
-    sink: PostgresSink, conn: psycopg.Connection[Any], epoch: int,
-    manifests: Sequence[Manifest] | None,
-) -> None:
-    """Remove what was prepared or staged for ``epoch``; a committed epoch is left alone."""
-    t = sink._tables()
-    if _has_progress_row(conn, t, epoch, EPOCH_ROW):
-        return
-    _prepared.abort_prepared(conn, sink, epoch, manifests)
-    _staging.abort_staged(conn, t, epoch, manifests)
+    def _abort(self, conn: psycopg.Connection[Any], epoch: int,
+               manifests: Sequence[Manifest] | None) -> None:
+        """Remove what was prepared or staged for ``epoch``; a committed epoch is left
+        alone."""
+        t = self.target().tables()
+        if has_progress_row(conn, t, epoch, EPOCH_ROW):
+            return
+        abort_prepared(conn, t, epoch, manifests)
+        abort_staged(conn, t, epoch, manifests)

@@ -7,12 +7,12 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raysink.errors import SchemaMismatchError, SinkUnavailableError
-from raysink.sinks.postgres._common import PROGRESS_TABLE, STAGED_TABLE
+from raysink.sinks.postgres._tables import PROGRESS_TABLE, STAGED_TABLE
+from raysink.sinks.postgres._target import Target
+from raysink.sinks.postgres._types import compatible
 
 if TYPE_CHECKING:
     import psycopg
-
-    from raysink.sinks.postgres._sink import PostgresSink
 
 __all__ = ["Validator"]
 
@@ -20,10 +20,10 @@ __all__ = ["Validator"]
 class Validator:
     """Read-only checks of ``validate()``: privileges, existing tables, server settings."""
 
-    def __init__(self, sink: PostgresSink, conn: psycopg.Connection[Any]) -> None:
+    def __init__(self, sink: Target, conn: psycopg.Connection[Any]) -> None:
         self.sink = sink
         self.conn = conn
-        self.t = sink._tables()
+        self.t = sink.tables()
 
     def run(self) -> None:
         self._check_schema()
@@ -31,8 +31,8 @@ class Validator:
             self._check_table_privileges(self.sink.table, self._target_privileges())
             self._check_columns()
         elif not self.sink.create_table:
-            raise self.sink._err(SinkUnavailableError, f"table {self.sink.schema}."
-                                 f"{self.sink.table} does not exist and create_table=False")
+            raise self.sink.err(SinkUnavailableError, f"table {self.sink.schema}."
+                                f"{self.sink.table} does not exist and create_table=False")
         else:
             self._require_create("the target table")
         for helper, privileges in self._helpers():
@@ -67,8 +67,8 @@ class Validator:
     def _check_schema(self) -> None:
         if not self._scalar("SELECT EXISTS (SELECT 1 FROM pg_namespace WHERE nspname = %s)",
                             (self.sink.schema,)):
-            raise self.sink._err(SinkUnavailableError,
-                                 f"schema {self.sink.schema!r} does not exist; create it first")
+            raise self.sink.err(SinkUnavailableError,
+                                f"schema {self.sink.schema!r} does not exist; create it first")
         if not self._scalar("SELECT has_schema_privilege(%s, 'USAGE')", (self.sink.schema,)):
             raise self._denied("USAGE", f"schema {self.sink.schema}")
 
@@ -84,8 +84,8 @@ class Validator:
 
     def _denied(self, privilege: str, on: str) -> Exception:
         user = self._scalar("SELECT current_user", ())
-        return self.sink._err(SinkUnavailableError, f"permission denied: role {user!r} lacks "
-                              f"the {privilege} privilege on {on}; GRANT {privilege} to it")
+        return self.sink.err(SinkUnavailableError, f"permission denied: role {user!r} lacks "
+                             f"the {privilege} privilege on {on}; GRANT {privilege} to it")
 
     def _check_columns(self) -> None:
         existing = self.t.columns(self.conn)
@@ -98,9 +98,9 @@ class Validator:
         problems += [f"key column {k} is missing" for k in self.sink.key or ()
                      if k not in existing]
         if problems:
-            raise self.sink._err(SchemaMismatchError, f"table {self.sink.schema}."
-                                 f"{self.sink.table} disagrees with the schema: "
-                                 + "; ".join(problems))
+            raise self.sink.err(SchemaMismatchError, f"table {self.sink.schema}."
+                                f"{self.sink.table} disagrees with the schema: "
+                                + "; ".join(problems))
 
     def _check_evolving(self) -> None:
         """``add_columns``: writers create their stage tables in the schema, and the commit
@@ -111,45 +111,19 @@ class Validator:
         literal = self.t.ident(self.sink.table).as_string(self.conn)
         if not self._scalar("SELECT pg_has_role(relowner, 'USAGE') FROM pg_class "
                             "WHERE oid = to_regclass(%s)", (literal,)):
-            raise self.sink._err(SinkUnavailableError, f"schema_evolution='add_columns' alters "
-                                 f"table {self.sink.schema}.{self.sink.table}, which only its "
-                                 "owner may do; make the sink's role a member of the owner "
-                                 "role, or use schema_evolution='fail'")
+            raise self.sink.err(SinkUnavailableError, f"schema_evolution='add_columns' alters "
+                                f"table {self.sink.schema}.{self.sink.table}, which only its "
+                                "owner may do; make the sink's role a member of the owner "
+                                "role, or use schema_evolution='fail'")
 
     def _check_prepared(self) -> None:
         value = int(self._scalar("SELECT current_setting('max_prepared_transactions')::int", ()))
         if value <= 0:
-            raise self.sink._err(SinkUnavailableError,
-                                 "method='prepared' needs max_prepared_transactions > 0 on the "
-                                 "server (set it and restart), or use method='staging'")
+            raise self.sink.err(SinkUnavailableError,
+                                "method='prepared' needs max_prepared_transactions > 0 on the "
+                                "server (set it and restart), or use method='staging'")
 
 
-def _arrow_types(sink: PostgresSink) -> dict[str, str]:
+def _arrow_types(sink: Target) -> dict[str, str]:
     return {f.name: str(f.type) for f in sink.arrow_schema or ()}
 
-
-_FAMILIES = {
-    "smallint": "int", "integer": "int", "bigint": "int",
-    "real": "float", "double precision": "float",
-    "timestamp": "timestamp without time zone", "timestamptz": "timestamp with time zone",
-    "time": "time without time zone", "json": "jsonb",
-}
-
-
-def compatible(existing: str, wanted: str) -> bool:
-    """Whether a column of type ``existing`` accepts values written as ``wanted``."""
-    def base(pg_type: str) -> str:
-        root = pg_type.split("(")[0].strip()
-        return _FAMILIES.get(root, root)
-    if base(wanted) == "int" and base(existing) in ("int", "numeric"):
-        return True
-    if base(wanted) == "float" and base(existing) in ("float", "numeric"):
-        return True
-    if base(wanted) == "numeric" and base(existing) in ("numeric", "float"):
-        return True
-    if base(wanted) == "text" and base(existing) in ("text", "character varying", "character"):
-        return True
-    return base(existing) == base(wanted)
-
-
-# --------------------------------------------------------------------------- writer

@@ -30,21 +30,14 @@ from raysink import _schema
 from raysink.errors import DataLossError, SchemaMismatchError, SinkUnavailableError
 from raysink.sinks.base import Manifest, SinkWriter
 from raysink.sinks.postgres import _evolve, _prepared, _staging
-from raysink.sinks.postgres._common import (
-    _ORD_COL,
-    _TOKEN_COL,
-    _csv_bytes,
-    _psycopg,
-    _sql,
-    gid,
-)
+from raysink.sinks.postgres._tables import ORD_COL, TOKEN_COL, PostgresManifest, gid
+from raysink.sinks.postgres._target import Target
+from raysink.sinks.postgres._types import csv_bytes, psycopg_module, sql_module
 
 if TYPE_CHECKING:
     import psycopg
     import pyarrow as pa
     from psycopg import sql
-
-    from raysink.sinks.postgres._sink import PostgresSink
 
 __all__ = ["PostgresWriter"]
 
@@ -72,24 +65,24 @@ class _Segment:
 class PostgresWriter(SinkWriter):
     """Writes one writer actor's rows inside one transaction per epoch attempt."""
 
-    def __init__(self, sink: PostgresSink, writer_id: int) -> None:
-        self.sink = sink
+    def __init__(self, target: Target, writer_id: int) -> None:
+        self.target = target
         self.writer_id = writer_id
         self._conn: psycopg.Connection[Any] | None = None
-        self._t = sink._tables()
+        self._t = target.tables()
         self._types: dict[str, str] = {}
         self._segment = _Segment()
-        self._last: tuple[int, int, Manifest] | None = None
+        self._last: tuple[int, int, PostgresManifest] | None = None
         self._chunk: list[pa.RecordBatch] = []
         self._chunk_rows = 0
 
     @property
     def _path(self) -> Path:
-        if self.sink.evolving:
+        if self.target.evolving:
             return "evolving"
-        if self.sink.method == "staging":
+        if self.target.method == "staging":
             return "staging"
-        return "upsert" if self.sink.key else "append"
+        return "upsert" if self.target.key else "append"
 
     # -- open / ddl -----------------------------------------------------------------
 
@@ -97,9 +90,9 @@ class PostgresWriter(SinkWriter):
         """Connect (again after a restart) and create missing tables; idempotent."""
         if self._conn is not None and not self._conn.closed and not self._conn.broken:
             return
-        self._conn = self.sink.connect()
+        self._conn = self.target.connect()
         self._segment = _Segment()
-        self._ddl(self.sink.pg_types())
+        self._ddl(self.target.pg_types())
 
     def _ddl(self, wanted: dict[str, str]) -> None:
         """Create the progress table, the target (from ``wanted`` types; a target deleted
@@ -109,20 +102,20 @@ class PostgresWriter(SinkWriter):
             self._t.lock(conn)
             had_progress = self._t.has_progress(conn)
             self._t.ensure_progress(conn)
-            if self.sink.method == "staging":
+            if self.target.method == "staging":
                 self._t.ensure_staged(conn)
-            if not self._t.regclass(conn, self.sink.table):
+            if not self._t.regclass(conn, self.target.table):
                 if had_progress:
-                    raise self.sink._err(DataLossError, f"target table {self.sink.schema}."
-                                         f"{self.sink.table} was deleted after raysink "
-                                         "committed to it; restore it (not re-created)")
+                    raise self.target.err(DataLossError, f"target table {self.target.schema}."
+                                          f"{self.target.table} was deleted after raysink "
+                                          "committed to it; restore it (not re-created)")
                 if not wanted:
                     return
-                if not self.sink.create_table:
-                    raise self.sink._err(SinkUnavailableError, f"table {self.sink.schema}."
-                                         f"{self.sink.table} does not exist and "
-                                         "create_table=False")
-                self._t.create_target(conn, wanted, self.sink.key)
+                if not self.target.create_table:
+                    raise self.target.err(SinkUnavailableError, f"table {self.target.schema}."
+                                          f"{self.target.table} does not exist and "
+                                          "create_table=False")
+                self._t.create_target(conn, wanted, self.target.key)
             self._types = self._t.columns(conn)
             if self._path == "staging":
                 self._t.ensure_stage(conn)
@@ -147,20 +140,20 @@ class PostgresWriter(SinkWriter):
     def _guard(self, epoch: int | None = None) -> Iterator[None]:
         """Map server errors: bad data -> ``SchemaMismatchError``, connection ->
         ``SinkUnavailableError``; the open transaction is rolled back (nothing written)."""
-        psycopg = _psycopg()
+        psycopg = psycopg_module()
         try:
             yield
         except psycopg.Error as exc:
             self._reset()
             refused = psycopg.errors.InsufficientPrivilege | psycopg.errors.UndefinedTable
             if isinstance(exc, refused):
-                raise self.sink._err(SinkUnavailableError,
-                                     f"PostgreSQL refused the write: {exc}", epoch) from None
+                raise self.target.err(SinkUnavailableError,
+                                      f"PostgreSQL refused the write: {exc}", epoch) from None
             if isinstance(exc, psycopg.DataError | psycopg.IntegrityError
                           | psycopg.ProgrammingError):
-                raise self.sink._err(SchemaMismatchError,
-                                     f"PostgreSQL refused the rows: {exc}", epoch) from None
-            raise self.sink._unavailable(exc) from None
+                raise self.target.err(SchemaMismatchError,
+                                      f"PostgreSQL refused the rows: {exc}", epoch) from None
+            raise self.target.unavailable(exc) from None
 
     def _reset(self) -> None:
         """Roll back the open transaction and start a new segment."""
@@ -182,7 +175,7 @@ class PostgresWriter(SinkWriter):
         if self._path == "evolving":
             self._write_evolving(batch)
             return
-        types = self.sink.pg_types(batch.schema)
+        types = self.target.pg_types(batch.schema)
         if batch.num_rows == 0:
             if self._types:
                 self._check_columns(batch)
@@ -202,7 +195,7 @@ class PostgresWriter(SinkWriter):
                 self._send_chunk()
             return
         prefix = self._prefix(batch.num_rows)
-        data = _csv_bytes(batch, types, prefix)
+        data = csv_bytes(batch, types, prefix)
         copy_sql = self._copy_sql(list(prefix) + batch.schema.names)
         with self._guard(), conn.cursor().copy(copy_sql) as cp:
             cp.write(data)
@@ -214,17 +207,17 @@ class PostgresWriter(SinkWriter):
         table's wider types and COPY it into the segment's stage (``_evolve``)."""
         conn = self._live_conn()  # (the commit creates a missing table, from the union)
         seg = self._segment
-        where = {"runtime": self.sink.runtime or None, "sink": self.sink.name or None}
+        where = {"runtime": self.target.runtime or None, "sink": self.target.sink or None}
         try:
             with self._guard():
                 if seg.target is None:
                     seg.target = self._t.columns(conn)
                     seg.required = _evolve.required_columns(conn, self._t)
                 current = _evolve.table_schema(seg.target, batch.schema,
-                                               self.sink.evolution_rules(), where,
+                                               self.target.evolution_rules(), where,
                                                seg.required)
                 batch, seg.schema = _schema.admit(batch, current, seg.schema,
-                                                  self.sink.evolution_rules(), where=where)
+                                                  self.target.evolution_rules(), where=where)
                 _evolve.check_nulls(batch, seg.required, where)
                 if batch.num_rows:
                     seg.stage = seg.stage or _evolve.Stage(self._t, seg.token)
@@ -234,7 +227,7 @@ class PostgresWriter(SinkWriter):
             raise
         seg.rows += batch.num_rows
         seg.columns = tuple(seg.schema.names)
-        seg.types = self.sink.pg_types(seg.schema)
+        seg.types = self.target.pg_types(seg.schema)
 
     def _send_chunk(self) -> None:
         """Upsert the gathered chunk. Only ``write`` and ``pre_commit`` send one, never a
@@ -248,25 +241,25 @@ class PostgresWriter(SinkWriter):
         conn = self._require_conn()
         with self._guard():
             _prepared.upsert_chunk(conn, self._t, self.writer_id, chunk, self._segment.types,
-                                   self.sink.key or ())
+                                   self.target.key or ())
         logger.debug("postgres writer %d upserted %d rows", self.writer_id, chunk.num_rows)
 
     def _check_batch(self, batch: pa.RecordBatch) -> None:
-        for k in self.sink.key or ():
+        for k in self.target.key or ():
             if k not in batch.schema.names:
                 self._reset()
-                raise self.sink._err(SchemaMismatchError, f"key column {k!r} is missing "
-                                     f"from the batch (columns {batch.schema.names})")
+                raise self.target.err(SchemaMismatchError, f"key column {k!r} is missing "
+                                      f"from the batch (columns {batch.schema.names})")
             if batch.column(k).null_count:
                 self._reset()
-                raise self.sink._err(SchemaMismatchError,
-                                     f"key column {k!r} holds {batch.column(k).null_count} "
-                                     "null values; upsert keys must be non-null")
+                raise self.target.err(SchemaMismatchError,
+                                      f"key column {k!r} holds {batch.column(k).null_count} "
+                                      "null values; upsert keys must be non-null")
         if self._path != "evolving" and self._segment.columns \
                 and tuple(batch.schema.names) != self._segment.columns:
             self._reset()
-            raise self.sink._err(SchemaMismatchError, f"batch columns {batch.schema.names} "
-                                 f"differ from the epoch's {list(self._segment.columns)}")
+            raise self.target.err(SchemaMismatchError, f"batch columns {batch.schema.names} "
+                                  f"differ from the epoch's {list(self._segment.columns)}")
 
     def _check_columns(self, batch: pa.RecordBatch) -> None:
         unknown = [n for n in batch.schema.names if n not in self._types]
@@ -274,12 +267,12 @@ class PostgresWriter(SinkWriter):
             self._reset()
             listed = ", ".join(repr(n) for n in unknown)
             raise SchemaMismatchError(
-                self.sink._redact(
-                    f"column {listed} is not in the table {self.sink.schema}."
-                    f"{self.sink.table}; send the columns it holds (drop the others), or give "
+                self.target.redact(
+                    f"column {listed} is not in the table {self.target.schema}."
+                    f"{self.target.table}; send the columns it holds (drop the others), or give "
                     "the sink schema_evolution='add_columns' to add new columns"),
-                column=unknown[0], runtime=self.sink.runtime or None,
-                sink=self.sink.name or None)
+                column=unknown[0], runtime=self.target.runtime or None,
+                sink=self.target.sink or None)
 
     def _prefix(self, n: int) -> dict[str, Any]:
         """The staging path's token and row-order columns for ``n`` more rows."""
@@ -289,11 +282,11 @@ class PostgresWriter(SinkWriter):
         import pyarrow as pa
 
         start = self._segment.rows - n
-        return {_TOKEN_COL: pa.array(np.full(n, self._segment.token, dtype=np.int64)),
-                _ORD_COL: pa.array(np.arange(start, start + n, dtype=np.int64))}
+        return {TOKEN_COL: pa.array(np.full(n, self._segment.token, dtype=np.int64)),
+                ORD_COL: pa.array(np.arange(start, start + n, dtype=np.int64))}
 
     def _copy_sql(self, columns: Sequence[str]) -> sql.Composed:
-        s = _sql()
+        s = sql_module()
         table = self._t.ident(self._t.stage_name) if self._path == "staging" else self._t.target
         query: sql.Composed = s.SQL("COPY {} ({}) FROM STDIN (FORMAT csv)").format(
             table, s.SQL(", ").join(s.Identifier(c) for c in columns))
@@ -308,7 +301,7 @@ class PostgresWriter(SinkWriter):
             return self._last[2]
         conn = self._live_conn()
         seg = self._segment
-        manifest: Manifest = {"method": self.sink.method, "writer": self.writer_id,
+        manifest: PostgresManifest = {"method": self.target.method, "writer": self.writer_id,
                               "epoch": epoch, "attempt": attempt, "rows": seg.rows,
                               "columns": list(seg.columns), "types": seg.types or None,
                               "token": None, "gid": None}
@@ -318,7 +311,7 @@ class PostgresWriter(SinkWriter):
         with self._guard(epoch):
             if not seg.rows:
                 conn.rollback()
-            elif self.sink.method == "staging":
+            elif self.target.method == "staging":
                 stage = self._t.stage_name if seg.stage is None else seg.stage.name
                 _staging.record_staged(conn, self._t, epoch, attempt, self.writer_id,
                                        seg.token, seg.rows, stage)
@@ -344,8 +337,8 @@ class PostgresWriter(SinkWriter):
         try:
             with self._guard(epoch):
                 _prepared.finish_prepared(conn, "ROLLBACK", gid(
-                    self.sink.runtime, self.sink.name, epoch, attempt, self.writer_id))
-                if self.sink.method == "staging":
+                    self.target.runtime, self.target.sink, epoch, attempt, self.writer_id))
+                if self.target.method == "staging":
                     _staging.drop_staged(conn, self._t, epoch, attempt, self.writer_id)
         finally:
             conn.autocommit = False

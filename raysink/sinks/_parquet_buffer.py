@@ -1,56 +1,22 @@
-"""Staged Parquet files shared by the table-format sinks (Delta, Iceberg).
+"""Parquet encoded in memory, as the table-format sinks' writers stage it (Delta, Iceberg).
 
 A writer encodes its batches into Parquet in memory as they arrive (``ParquetBuffer``,
-one per partition), and uploads the finished files at ``pre_commit``, under names that
-carry ``(epoch, attempt, writer, uuid)``. Nothing is uploaded before ``pre_commit``
-because the epoch is only known then; a writer lost before it re-feeds the attempt, so
-earlier durability would buy nothing. ``FileStore`` is a thin, path-relative view of a
-``pyarrow.fs`` filesystem that fsyncs local files.
-
-Staged names look like ``<prefix>/<epoch:012d>/e<epoch>-a<attempt>-w<writer>-<uuid>-<n>.parquet``.
+one per partition and schema) and uploads the finished files at ``pre_commit``
+(``raysink.sinks._table_format``). Nothing is uploaded before ``pre_commit`` because the
+epoch is only known then; a writer lost before it re-feeds the attempt, so earlier
+durability would buy nothing. ``dictionary_columns`` chooses the columns worth a
+dictionary, for the Parquet sink's files too.
 """
 
 from __future__ import annotations
 
-import contextlib
-import os
-import re
-import uuid
-from collections.abc import Iterator
 from dataclasses import dataclass, field
-from pathlib import Path
 
 import pyarrow as pa
 import pyarrow.compute as pc
-import pyarrow.fs as pafs
 import pyarrow.parquet as pq
 
-from raysink.sinks.base import staged_name
-
-__all__ = [
-    "STAGED_FILE",
-    "FileStore",
-    "ParquetBuffer",
-    "dictionary_columns",
-    "epoch_dir",
-    "staged_file_path",
-    "write_durably",
-]
-
-STAGED_FILE = re.compile(r"e(\d{12})-a(\d{4})-w(\d{4})-[0-9a-f]{32}-\d{4}\.parquet")
-"""The base name of every staged file."""
-
-
-def epoch_dir(prefix: str, epoch: int) -> str:
-    """The directory holding every file staged for ``epoch`` (all attempts)."""
-    return f"{prefix}/{epoch:012d}"
-
-
-def staged_file_path(prefix: str, epoch: int, attempt: int, writer: int, unique: str,
-                     n: int) -> str:
-    """Deterministic relative path of the ``n``-th file one writer staged for an attempt."""
-    name = staged_name(epoch, attempt, writer, unique)
-    return f"{epoch_dir(prefix, epoch)}/{name}-{n:04d}.parquet"
+__all__ = ["EncodedFile", "ParquetBuffer", "dictionary_columns"]
 
 
 @dataclass
@@ -174,80 +140,3 @@ class ParquetBuffer:
         self._open.writer.close()
         self._done.append(EncodedFile(self._open.sink.getvalue(), self._open.rows))
         self._open = None
-
-
-def new_unique() -> str:
-    return uuid.uuid4().hex
-
-
-class FileStore:
-    """Relative paths under ``base`` on a ``pyarrow.fs`` filesystem.
-
-    Local files are written with fsync (file and directory), so a staged file that
-    ``pre_commit`` reported survives a machine crash.
-    """
-
-    def __init__(self, fs: pafs.FileSystem, base: str) -> None:
-        self.fs = fs
-        self.base = base.rstrip("/")
-        self.local = isinstance(fs, pafs.LocalFileSystem)
-
-    def full(self, rel: str) -> str:
-        return f"{self.base}/{rel}" if self.base else rel
-
-    def write(self, rel: str, data: pa.Buffer) -> None:
-        target = self.full(rel)
-        if self.local:
-            write_durably(Path(target), data)
-            return
-        parent = target.rsplit("/", 1)[0] if "/" in target else ""
-        if parent:
-            self.fs.create_dir(parent, recursive=True)
-        with self.fs.open_output_stream(target) as out:
-            out.write(data)
-
-    def delete(self, rel: str) -> None:
-        """Remove one file; a missing file is fine (idempotent)."""
-        with contextlib.suppress(FileNotFoundError):
-            self.fs.delete_file(self.full(rel))
-
-    def list_files(self, rel_dir: str) -> list[str]:
-        """Files under ``rel_dir`` (recursive), relative to the base; [] when absent."""
-        selector = pafs.FileSelector(self.full(rel_dir), recursive=True, allow_not_found=True)
-        try:
-            infos = self.fs.get_file_info(selector)
-        except FileNotFoundError:
-            return []
-        cut = len(self.base) + 1 if self.base else 0
-        return sorted(i.path[cut:] for i in infos if i.type == pafs.FileType.File)
-
-    def remove_empty_dir(self, rel_dir: str) -> None:
-        """Remove ``rel_dir`` when it is an empty local directory (object stores have none)."""
-        if self.local:
-            with contextlib.suppress(OSError):
-                os.rmdir(self.full(rel_dir))
-
-    def read_table(self, rel: str) -> pa.Table:
-        return pq.read_table(self.full(rel), filesystem=self.fs)
-
-    def entries(self) -> Iterator[pafs.FileInfo]:
-        """The top-level entries of the base directory (nothing when it is absent)."""
-        selector = pafs.FileSelector(self.base, recursive=False, allow_not_found=True)
-        yield from self.fs.get_file_info(selector)
-
-
-def write_durably(path: Path, data: pa.Buffer | bytes) -> None:
-    """Write ``path`` whole or not at all: a uniquely named temporary file, fsync, rename
-    into place, fsync of the directory."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.{uuid.uuid4().hex[:8]}.tmp")
-    with open(tmp, "wb") as out:
-        out.write(memoryview(data))
-        out.flush()
-        os.fsync(out.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
