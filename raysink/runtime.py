@@ -30,15 +30,15 @@ from raysink.driver.feed import FeedRoute
 from raysink.driver.handle import EpochHandle
 from raysink.driver.lease import LEASE_SECONDS, LeaseKeeper
 from raysink.driver.lifecycle import PING_TIMEOUT, ActorSet
-from raysink.driver.options import (
+from raysink.driver.placement import Placement
+from raysink.driver.rescale import refuse_rescale, resize_writers
+from raysink.driver.runtime_options import (
     RuntimeOptions,
     bind_sinks,
     check_name,
     progress_line,
     routing_key,
 )
-from raysink.driver.placement import Placement
-from raysink.driver.rescale import refuse_rescale, resize_writers
 from raysink.driver.stream_controller import StreamController
 from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import (

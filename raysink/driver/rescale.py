@@ -16,7 +16,7 @@ from raysink.driver.calls import results, short
 from raysink.driver.epoch import EpochDriver
 from raysink.driver.handle import EpochHandle
 from raysink.driver.lifecycle import ActorSet
-from raysink.driver.options import RuntimeOptions
+from raysink.driver.runtime_options import RuntimeOptions
 from raysink.driver.stream_controller import StreamController
 from raysink.errors import RescaleRefusedError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier

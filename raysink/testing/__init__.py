@@ -19,7 +19,7 @@
 
 from raysink._faults import InjectedFault, fault_dir
 from raysink.testing.failing_sink import FailingSink, InjectedSinkFailure
-from raysink.testing.faults import arm_fault, disarm_faults, fired, fired_context
+from raysink.testing.fault_arming import arm_fault, disarm_faults, fired, fired_context
 from raysink.testing.list_sink import ListSink
 from raysink.testing.metastore import InMemoryMetaStore
 
