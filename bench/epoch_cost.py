@@ -7,10 +7,10 @@ logical CPUs. After ``--warmup`` epochs, ``--epochs`` epochs are timed one by on
 driver; p50, p99 and the mean per writer count, and the growth per added writer between
 the first and last count, for two kinds of epoch:
 
-* empty (``rt.write_arrow([])``), the issue's measure: no writer received anything, so no
+* empty (``rt.write_arrow([])``), the cost of the protocol alone: no writer received anything, so no
   writer is called (the driver answers for them); the coordinator records OPEN and PENDING
   in one durable transaction, records the sink's commit (no marker, nothing to take to
-  the target) and answers. Targets (issue 11): 2 writers p50/p99 <= 6/12 ms, 16 writers
+  the target) and answers. Targets: 2 writers p50/p99 <= 6/12 ms, 16 writers
   <= 15/30 ms, 64 writers <= 60/120 ms.
 * one row per writer (``rt.write_arrow([row] * writers)``): every writer gets a data
   message and its barrier, writes and fsyncs a Parquet file and answers with its commit
@@ -42,9 +42,9 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raysink.coordinator.epochs import EpochCoordinator
-from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
-from raysink.coordinator.vnodes import assign
+from raysink.protocol.messages import CommitRequest
+from raysink.protocol.vnodes import assign
 from raysink.sinks.base import CommitResult, Manifest, Sink, SinkWriter
 
 

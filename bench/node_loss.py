@@ -70,7 +70,7 @@ import pyarrow.dataset as ds
 import ray
 
 from raysink import Placement, SinkRuntime
-from raysink.actors.lifecycle import COORDINATOR
+from raysink.driver.lifecycle import COORDINATOR
 from raysink.sinks import ParquetSink
 from raysink.testing import arm_fault, disarm_faults, fired, fired_context
 from tests.support.cluster import SPARK_CONFIGS, LocalCluster

@@ -1,4 +1,4 @@
-"""Benchmark: writing from many producers (issue 12), side by side in one run (not a test).
+"""Benchmark: writing from many producers, side by side in one run (not a test).
 
 Part 1, Ray Data: the same materialized Dataset (``--rows`` rows in ``--blocks`` blocks)
 written with Ray's own ``ds.write_parquet`` (not idempotent) and with

@@ -189,7 +189,7 @@ def single_upsert(server: PostgresServer, data: pa.Table) -> None:
 
 def routed(data: pa.Table, writers: int) -> list[pa.Table]:
     """The rows each writer of a runtime keyed by ``id`` receives (raysink's vnodes)."""
-    from raysink.coordinator.vnodes import assign, split_by_writer
+    from raysink.protocol.vnodes import assign, split_by_writer
 
     pieces = split_by_writer(data, ["id"], assign(writers))
     return [pa.Table.from_batches([p]) if isinstance(p, pa.RecordBatch) else p

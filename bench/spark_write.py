@@ -280,7 +280,7 @@ def _phase_run(df: Any, root: Path, compression: str) -> tuple[_Stopwatch, dict[
     """raysink's handoff step by step, one after the other in this process."""
     from raysink.sinks import ParquetSink
     from raysink.spark import SparkPartitions
-    from raysink.spark.pull import ExecutorPartition, decode
+    from raysink.spark.partitions import ExecutorPartition, decode
 
     watch = _Stopwatch()
     with SparkPartitions.open(df) as parts:
@@ -325,7 +325,7 @@ def phases(df: Any, rows: int, root: Path, compression: str) -> dict[str, float]
 
 def profile_raysink_epoch(rt: Any, df: Any, rows: int, out: Path) -> None:
     """One more ``rt.write(df)``, with phase timings, the Ray timeline and py-spy."""
-    from raysink._epoch import EpochDriver
+    from raysink.driver.epoch import EpochDriver
     from raysink.spark.handoff import SparkPartitions
 
     clock = _PhaseClock()

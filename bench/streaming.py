@@ -1,4 +1,4 @@
-"""Benchmark: epochs in flight, short epochs back to back (issue 11; not a test).
+"""Benchmark: epochs in flight, short epochs back to back (not a test).
 
 Two ways of writing a stream of small epochs into a ``ParquetSink``, side by side in one
 run, each at every writer count of ``--writers`` (default 2 and 16; writer actors reserve
@@ -22,7 +22,7 @@ Each case runs ``--warmup`` seconds unmeasured, then ``--seconds`` measured. Rep
   epochs committed in the window, by the epoch in their names);
 * outside writing: the fraction of the window in which a producer is not sending data.
   "Sending data" is the time inside the call that hands a batch to the writers, until the
-  credit window took it: ``raysink._feed.send`` for (a) (every write of the epoch sent
+  credit window took it: ``raysink.driver.routing.send`` for (a) (every write of the epoch sent
   and acknowledged by its writer), ``Feed.write`` inside ``StreamFeed.write`` for (b)
   (the epoch's feed; not the closing of the previous epoch's part that ``StreamFeed.write``
   does first). Everything else counts as outside: making the batch, putting it into the
@@ -74,11 +74,11 @@ import pyarrow.compute as pc
 import pyarrow.parquet as pq
 import ray
 
-import raysink._feed
+import raysink.driver.routing
 from raysink import SinkRuntime, StreamRewind
-from raysink._epoch import EpochDriver
+from raysink.driver.epoch import EpochDriver
+from raysink.driver.stream_feed import StreamFeed
 from raysink.sinks import ParquetSink
-from raysink.stream import StreamFeed
 
 ID_SPAN = 10**12
 """Producer ``p`` writes ids ``p * ID_SPAN + 0, 1, ...``: the target's ids say who sent what."""
@@ -228,7 +228,7 @@ def run_write_arrow(args: argparse.Namespace, writers: int, root: Path) -> Resul
         until = time.monotonic() + args.warmup
         while time.monotonic() < until:
             epoch()
-        with instrumented([(raysink._feed, "send", send),
+        with instrumented([(raysink.driver.routing, "send", send),
                            (EpochDriver, "commit_barriers", commit)]):
             epochs, started = 0, time.monotonic()
             while time.monotonic() - started < args.seconds:
@@ -252,7 +252,7 @@ class ProducerBody:
     into an epoch after the committed one; its ids are its source offsets)."""
 
     def __init__(self, feed: StreamFeed, index: int, rows: int) -> None:
-        from raysink.feeds import Feed
+        from raysink.driver.feed import Feed
 
         self.feed, self.rows = feed, rows
         self.base = index * ID_SPAN
@@ -316,7 +316,7 @@ def run_stream(args: argparse.Namespace, writers: int, root: Path) -> Result:
     """``--producers`` actors writing the continuous stream; the driver ticks."""
     name = f"stream-b-{writers}"
     commit, failed = Spans(), FailedEpochs()
-    stream_log = logging.getLogger("raysink.stream")
+    stream_log = logging.getLogger("raysink.driver.stream_feed")
     stream_log.addHandler(failed)
     with contextlib.ExitStack() as stack:
         stack.callback(stream_log.removeHandler, failed)

@@ -43,7 +43,7 @@ import ray
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import raysink._lease as lease_module
+import raysink.driver.lease as lease_module
 from raysink import RuntimeInUseError, SinkRuntime
 from raysink.sinks import ParquetSink
 

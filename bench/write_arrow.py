@@ -49,7 +49,7 @@ import ray
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from raysink import SinkRuntime
-from raysink._epoch import EpochDriver
+from raysink.driver.epoch import EpochDriver
 from raysink.sinks import ParquetSink
 from raysink.sinks._parquet_buffer import dictionary_columns
 

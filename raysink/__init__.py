@@ -2,9 +2,35 @@
 
 ``import raysink`` imports neither pyspark, deltalake, pyiceberg nor psycopg: each sink
 imports its library when used.
+
+Which package runs where (``docs/architecture.md`` has the whole map)::
+
+    raysink.runtime      SinkRuntime, the user's facade                 driver
+    raysink.driver       epochs, feeds, routing, sending, actors' life  driver, producers
+    raysink.writer       SinkWriterActor and its mailbox                each writer actor
+    raysink.coordinator  CoordinatorActor, two-phase commit, metastore  the coordinator actor
+    raysink.protocol     messages, typed actor clients, barriers,       every process
+                         alignment, vnodes
+    raysink.sinks        Parquet, Delta, Iceberg, PostgreSQL, Kafka     writers, coordinator
+    raysink.spark        Spark sessions, DataFrame handoff, query binding  driver, writers
+    raysink.testing      fake sinks, in-memory meta store, fault arming  tests
+    (top level: errors, reports, progress, cli, demo, and the shared _metrics, _faults,
+    _schema, _options)
+
+One epoch::
+
+    driver   open_epoch            -> coordinator: OPEN(E) in the meta store
+    driver   data messages         -> writers' mailboxes (in sequence order) -> SinkWriter.write
+    driver   barrier               -> writers: flush, pre_commit -> commit request
+    driver   commit_epoch(requests)-> coordinator: PENDING(E) in the meta store (the decision)
+    coordinator                       Sink.commit(E) per sink -> COMMITTED(E)
+    driver   <- CommitWait(committed) -> EpochReport
 """
 
-from raysink.actors.placement import Placement
+from raysink.driver.feed import Feed
+from raysink.driver.handle import EpochHandle
+from raysink.driver.placement import Placement
+from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import (
     BackpressureError,
     ConfigError,
@@ -21,11 +47,8 @@ from raysink.errors import (
     SinkUnavailableError,
     StreamRewind,
 )
-from raysink.feeds import Feed
-from raysink.handle import EpochHandle
 from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
-from raysink.runtime import SinkRuntime
-from raysink.stream import StreamFeed
+from raysink.runtime import RuntimeOptions, SinkRuntime
 
 __all__ = [
     "BackpressureError",
@@ -42,6 +65,7 @@ __all__ = [
     "RaySinkError",
     "RescaleRefusedError",
     "RuntimeInUseError",
+    "RuntimeOptions",
     "RuntimeStatus",
     "RuntimeUnavailableError",
     "SchemaMismatchError",

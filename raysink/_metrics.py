@@ -61,7 +61,7 @@ from raysink.reports import SinkState
 
 if TYPE_CHECKING:
     from raysink.coordinator.epochs import CommitOutcome
-    from raysink.coordinator.messages import CommitRequest
+    from raysink.protocol.messages import CommitRequest
     from raysink.reports import RuntimeStatus
 
 __all__ = ["METRICS", "SINK_STATES", "CoordinatorMetrics", "DriverMetrics", "Metric",

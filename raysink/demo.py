@@ -248,7 +248,7 @@ def run_demo(options: DemoOptions, *, out: TextIO | None = None) -> DemoResult:
             f"order events in {options.batches} micro-batches into a {options.sink} table")
         feed = OrderFeed(workdir, options.events, options.batches, options.seed)
         rt = _runtime(options, workdir)
-        result.metastore = rt._metastore_url()
+        result.metastore = rt.metastore_url
         try:
             _stream(spark, rt, feed, workdir, options, result, out)
         finally:

@@ -12,6 +12,7 @@
     ├── BarrierOrderError (ValueError) an input broke the barrier protocol
     ├── BackpressureError             too many outstanding epochs, or a full mailbox
     ├── EpochFailedError              a write poisoned the epoch, or all attempts are used
+    ├── StreamRewind                  a stream epoch failed: replay from after ``committed``
     ├── SinkUnavailableError          target unreachable, refused, or holding something else
     ├── DataLossError                 a committed target or a pending marker disappeared
     ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink

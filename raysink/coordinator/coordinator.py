@@ -39,17 +39,18 @@ from raysink.coordinator.epochs import (
     Resolution,
     StaleAttemptError,
 )
-from raysink.coordinator.feeds import FeedRegistry, FeedsState
 from raysink.coordinator.health import SinkHealthBook
-from raysink.coordinator.messages import CommitRequest, CommitWait, OpenedEpoch
+from raysink.coordinator.producers import FeedRegistry, FeedsState
 from raysink.coordinator.stream_calls import StreamCalls
-from raysink.coordinator.vnodes import Bitmap, assign
 from raysink.errors import (
     BackpressureError,
     FencedError,
     MetaStoreError,
     RaySinkError,
 )
+from raysink.protocol.messages import CommitRequest, CommitWait, OpenedEpoch
+from raysink.protocol.results import EpochSource, WriterLayout
+from raysink.protocol.vnodes import Bitmap, assign
 from raysink.reports import RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
 
@@ -366,7 +367,7 @@ class CoordinatorActor(StreamCalls):
         self._feeds.forget(epoch - 1)
         return await self.wait_committed(epoch, timeout, attempt)
 
-    async def set_layout(self, writers: int) -> dict[str, Any]:
+    async def set_layout(self, writers: int) -> WriterLayout:
         """Rescale: ``writers`` writers per sink (their vnode bitmaps by
         ``vnodes.assign``) from the next epoch on. Refused (``RescaleRefusedError``)
         while an epoch is open or a continuous stream runs. Returns the new layout (as
@@ -376,7 +377,7 @@ class CoordinatorActor(StreamCalls):
         bitmaps = {name: assign(writers) for name in self._config.sinks}
         await self._locked(lambda: self._core.set_layout(bitmaps))
         log.info("%s: writer layout now %s writers per sink", self._config.runtime, writers)
-        return self._core.layout()
+        return self._core.writer_layout()
 
     async def _abort_attempt(self, epoch: int, attempt: int) -> None:
         """Abort the attempt. When recording the abort fails too (the meta store down), it
@@ -388,14 +389,14 @@ class CoordinatorActor(StreamCalls):
                         self._config.runtime, attempt, epoch, exc)
         await self._notify()
 
-    async def resolve(self, epoch: int, attempt: int | None = None) -> str:
+    async def resolve(self, epoch: int, attempt: int | None = None) -> Resolution:
         """COMMITTED, ROLLING_FORWARD or ABORTED; an open attempt is aborted first, and
         what ``attempt`` staged swept when its open never came here."""
         await self._until_recovered()
         resolution: Resolution = await self._locked(lambda: self._core.resolve(epoch, attempt))
         self._feeds.forget(epoch)
         await self._notify()
-        return resolution.value
+        return resolution
 
     async def wait_committed(self, epoch: int, timeout: float,
                              attempt: int | None = None) -> CommitWait:
@@ -423,11 +424,11 @@ class CoordinatorActor(StreamCalls):
         await self._until_recovered()
         return self._core.committed_through()
 
-    async def epoch_source(self) -> dict[str, Any] | None:
+    async def epoch_source(self) -> EpochSource | None:
         """The epoch source the runtime is bound to, if any."""
         await self._until_recovered()
         record = await self._locked(lambda: self._store.load(self._config.runtime))
-        return record.epoch_source if record else None
+        return EpochSource.from_record(record.epoch_source) if record else None
 
     async def check_alignment(self, numbering: str, epoch_offset: int | None) -> None:
         """Refuse (``ConfigError``) numbering epochs from this meta store when the targets
@@ -436,11 +437,11 @@ class CoordinatorActor(StreamCalls):
         await self._until_recovered()
         await self._locked(lambda: self._core.check_alignment(numbering, epoch_offset))
 
-    async def bind_source(self, source: dict[str, Any]) -> None:
+    async def bind_source(self, source: EpochSource) -> None:
         """Bind the runtime to ``source`` (the caller checked it)."""
         await self._until_recovered()
         await self._locked(lambda: self._store.bind_source(
-            self._config.runtime, self._core.generation, source))
+            self._config.runtime, self._core.generation, source.to_record()))
 
     # ------------------------------------------------------------------ feed calls
 

@@ -8,7 +8,7 @@
     producer  stream_poll(feed, joining, applied, route) -> StreamPosition | None
     producer  stream_leave(feed)
 
-The bookkeeping is ``raysink.coordinator.stream``'s. A rewind cuts the producers at the
+The bookkeeping is ``raysink.coordinator.stream_state``'s. A rewind cuts the producers at the
 last *decided* epoch and reopens the one after it: an epoch PENDING at the failure is
 never given up, it only rolls forward (``EpochCoordinator.decided_through``).
 """
@@ -21,7 +21,7 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from raysink.coordinator.stream import StreamBook, StreamPosition, StreamState, StreamTick
+from raysink.coordinator.stream_state import StreamBook, StreamPosition, StreamState, StreamTick
 from raysink.errors import (
     BackpressureError,
     EpochFailedError,
@@ -33,8 +33,8 @@ from raysink.errors import (
 if TYPE_CHECKING:
     from raysink.coordinator.coordinator import CoordinatorConfig
     from raysink.coordinator.epochs import EpochCoordinator, OpenDecision
-    from raysink.coordinator.feeds import FeedRegistry
-    from raysink.coordinator.messages import OpenedEpoch
+    from raysink.coordinator.producers import FeedRegistry
+    from raysink.protocol.messages import OpenedEpoch
 
 __all__ = ["StreamCalls"]
 

@@ -5,7 +5,7 @@ hands a DataFrame's partitions to Ray as Arrow tables, one per partition, throug
 RayDP's recoverable path.
 
 The names are imported on first use (module ``__getattr__``): writer actors unpickle
-``raysink.spark.pull`` items and need neither pyspark nor raydp for them.
+``raysink.spark.partitions`` items and need neither pyspark nor raydp for them.
 """
 
 from __future__ import annotations

@@ -4,7 +4,7 @@ How the data travels (RayDP 1.6.5), two ways after one prepare::
 
     driver JVM   ObjectStoreWriter.prepareRecoverableRDD(df)   toArrowBatchRdd, persist,
                                                                count(): all computed here
-    pulls()      ExecutorPartition items (raysink.spark.pull), sent to the writers in data
+    pulls()      ExecutorPartition items (raysink.spark.partitions), sent to the writers in data
                  messages; each writer asks the executor actor raydp-executor-<id>
                  .getRDDPartition itself (the cached Arrow batches as one IPC stream) and
                  decodes the bytes: no Ray task, no table in the object store
@@ -54,9 +54,9 @@ import ray
 from pyspark import StorageLevel
 from pyspark.sql import DataFrame
 
-from raysink._pull import Pull
 from raysink.errors import ConfigError, SinkUnavailableError
-from raysink.spark.pull import (
+from raysink.protocol.pull import Pull
+from raysink.spark.partitions import (
     EXECUTOR_PREFIX,
     ExecutorPartition,
     conform,

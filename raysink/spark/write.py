@@ -22,7 +22,7 @@ Checks made before anything is cached or written:
   ``YearMonthIntervalType`` becomes an Arrow month interval that no file format holds.
 
 With a routing key the rows are split by vnode beside the data (one small Ray task per
-partition pulls it from the executors and splits it, see ``raysink._feed``), with the same
+partition pulls it from the executors and splits it, see ``raysink.driver.routing``), with the same
 hash as ``write_arrow``: a key lands on the same writer whichever way it arrived, and
 Spark runs no extra shuffle.
 

@@ -120,7 +120,7 @@ class _Child:
 
     def victim(self, epoch: int) -> tuple[str, dict[str, Any]]:
         """The victim's node and the fault context that holds ``epoch`` in it."""
-        from raysink.actors.lifecycle import COORDINATOR
+        from raysink.driver.lifecycle import COORDINATOR
 
         actors = self.rt._actors
         coordinator = actors.node_of(COORDINATOR)

@@ -3,7 +3,7 @@
 1. ``fs_readonly`` trial (seed 1, trial 2): under a read-only Parquet directory the driver's
    ``EpochFailedError`` quoted only Ray's wrapper (``RayTaskError(OSError): ray::
    SinkWriterActor.barrier() (pid=…)``), not the error itself. Fixed in
-   ``raysink._calls.short``: the remote cause is named.
+   ``raysink.driver.calls.short``: the remote cause is named.
 2. ``point_external`` trial (seed 1, trial 5): an empty first epoch into a Delta (or
    Iceberg) sink committed without creating the table, so it left no marker; the
    coordinator still counted it as the sink's committed epoch, and the next epoch's commit
@@ -54,7 +54,7 @@ from typing import Any
 import pytest
 
 from raysink import EpochFailedError, SinkRuntime
-from raysink._lease import LeaseKeeper
+from raysink.driver.lease import LeaseKeeper
 from raysink.sinks import ParquetSink, PostgresSink
 from raysink.testing import arm_fault
 from tests.chaos.faults import Tmpfs, run_in_thread, wait_fired

@@ -31,7 +31,7 @@ import pyarrow as pa
 import pytest
 
 from raysink import Placement, SinkRuntime
-from raysink.actors.lifecycle import COORDINATOR
+from raysink.driver.lifecycle import COORDINATOR
 from raysink.sinks import KafkaSink
 from raysink.testing import arm_fault
 from tests.cluster.conftest import COORDINATOR_LABELS, Nodes

@@ -16,9 +16,9 @@ import pyarrow as pa
 import pytest
 
 from raysink import Placement, SinkRuntime
-from raysink.actors.lifecycle import coordinator_name, writer_name
-from raysink.actors.writer import NAMESPACE
+from raysink.driver.lifecycle import coordinator_name, writer_name
 from raysink.sinks import ParquetSink
+from raysink.writer.writer import NAMESPACE
 from tests.cluster.conftest import COORDINATOR_LABELS, Nodes
 from tests.support.cluster import LocalCluster
 from tests.support.postgres import PostgresServer

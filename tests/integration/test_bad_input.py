@@ -1,4 +1,4 @@
-"""Bad input through the real runtime: the error of DESIGN's table, committed data intact.
+"""Bad input through the real runtime: its error (docs/bad_input.md), committed data intact.
 
 Cases already covered elsewhere are not repeated here: schemas differing within an epoch
 (local tables and object refs), an epoch below a PENDING one, a changed sink set, an empty

@@ -15,8 +15,9 @@ import pytest
 
 from raysink import ConfigError, DataLossError, SinkRuntime
 from raysink.coordinator.metastore import open_metastore
-from raysink.runtime import source_offset
+from raysink.protocol.results import EpochSource
 from raysink.sinks import DeltaSink, ParquetSink
+from raysink.spark.binding import source_offset
 from raysink.testing import arm_fault
 from tests.chaos.faults import run_in_thread, wait_fired
 from tests.chaos.targets import epoch_table
@@ -49,7 +50,7 @@ def test_new_streaming_query_on_an_old_runtime(tmp_path: Path, meta: str) -> Non
 def test_source_offset_refusals(current: dict[str, object] | None, query: str,
                                 offset: int | None, last: int | None, fragment: str) -> None:
     with pytest.raises(ConfigError, match=fragment):
-        source_offset("rt", current, query, offset, last)
+        source_offset("rt", EpochSource.from_record(current), query, offset, last)
 
 
 @pytest.mark.parametrize(("cls", "options", "fragment"), [

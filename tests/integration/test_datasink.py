@@ -16,7 +16,7 @@ import ray
 from ray.data.block import BlockAccessor
 
 from raysink import SinkRuntime
-from raysink.datasink import EpochDatasink
+from raysink.driver.datasink import EpochDatasink
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import (
     ParquetTarget,

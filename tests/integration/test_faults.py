@@ -19,7 +19,8 @@ import pytest
 import ray
 
 from raysink import SinkRuntime
-from raysink._calls import ask
+from raysink.driver.calls import ask
+from raysink.protocol.clients import Call
 from raysink.sinks import ParquetSink
 from raysink.testing import arm_fault, fired
 from tests.integration.helpers import (
@@ -69,7 +70,7 @@ def _pid(rt: SinkRuntime, victim: str) -> int:
     epochs after a writer's SIGKILL may commit around it while it restarts)."""
     handle = _handle(rt, victim)
     call = handle.pid.remote if victim == "coordinator" else handle.ping.remote
-    return int(ask(call, what=f"pid of the {victim}", timeout=60, runtime=rt.name))
+    return int(ask(Call[int](call), what=f"pid of the {victim}", timeout=60, runtime=rt.name))
 
 
 def _kill(rt: SinkRuntime, victim: str, how: str) -> None:

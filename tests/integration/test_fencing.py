@@ -28,8 +28,8 @@ import pytest
 import ray
 
 from raysink import RuntimeInUseError, SinkRuntime
-from raysink.actors.lifecycle import ActorSet, coordinator_name
 from raysink.coordinator.metastore import open_metastore
+from raysink.driver.lifecycle import ActorSet, coordinator_name
 from raysink.sinks import ParquetSink
 from raysink.sinks.base import CommitResult
 from raysink.testing import arm_fault

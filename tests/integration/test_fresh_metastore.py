@@ -1,4 +1,4 @@
-"""A runtime reopened with a fresh meta store never loses or doubles rows (issue 14).
+"""A runtime reopened with a fresh meta store never loses or doubles rows.
 
 The default meta store, ``sqlite:///<cwd>/.raysink/<name>.db``, is fresh whenever a job
 starts from another directory. Its targets still hold the markers of the epochs the same

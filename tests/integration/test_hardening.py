@@ -2,7 +2,7 @@
 others, status tells the truth, only raysink errors reach the user, the fault hooks need
 an opt-in, and the reorder buffer is bounded.
 
-Each case fails on the code before the issue (checked and said in the issue's note).
+Each case failed on the code before its fix (checked when the fix was made).
 """
 
 from __future__ import annotations
@@ -21,8 +21,8 @@ import pytest
 import ray
 
 from raysink import SinkRuntime
-from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BackpressureError, RaySinkError
+from raysink.protocol.barrier import CheckpointBarrier
 from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
 from raysink.testing import FailingSink, arm_fault, fault_dir, fired
@@ -240,7 +240,7 @@ def test_a_hanging_flush_keeps_warning(tmp_path: Path, name: str, meta: str) -> 
         writer = actors.writers["main"][0]
         status = ray.get(writer.status.remote())
         text = _actor_log(ray.get(writer.ping.remote()))
-    assert status["slow_warnings"] >= 3, status
+    assert status.slow_warnings >= 3, status
     assert text.count("flush has been running for") >= 3, text[-3000:]
 
 
@@ -325,7 +325,7 @@ def test_a_flooded_reorder_buffer_refuses_early_messages(tmp_path: Path, name: s
                 assert isinstance(exc.cause, BackpressureError), exc
                 refused.append(seq)
         status = ray.get(writer.status.remote())
-        assert 0 < status["mailbox_bytes"] <= 1_000_000
+        assert 0 < status.mailbox_bytes <= 1_000_000
         assert len(refused) == 19 - 1_000_000 // size, (refused, size)
         ray.get(writer.write.remote(epoch, attempt, 0, [ray.put(pieces[0])]))
         for seq in refused:
@@ -349,6 +349,6 @@ def test_shuffled_deliveries_into_a_small_buffer_are_sent_again(tmp_path: Path, 
             assert rt.write_arrow(_pieces(epoch, 16, 10_000)).committed
         actors = rt._actors
         assert actors is not None
-        refused = sum(ray.get(w.status.remote())["refused"] for w in actors.all_writers())
+        refused = sum(ray.get(w.status.remote()).refused for w in actors.all_writers())
     assert refused > 0
     assert_exactly(tmp_path / "pq", [1, 2], 160_000)

@@ -20,7 +20,7 @@ import pytest
 import ray
 
 from raysink import Placement, SinkRuntime
-from raysink.actors.lifecycle import find_coordinator
+from raysink.driver.remote import find_coordinator
 from raysink.testing import arm_fault, fired
 from tests.integration.helpers import epoch_table
 from tests.integration.real_targets import ParquetTarget, assert_ids_exact

@@ -1,4 +1,4 @@
-"""Pulls (``raysink._pull``): data messages whose data the writer fetches itself.
+"""Pulls (``raysink.protocol.pull``): data messages whose data the writer fetches itself.
 
 The Spark handoff sends ``ExecutorPartition`` pulls; here a small pull of an Arrow table
 held in a file stands in for it (pyspark-free), so the runtime's side of the contract is
@@ -19,8 +19,8 @@ import pyarrow.ipc
 import pytest
 
 from raysink import SinkRuntime
-from raysink._pull import Pull, resolve
 from raysink.errors import SinkUnavailableError
+from raysink.protocol.pull import Pull, resolve
 from raysink.sinks import ParquetSink
 from tests.integration.helpers import assert_exactly, epoch_table, writer_owners
 

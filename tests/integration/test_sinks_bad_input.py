@@ -1,6 +1,6 @@
 """Bad input to Delta, Iceberg and PostgreSQL sinks through ``SinkRuntime``.
 
-Each case is a row of DESIGN's error table, met where a user meets it (``start()`` or a
+Each case is a row of docs/bad_input.md, met where a user meets it (``start()`` or a
 ``write_arrow``), and each checks that nothing was written: no rows, no commit, no table
 or directory created behind the user's back. Deleted targets and markers are checked
 against the meta store on the next start.

@@ -1,5 +1,5 @@
-"""BarrierAligner (cases after LaminarDB's unaligned.rs tests; its unaligned fallback is not
-in raysink: see the alignment module's docstring)."""
+"""BarrierAligner (raysink has no unaligned fallback: see the alignment module's
+docstring)."""
 
 from __future__ import annotations
 
@@ -10,7 +10,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from raysink.coordinator.alignment import (
+from raysink.errors import ConfigError
+from raysink.protocol.alignment import (
     AlignAction,
     Aligned,
     BarrierAligner,
@@ -20,8 +21,7 @@ from raysink.coordinator.alignment import (
     Ignored,
     Pass,
 )
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.errors import ConfigError
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 
 F = BarrierFlags
 

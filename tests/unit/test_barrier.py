@@ -1,4 +1,4 @@
-"""CheckpointBarrier and BarrierInjector (cases after LaminarDB's barrier.rs)."""
+"""CheckpointBarrier and BarrierInjector."""
 
 from __future__ import annotations
 
@@ -10,13 +10,13 @@ from typing import Any
 
 import pytest
 
-from raysink.coordinator.barrier import (
+from raysink.errors import ConfigError
+from raysink.protocol.barrier import (
     MAX_ID,
     BarrierFlags,
     BarrierInjector,
     CheckpointBarrier,
 )
-from raysink.errors import ConfigError
 
 F = BarrierFlags
 
@@ -96,7 +96,7 @@ def test_trigger_then_poll_claims_once() -> None:
 
 
 def test_checkpoint_zero_without_flags_is_delivered() -> None:
-    # Unlike the seed's packed word, (0, NONE) is not the "empty" sentinel.
+    # (0, NONE) is a real barrier, not an "empty" sentinel.
     injector = BarrierInjector()
     injector.trigger(0, F.NONE)
     assert injector.handle().poll(0) == CheckpointBarrier(0, 0)

@@ -51,10 +51,8 @@ from hypothesis.stateful import (
 
 from raysink import _schema
 from raysink.coordinator.epochs import Resolution
-from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.metastore.base import MetaStore
-from raysink.coordinator.vnodes import assign
 from raysink.errors import (
     BackpressureError,
     EpochRegressionError,
@@ -65,6 +63,8 @@ from raysink.errors import (
     SchemaMismatchError,
     StaleAttemptError,
 )
+from raysink.protocol.messages import CommitRequest
+from raysink.protocol.vnodes import assign
 from tests.unit.test_epochs import RUNTIME, Harness, commit_sink, with_schema
 
 SINKS = ("a", "b")

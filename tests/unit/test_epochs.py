@@ -17,10 +17,8 @@ from raysink.coordinator.epochs import (
     Resolution,
     StaleAttemptError,
 )
-from raysink.coordinator.messages import CommitRequest
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.coordinator.metastore.base import EpochState, MetaStore
-from raysink.coordinator.vnodes import assign
 from raysink.errors import (
     BackpressureError,
     ConfigError,
@@ -31,6 +29,8 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.protocol.messages import CommitRequest
+from raysink.protocol.vnodes import assign
 from raysink.testing import InMemoryMetaStore
 from tests.unit.memsink import MemorySink, MemoryTarget
 

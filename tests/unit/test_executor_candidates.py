@@ -6,7 +6,7 @@ import time
 
 import pytest
 
-from raysink.spark import pull
+from raysink.spark import partitions as pull
 from raysink.spark.handoff import executor_candidates
 
 NAMED = ["raysink-coordinator", "raydp-executor-1", "raydp-executor-0", "RayDPSparkMaster",

@@ -5,8 +5,8 @@ from __future__ import annotations
 import pyarrow as pa
 import pytest
 
-from raysink._feed import CHUNK_ROWS, MIN_PIECE_ROWS, _chunks, _place_table, around
 from raysink._options import checked_options
+from raysink.driver.routing import CHUNK_ROWS, MIN_PIECE_ROWS, _chunks, _place_table, around
 from raysink.errors import ConfigError
 
 

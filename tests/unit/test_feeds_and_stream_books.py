@@ -3,10 +3,10 @@ and ``StreamBook`` (members, one barrier per member per tick, joins, rewinds).""
 
 from __future__ import annotations
 
-from raysink.actors.mailbox import Mailbox, Verdict
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.feeds import FeedRegistry
-from raysink.coordinator.stream import StreamBook
+from raysink.coordinator.producers import FeedRegistry
+from raysink.coordinator.stream_state import StreamBook
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.writer.mailbox import Mailbox, Verdict
 
 
 def test_feeds_close_fail_and_are_lost_when_silent_past_the_lease() -> None:

@@ -14,11 +14,12 @@ from typing import Any
 import pytest
 from ray.exceptions import ActorUnavailableError
 
-from raysink._calls import ask, typed_errors
-from raysink.actors.mailbox import Mailbox, Verdict
-from raysink.actors.watchdog import Watchdog
 from raysink.coordinator.health import SinkHealthBook
+from raysink.driver.calls import ask, typed_errors
 from raysink.errors import EpochFailedError, RaySinkError, RuntimeUnavailableError
+from raysink.protocol.clients import Call
+from raysink.writer.mailbox import Mailbox, Verdict
+from raysink.writer.watchdog import Watchdog
 
 # ----------------------------------------------------------------------------- fault hooks
 
@@ -108,14 +109,14 @@ def test_ask_waits_for_a_restarting_actor_then_gives_up_with_a_typed_error() -> 
             raise ActorUnavailableError("The actor is restarting", None)
         return _Ready(7)
 
-    assert ask(restarting, what="status", timeout=5, runtime="rt") == 7
+    assert ask(Call[int](restarting), what="status", timeout=5, runtime="rt") == 7
     assert len(calls) == 3
 
     def forever() -> Any:
         raise ActorUnavailableError("The actor is restarting", None)
 
     with pytest.raises(RuntimeUnavailableError, match="still restarting") as failed:
-        ask(forever, what="status", timeout=0.5, runtime="rt")
+        ask(Call[int](forever), what="status", timeout=0.5, runtime="rt")
     assert isinstance(failed.value.__cause__, ActorUnavailableError)
     assert isinstance(failed.value, RaySinkError)
 

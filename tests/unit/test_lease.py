@@ -1,4 +1,4 @@
-"""The driver's lease (``raysink._lease``) over the in-memory meta store, without Ray.
+"""The driver's lease (``raysink.driver.lease``) over the in-memory meta store, without Ray.
 
 Who holds a lease is told apart by what its holder said of itself: a holder in this
 process namespace is known alive or gone from its pid and start time; one elsewhere only
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from raysink._lease import LeaseKeeper, _owner, _started, owner_gone
+from raysink.driver.lease import LeaseKeeper, _owner, _started, owner_gone
 from raysink.errors import RuntimeInUseError
 from raysink.testing import InMemoryMetaStore
 

@@ -6,8 +6,8 @@ import threading
 
 import pytest
 
-from raysink.actors.mailbox import Mailbox, Verdict
-from raysink.coordinator.barrier import CheckpointBarrier
+from raysink.protocol.barrier import CheckpointBarrier
+from raysink.writer.mailbox import Mailbox, Verdict
 
 
 def _apply_all(box: Mailbox[str]) -> list[str]:

@@ -17,7 +17,7 @@ from raysink._metrics import (
     spark_pulled,
 )
 from raysink.coordinator.epochs import CommitOutcome
-from raysink.coordinator.messages import CommitRequest
+from raysink.protocol.messages import CommitRequest
 from raysink.reports import RuntimeStatus, SinkStatus
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from raysink import ConfigError, Placement, SinkRuntime
-from raysink.actors.placement import ClusterView, coordinator_node
+from raysink.driver.placement import ClusterView, coordinator_node
 from raysink.testing import ListSink
 
 DRIVER = "n0-driver"

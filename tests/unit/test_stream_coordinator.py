@@ -17,9 +17,9 @@ import pytest
 
 from raysink import _schema
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
-from raysink.coordinator.messages import CommitRequest
-from raysink.coordinator.stream import StreamTick
+from raysink.coordinator.stream_state import StreamTick
 from raysink.errors import BackpressureError, RescaleRefusedError, StreamUnknownError
+from raysink.protocol.messages import CommitRequest
 from raysink.sinks.base import CommitResult, Manifest
 from tests.unit.memsink import MemorySink, MemoryTarget
 

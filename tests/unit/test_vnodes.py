@@ -17,7 +17,8 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from raysink.coordinator.vnodes import (
+from raysink.errors import ConfigError
+from raysink.protocol.vnodes import (
     VNODE_COUNT,
     Bitmap,
     CoverageTracker,
@@ -28,7 +29,6 @@ from raysink.coordinator.vnodes import (
     vnodes_of,
     writer_of_vnode,
 )
-from raysink.errors import ConfigError
 
 GOLDEN = pa.table(
     {
@@ -74,7 +74,7 @@ def test_golden_hash_never_changes() -> None:
 def test_same_vnodes_in_another_process_with_another_hash_seed() -> None:
     code = (
         "import pyarrow as pa\n"
-        "from raysink.coordinator.vnodes import vnodes_of\n"
+        "from raysink.protocol.vnodes import vnodes_of\n"
         "t = pa.table({'id': [0, 1, -1, 2**62, 42], "
         "'name': ['', 'a', 'hello', 'ünïcode', 'x' * 100]})\n"
         "print(vnodes_of(t, ['id', 'name']).tolist())\n"

@@ -24,6 +24,7 @@ from raysink.coordinator.metastore.base import (
     MetaStore,
     RuntimeRecord,
     SinkStatusRecord,
+    check_sink_set,
 )
 from raysink.coordinator.metastore.postgres import PostgresMetaStore
 from raysink.coordinator.metastore.sqlite import SqliteMetaStore
@@ -38,6 +39,7 @@ __all__ = [
     "RuntimeRecord",
     "SinkStatusRecord",
     "SqliteMetaStore",
+    "check_sink_set",
     "default_url",
     "open_metastore",
     "redact_url",

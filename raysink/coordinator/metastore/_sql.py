@@ -46,8 +46,9 @@ from raysink.coordinator.metastore.base import (
     ManifestJSON,
     RuntimeRecord,
     SinkStatusRecord,
+    check_sink_set,
 )
-from raysink.errors import ConfigError, FencedError, MetaStoreError
+from raysink.errors import FencedError, MetaStoreError
 
 logger = logging.getLogger(__name__)
 
@@ -191,19 +192,6 @@ def status_from_row(row: Sequence[Any], runtime: str, url: str) -> SinkStatusRec
         raise _corrupt(url, STATUS, exc, runtime=runtime, sink=sink) from exc
 
 
-def check_sink_set(runtime: str, old: Mapping[str, str], new: Mapping[str, str],
-                   add: Collection[str], drop: Collection[str]) -> None:
-    """``ConfigError`` unless ``new`` differs from ``old`` only by names in add/drop."""
-    changed = sorted(n for n in set(old) & set(new) if old[n] != new[n])
-    if changed:
-        kinds = {n: f"{old[n]} -> {new[n]}" for n in changed}
-        raise ConfigError(f"sinks changed kind ({kinds}); give a sink of another kind a "
-                          "new name", runtime=runtime)
-    added = sorted(set(new) - set(old) - set(add))
-    missing = sorted(set(old) - set(new) - set(drop))
-    if added or missing:
-        raise ConfigError(f"the sink set changed (new {added}, missing {missing}); pass the "
-                          "names in add=/drop= to change it on purpose", runtime=runtime)
 
 
 # --------------------------------------------------------------------------- transactions

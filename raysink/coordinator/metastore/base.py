@@ -42,6 +42,8 @@ from collections.abc import Collection, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol, runtime_checkable
 
+from raysink.errors import ConfigError
+
 __all__ = [
     "HISTORY_LIMIT",
     "EpochRecord",
@@ -51,6 +53,7 @@ __all__ = [
     "MetaStore",
     "RuntimeRecord",
     "SinkStatusRecord",
+    "check_sink_set",
 ]
 
 HISTORY_LIMIT = 20
@@ -271,3 +274,18 @@ class MetaStore(Protocol):
     def close(self) -> None:
         """Release connections."""
         ...
+
+
+def check_sink_set(runtime: str, old: Mapping[str, str], new: Mapping[str, str],
+                   add: Collection[str], drop: Collection[str]) -> None:
+    """``ConfigError`` unless ``new`` differs from ``old`` only by names in add/drop."""
+    changed = sorted(n for n in set(old) & set(new) if old[n] != new[n])
+    if changed:
+        kinds = {n: f"{old[n]} -> {new[n]}" for n in changed}
+        raise ConfigError(f"sinks changed kind ({kinds}); give a sink of another kind a "
+                          "new name", runtime=runtime)
+    added = sorted(set(new) - set(old) - set(add))
+    missing = sorted(set(old) - set(new) - set(drop))
+    if added or missing:
+        raise ConfigError(f"the sink set changed (new {added}, missing {missing}); pass the "
+                          "names in add=/drop= to change it on purpose", runtime=runtime)

@@ -330,9 +330,9 @@ class KafkaSink(Sink):
             return []
         import ray
 
-        from raysink._calls import get
-        from raysink.actors.writer import NAMESPACE
+        from raysink.driver.calls import get
         from raysink.errors import RaySinkError
+        from raysink.writer.writer import NAMESPACE
 
         calls: list[Any] = []
         for manifest in parts:

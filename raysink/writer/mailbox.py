@@ -10,8 +10,8 @@ reorder calls even from one caller, and different callers have no order at all.
 the feed's messages back in ``seq`` order. Only the *current* slot (the oldest) is applied
 to the sink writer; the slots after it wait (the sink writer writes one epoch at a time).
 A feed's barrier gives its ``last_seq`` (how many messages it sent this writer). The seal
-of an epoch names its feeds; a ``BarrierAligner`` over them (the seed's aligned
-checkpoint: inputs are feeds) says when the last one's barrier arrived, and the epoch may
+of an epoch names its feeds; a ``BarrierAligner`` over them (an aligned checkpoint
+whose inputs are feeds) says when the last one's barrier arrived, and the epoch may
 be pre-committed once aligned and every message before the barriers is applied.
 
 The waiting messages are bounded in bytes (``max_bytes``), over every slot: an early
@@ -28,14 +28,15 @@ from collections.abc import Hashable, Iterable
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeVar
 
-from raysink.coordinator.alignment import Aligned, BarrierAligner, Pass
-from raysink.coordinator.barrier import CheckpointBarrier
+from raysink.protocol.alignment import Aligned, BarrierAligner, Pass
+from raysink.protocol.barrier import CheckpointBarrier
 
-__all__ = ["EpochSlot", "Feed", "FeedLane", "Mailbox", "Verdict"]
+__all__ = ["EpochSlot", "FeedId", "FeedLane", "Mailbox", "Verdict"]
 
 T = TypeVar("T")
 Key = tuple[int, int]
-Feed = Hashable
+FeedId = Hashable
+"""A feed as a writer knows it: its id (0 is the driver; producers from 1)."""
 
 
 class Verdict(str, enum.Enum):
@@ -77,16 +78,16 @@ class EpochSlot(Generic[T]):
 
     epoch: int
     attempt: int
-    lanes: dict[Feed, FeedLane[T]] = field(default_factory=dict)
+    lanes: dict[FeedId, FeedLane[T]] = field(default_factory=dict)
     rows: int = 0
     schema: Any = None
     poison: BaseException | None = None
     cancelled: bool = False
-    sealed: tuple[Feed, ...] | None = None  # the feeds the epoch has, once sealed
+    sealed: tuple[FeedId, ...] | None = None  # the feeds the epoch has, once sealed
     aligner: BarrierAligner | None = None
     aligned: bool = False
 
-    def align(self, feed: Feed, barrier: CheckpointBarrier) -> None:
+    def align(self, feed: FeedId, barrier: CheckpointBarrier) -> None:
         """Count ``feed``'s barrier in the alignment (once the epoch is sealed)."""
         if self.aligner is None or self.sealed is None or feed not in self.sealed:
             return
@@ -98,20 +99,20 @@ class EpochSlot(Generic[T]):
     def key(self) -> Key:
         return self.epoch, self.attempt
 
-    def waiting_for(self) -> list[Feed]:
+    def waiting_for(self) -> list[FeedId]:
         """The sealed feeds whose barrier has not arrived yet (the writer's status)."""
         if self.sealed is None or self.aligned or self.aligner is None:
             return []
         arrived = self.aligner.blocked_inputs
         return [feed for index, feed in enumerate(self.sealed) if index not in arrived]
 
-    def lane(self, feed: Feed) -> FeedLane[T]:
+    def lane(self, feed: FeedId) -> FeedLane[T]:
         return self.lanes.setdefault(feed, FeedLane())
 
     def waiting_count(self) -> int:
         return sum(len(lane.waiting) for lane in self.lanes.values())
 
-    def incomplete(self) -> list[Feed]:
+    def incomplete(self) -> list[FeedId]:
         """The sealed feeds whose barrier or messages are not all here. A seal comes only
         after each of its feeds closed, and a feed closes only once the writer took every
         message and the barrier: what is missing then went to a previous process of this
@@ -120,7 +121,7 @@ class EpochSlot(Generic[T]):
             return []
         return [feed for feed in self.sealed if not self.lane(feed).complete]
 
-    def unsealed_senders(self) -> list[Feed]:
+    def unsealed_senders(self) -> list[FeedId]:
         """Feeds that sent this attempt data but are not among its sealed feeds (a commit
         over a subset of the feeds handed out): their rows may already be in the sink
         writer, and a writer cannot take rows of one feed back out of an attempt."""
@@ -197,7 +198,7 @@ class Mailbox(Generic[T]):
 
     # ------------------------------------------------------------------ data
 
-    def offer(self, epoch: int, attempt: int, feed: Feed, seq: int, message: T,
+    def offer(self, epoch: int, attempt: int, feed: FeedId, seq: int, message: T,
               size: int = 0) -> tuple[Verdict, list[Key]]:
         """File a message; also returns the older attempts of its epoch it replaced."""
         with self._cond:
@@ -215,14 +216,14 @@ class Mailbox(Generic[T]):
             self._bytes += size
             return Verdict.ACCEPTED, replaced
 
-    def take_ready(self) -> tuple[Key, list[tuple[Feed, T]]] | None:
+    def take_ready(self) -> tuple[Key, list[tuple[FeedId, T]]] | None:
         """Claim the in-order runs of the current slot's lanes that can be applied now
         (one claimant at a time; others get ``None`` and leave the work to it)."""
         with self._cond:
             slot = self._current()
             if slot is None or self._applying or slot.poison is not None:
                 return None
-            run: list[tuple[Feed, T]] = []
+            run: list[tuple[FeedId, T]] = []
             for feed, lane in slot.lanes.items():
                 seq = lane.next_seq
                 while seq in lane.waiting:
@@ -236,7 +237,7 @@ class Mailbox(Generic[T]):
             self._applying = True
             return slot.key, run
 
-    def applied(self, key: Key, feeds: Iterable[Feed], rows: int) -> None:
+    def applied(self, key: Key, feeds: Iterable[FeedId], rows: int) -> None:
         """The messages of ``feeds`` (one entry per message) were applied to ``key``."""
         with self._cond:
             self._applying = False
@@ -249,7 +250,7 @@ class Mailbox(Generic[T]):
                 slot.rows += rows
             self._cond.notify_all()
 
-    def close_feed(self, barrier: CheckpointBarrier, attempt: int, feed: Feed,
+    def close_feed(self, barrier: CheckpointBarrier, attempt: int, feed: FeedId,
                    last_seq: int) -> list[Key]:
         """A feed's barrier: it sent ``last_seq`` messages of ``(barrier.epoch, attempt)``.
         Again (a producer retried by Ray closes again): nothing changes."""
@@ -263,7 +264,7 @@ class Mailbox(Generic[T]):
             self._cond.notify_all()
             return replaced
 
-    def seal(self, epoch: int, attempt: int, feeds: Iterable[Feed]) -> list[Key]:
+    def seal(self, epoch: int, attempt: int, feeds: Iterable[FeedId]) -> list[Key]:
         """The epoch has these feeds: align their barriers (those already here, and those
         to come). Returns the older attempts of the epoch this replaced."""
         with self._cond:

@@ -10,9 +10,9 @@ next. ``BarrierFlags`` modify what a barrier asks for:
 - ``CANCEL``: the attempt was abandoned: a writer stops waiting for it and drops what it
   staged (what the runtime sends every writer after an attempt failed);
 
-The seed's stream messages (events, watermarks and barriers in one channel) are not
-here: data and barriers travel as separate actor calls, ordered by sequence numbers
-(``raysink.actors.mailbox``), and raysink has no event-time operators.
+Stream messages that carry events, watermarks and barriers in one channel are not
+used: data and barriers travel as separate actor calls, ordered by sequence numbers
+(``raysink.writer.mailbox``), and raysink has no event-time operators.
 
 ``BarrierInjector.trigger()`` publishes a pending barrier; every ``BarrierPollHandle`` from
 the same injector may ``poll()`` it, and exactly one poll across all handles claims it. A
@@ -48,7 +48,7 @@ class BarrierFlags(enum.IntFlag):
     NONE = 0
     DRAIN = 2
     CANCEL = 4
-    # 8 was the seed's UNALIGNED: sinks never checkpoint unaligned (see alignment.py)
+    # no UNALIGNED flag: sinks never checkpoint unaligned (see alignment.py)
 
 
 _ALL_FLAGS = BarrierFlags.DRAIN | BarrierFlags.CANCEL

@@ -1,6 +1,6 @@
 """``SinkWriterActor``: one Ray actor per sink writer, owning one ``SinkWriter``.
 
-The commands of LaminarDB's sink task, as actor methods:
+The commands of a sink writer, as actor methods:
 
 =============  ==========  ==================================================================
 method         group       what it does
@@ -32,7 +32,7 @@ A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
 poisons the epoch: its barrier rolls back and fails. Data refs travel nested (``[ref]``)
 so no call waits on an unresolved argument; the writer fetches them itself, and reads
-pulls (``raysink._pull``: a Spark partition on a RayDP executor) at their source. A writer
+pulls (``raysink.protocol.pull``: a Spark partition on a RayDP executor) at their source. A writer
 that cannot reach its target tells the coordinator, which shows the sink ``stalled`` until
 it can again.
 """
@@ -52,11 +52,6 @@ import pyarrow as pa
 
 from raysink import _faults, _schema
 from raysink._metrics import WriterMetrics
-from raysink._pull import resolve
-from raysink.actors.mailbox import EpochSlot, Feed, Mailbox, Verdict
-from raysink.actors.watchdog import Watchdog
-from raysink.coordinator.barrier import CheckpointBarrier
-from raysink.coordinator.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.errors import (
     BackpressureError,
     BarrierOrderError,
@@ -65,7 +60,15 @@ from raysink.errors import (
     SchemaMismatchError,
     SinkUnavailableError,
 )
+from raysink.protocol.barrier import CheckpointBarrier
+from raysink.protocol.clients import CoordinatorClient
+from raysink.protocol.messages import BarrierAck, CommitRequest, DrainReport
+from raysink.protocol.pull import resolve
+from raysink.protocol.results import WriterStatus
+from raysink.reports import RuntimeStatus
 from raysink.sinks.base import Held, Sink
+from raysink.writer.mailbox import EpochSlot, FeedId, Mailbox, Verdict
+from raysink.writer.watchdog import Watchdog
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
 
@@ -151,8 +154,8 @@ class SinkWriterActor:
         """Tell the coordinator (without waiting) whether the target is reachable."""
         self._unreachable = error is not None
         try:
-            self._coordinator().writer_health.remote(
-                self._config.sink_name, self._config.writer_id, error)
+            self._coordinator().writer_health(
+                self._config.sink_name, self._config.writer_id, error).send()
         except Exception as exc:  # no coordinator right now: the next report tells it
             self._coordinator_handle = None
             log.debug("%s: could not report to the coordinator: %s", self._name, exc)
@@ -160,7 +163,7 @@ class SinkWriterActor:
     # ------------------------------------------------------------------ data group
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
-              feed: Feed = 0) -> int:
+              feed: FeedId = 0) -> int:
         """File one data message of ``feed``; returns the rows it carried (0 when dropped:
         a duplicate, or of an attempt given up). An early message the mailbox has no room
         for is ``BackpressureError``: send it again after ``retry_after``."""
@@ -184,7 +187,7 @@ class SinkWriterActor:
         self._drain()
         return int(table.num_rows)
 
-    def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: Feed,
+    def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: FeedId,
                      last_seq: int) -> None:
         """``feed``'s barrier of ``(barrier.epoch, attempt)``: it sent this writer
         ``last_seq`` messages of it; what it sends after belongs to a later epoch."""
@@ -283,9 +286,9 @@ class SinkWriterActor:
         self.feed_barrier(barrier, attempt, 0, last_seq)
         return self.seal(barrier, attempt, [0])
 
-    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[Feed]) -> BarrierAck:
+    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[FeedId]) -> BarrierAck:
         """The epoch ``barrier.epoch`` has these ``feeds``: once each delivered its barrier
-        (``feed_barrier``) and its messages are applied (aligned: the seed's
+        (``feed_barrier``) and its messages are applied (aligned: a
         ``BarrierAligner`` over the feeds), and every earlier epoch is done here,
         pre-commit; the answer carries the commit request. ``DRAIN`` set: close after."""
         epoch = barrier.epoch
@@ -366,7 +369,7 @@ class SinkWriterActor:
         deadline = time.monotonic() + self._config.barrier_timeout
         while True:
             try:
-                status = ray.get(self._coordinator().status.remote(), timeout=30)
+                status: RuntimeStatus = ray.get(self._coordinator().status().send(), timeout=30)
                 done = status.sinks[sink].last_committed_epoch
                 if not any(p < epoch and (done is None or done < p)
                            for p in status.pending_epochs):
@@ -383,13 +386,15 @@ class SinkWriterActor:
                     sink=sink, epoch=epoch)
             time.sleep(0.5 if error else 0.02)
 
-    def _coordinator(self) -> Any:
+    def _coordinator(self) -> CoordinatorClient:
+        """The coordinator's calls; its handle looked up by name once (again after a call
+        failed: the driver may have replaced it)."""
         import ray
 
         if self._coordinator_handle is None:
             self._coordinator_handle = ray.get_actor(self._config.coordinator,
                                                      namespace=NAMESPACE)
-        return self._coordinator_handle
+        return CoordinatorClient.of(self._coordinator_handle)
 
     # ------------------------------------------------------------------ control group
 
@@ -438,24 +443,21 @@ class SinkWriterActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def status(self) -> dict[str, Any]:
+    def status(self) -> WriterStatus:
         slots = self._mailbox.slots()
         slot = slots[0] if slots else None
-        return {
-            "writer": self._config.writer_id, "sink": self._config.sink_name,
-            "pid": os.getpid(), "rows_total": self._rows_total,
-            "epoch": None if slot is None else slot.epoch,
-            "attempt": None if slot is None else slot.attempt,
-            "epochs_here": [s.key for s in slots],
-            "waiting_for_feeds": {f"{s.epoch}/{s.attempt}": s.waiting_for()
-                                  for s in slots if s.waiting_for()},
-            "mailbox_depth": sum(s.waiting_count() for s in slots),
-            "mailbox_bytes": self._mailbox.waiting_bytes,
-            "refused": self._refused,
-            "busy": self._watchdog.busy(),
-            "slow_warnings": self._watchdog.warnings,
-            "closed": self._closed.is_set(),
-        }
+        return WriterStatus(
+            writer=self._config.writer_id, sink=self._config.sink_name, pid=os.getpid(),
+            rows_total=self._rows_total,
+            epoch=None if slot is None else slot.epoch,
+            attempt=None if slot is None else slot.attempt,
+            epochs_here=tuple(s.key for s in slots),
+            waiting_for_feeds={f"{s.epoch}/{s.attempt}": s.waiting_for()
+                               for s in slots if s.waiting_for()},
+            mailbox_depth=sum(s.waiting_count() for s in slots),
+            mailbox_bytes=self._mailbox.waiting_bytes, refused=self._refused,
+            busy=self._watchdog.busy(), slow_warnings=self._watchdog.warnings,
+            closed=self._closed.is_set())
 
     def _close_writer(self) -> None:
         """Close the sink writer once (it is never called twice); stops the timers."""

@@ -37,15 +37,15 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from raysink._calls import ask, get, short, watched
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.stream import StreamPosition, StreamState, StreamTick
+from raysink.coordinator.stream_state import StreamPosition, StreamState, StreamTick
+from raysink.driver.calls import ask, result, short, watched
+from raysink.driver.handle import seal_writers, wait_for_feeds
 from raysink.errors import EpochFailedError, RuntimeUnavailableError
-from raysink.handle import seal_writers, wait_for_feeds
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 
 if TYPE_CHECKING:
-    from raysink._epoch import EpochDriver
-    from raysink.actors.lifecycle import ActorSet
+    from raysink.driver.epoch import EpochDriver
+    from raysink.driver.lifecycle import ActorSet
     from raysink.reports import EpochReport
 
 __all__ = ["StreamController"]
@@ -86,7 +86,7 @@ class StreamController:
         return self._record.route
 
     def start(self) -> None:
-        position: StreamPosition = get(self._actors.coordinator.stream_start.remote(
+        position: StreamPosition = result(self._actors.coordinator_client.stream_start(
             self._commit_timeout))
         self._open = (position.epoch, position.attempt)
         self._routed = self._actors.all_writers()
@@ -148,7 +148,7 @@ class StreamController:
 
     def _tick(self, *, drain: bool) -> None:
         pings = self._ping_writers()  # asked before any member can write the next epoch
-        tick: StreamTick | None = get(self._actors.coordinator.stream_tick.remote(
+        tick: StreamTick | None = result(self._actors.coordinator_client.stream_tick(
             self._driver.next_checkpoint(), drain))
         if tick is None:
             return
@@ -239,7 +239,7 @@ class StreamController:
             self._routed = self._actors.all_writers()
         pids = self._writer_pids(_PID_WAIT)  # before any producer can write the replay
         state: StreamState = ask(
-            self._actors.coordinator_call("stream_rewind", epoch, self._commit_timeout,
+            self._actors.coordinator_client.stream_rewind(epoch, self._commit_timeout,
                                           self._record, writers),
             what="rewinding the stream", runtime=self._driver.name, heal=self._heal,
             timeout=2 * self._commit_timeout)

@@ -41,7 +41,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysink.coordinator.barrier import BarrierFlags, BarrierInjector, CheckpointBarrier
+from raysink.protocol.barrier import BarrierFlags, BarrierInjector, CheckpointBarrier
 
 __all__ = ["Cut", "StreamBook", "StreamPosition", "StreamState", "StreamTick"]
 

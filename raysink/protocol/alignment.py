@@ -16,9 +16,9 @@ then the checkpoint is *aligned* and the writer pre-commits. Rules, per call of
 - a ``CANCEL`` barrier drops the alignment of its checkpoint (and of any older one) and
   releases its inputs (``Cancelled``); later barriers of that checkpoint are stale.
 
-In raysink the inputs are *feeds*: the producers of an epoch (``raysink.actors.mailbox``
-aligns each epoch's feeds at every writer). The seed's unaligned fallback (snapshot the
-in-flight events when alignment takes too long) is not here: it serves operators between
+In raysink the inputs are *feeds*: the producers of an epoch (``raysink.writer.mailbox``
+aligns each epoch's feeds at every writer). There is no unaligned fallback (snapshot the
+in-flight events when alignment takes too long): it serves operators between
 sources and sinks, which raysink does not have, and a sink must never go unaligned (its
 committables must be at the sink when it pre-commits). A writer that waits too long for
 a feed's barrier fails the attempt instead (``feed_timeout``, ``barrier_timeout``).
@@ -29,8 +29,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import TypeAlias, TypeVar
 
-from raysink.coordinator.barrier import CheckpointBarrier
 from raysink.errors import BarrierOrderError, ConfigError
+from raysink.protocol.barrier import CheckpointBarrier
 
 __all__ = [
     "AlignAction",

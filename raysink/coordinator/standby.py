@@ -12,8 +12,9 @@ is fenced like any replaced one) and from then on it is the coordinator; the dri
 a new standby behind it. A standby that is gone or does not answer is dropped, and a new
 coordinator is started as before.
 
-Where it runs: the driver's ``ActorSet`` (``lifecycle``) starts standbys and calls
-``take_over``; the class runs in the standby's process.
+Where it runs: the class runs in the standby's process; the driver's ``ActorSet``
+(``raysink.driver.lifecycle``) starts standbys and calls ``take_over``
+(``raysink.driver.remote.take_over``).
 """
 
 from __future__ import annotations
@@ -21,12 +22,10 @@ from __future__ import annotations
 import asyncio
 import logging
 import os
-from typing import Any
 
-from raysink.actors import raystate
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 
-__all__ = ["StandbyCoordinatorActor", "take_over"]
+__all__ = ["StandbyCoordinatorActor"]
 
 log = logging.getLogger(__name__)
 
@@ -60,24 +59,3 @@ class StandbyCoordinatorActor(CoordinatorActor):
             return 0
         return await super().ping()
 
-
-def take_over(handle: Any, config: CoordinatorConfig, *, ping_timeout: float,
-              timeout: float) -> bool:
-    """Make the standby the coordinator; ``False`` when it cannot be (gone, or silent
-    for ``ping_timeout`` seconds: lost with its node, say). One still being started is
-    waited for, up to ``timeout`` like the take-over itself."""
-    import ray
-
-    state = raystate.state_of(handle)
-    if state not in ("ALIVE", "PENDING_CREATION"):
-        log.info("no standby coordinator to take over (%s)", state)
-        return False
-    try:
-        if state == "ALIVE":
-            ray.get(handle.ping.remote(), timeout=ping_timeout)
-        ray.get(handle.take_over.remote(config), timeout=timeout)
-    except Exception as exc:
-        log.warning("the standby coordinator could not take over (%s: %s); starting a new "
-                    "coordinator", type(exc).__name__, exc)
-        return False
-    return True

@@ -21,16 +21,16 @@ from typing import TYPE_CHECKING, Any
 from ray.data import Datasink
 from ray.data.block import Block, BlockAccessor
 
-from raysink._calls import short
+from raysink.driver.calls import short
+from raysink.driver.feed import Feed, FeedRoute
 from raysink.errors import EpochFailedError
-from raysink.feeds import Feed, FeedRoute
 from raysink.reports import EpochReport
 
 if TYPE_CHECKING:
     from ray.data._internal.execution.interfaces import TaskContext
     from ray.data.datasource.datasink import WriteResult
 
-    from raysink.handle import EpochHandle
+    from raysink.driver.handle import EpochHandle
 
 __all__ = ["EpochDatasink"]
 

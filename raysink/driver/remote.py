@@ -3,7 +3,7 @@
 
 Ray exports a class to the cluster once per job, but disassembles it again for each new
 ``ray.remote`` of it (about 60 ms of driver CPU per writer started, measured with 16
-writers), so ``raysink.actors.lifecycle`` takes them from here. A writer's methods run in
+writers), so ``raysink.driver.lifecycle`` takes them from here. A writer's methods run in
 concurrency groups: data (``write``, ``feed_barrier``), one barrier thread (``barrier``,
 ``seal``) and control (the rest: ``cancel``, ``drain``, ``finish``, ``ping``, ``status``).
 """
@@ -16,13 +16,24 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from raysink.actors.standby import StandbyCoordinatorActor
-from raysink.actors.writer import NAMESPACE, SinkWriterActor
-from raysink.coordinator.coordinator import CoordinatorActor
+from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
+from raysink.coordinator.standby import StandbyCoordinatorActor
+from raysink.driver import raystate
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.writer.writer import NAMESPACE, SinkWriterActor
 
-__all__ = ["await_name_free", "coordinator_class", "coordinator_name", "create", "exists",
-           "find_coordinator", "in_use", "writer_class", "writer_name"]
+__all__ = [
+    "await_name_free",
+    "coordinator_class",
+    "coordinator_name",
+    "create",
+    "exists",
+    "find_coordinator",
+    "in_use",
+    "take_over",
+    "writer_class",
+    "writer_name",
+]
 
 log = logging.getLogger(__name__)
 
@@ -100,7 +111,7 @@ def find_coordinator(runtime: str, wait: float = 5.0) -> Any | None:
     """The runtime's current coordinator, for a process that lost it (a stream's
     producer): of the live actors named ``<runtime>.coordinator`` or
     ``<runtime>.coordinator.<n>`` (see ``create``), or a standby's name (one that took
-    over: ``raysink.actors.standby``), the one that answers with the highest generation (a
+    over: ``raysink.coordinator.standby``), the one that answers with the highest generation (a
     replaced one that still answers has a lower one; a standby that has not taken over
     answers 0). ``None`` when none answers within ``wait`` seconds."""
     import ray
@@ -141,3 +152,25 @@ def await_name_free(name: str, seconds: float = _NAME_RELEASE_SECONDS) -> None:
     deadline = time.monotonic() + seconds
     while exists(name) and time.monotonic() < deadline:
         time.sleep(0.05)
+
+
+def take_over(handle: Any, config: CoordinatorConfig, *, ping_timeout: float,
+              timeout: float) -> bool:
+    """Make the standby the coordinator; ``False`` when it cannot be (gone, or silent
+    for ``ping_timeout`` seconds: lost with its node, say). One still being started is
+    waited for, up to ``timeout`` like the take-over itself."""
+    import ray
+
+    state = raystate.state_of(handle)
+    if state not in ("ALIVE", "PENDING_CREATION"):
+        log.info("no standby coordinator to take over (%s)", state)
+        return False
+    try:
+        if state == "ALIVE":
+            ray.get(handle.ping.remote(), timeout=ping_timeout)
+        ray.get(handle.take_over.remote(config), timeout=timeout)
+    except Exception as exc:
+        log.warning("the standby coordinator could not take over (%s: %s); starting a new "
+                    "coordinator", type(exc).__name__, exc)
+        return False
+    return True

@@ -19,11 +19,12 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import _schema
-from raysink._pull import resolve
-from raysink._sender import Sender
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.vnodes import Bitmap, split_by_writer
+from raysink.driver.sender import Sender
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import WriterClient
+from raysink.protocol.pull import resolve
+from raysink.protocol.vnodes import Bitmap, split_by_writer
 
 __all__ = ["FeedPlan", "around", "plan_arrow", "plan_refs", "send"]
 
@@ -309,7 +310,7 @@ def send(
     seqs = sender.seqs
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
     return Barriers(
-        refs=[handle.barrier.remote(barrier, attempt, seqs[k])
+        refs=[WriterClient(handle).barrier(barrier, attempt, seqs[k]).send()
               for handles in writers.values() for k, handle in enumerate(handles)
               if seqs[k]],
         idle=[(sink, k) for sink, handles in writers.items() for k in range(len(handles))

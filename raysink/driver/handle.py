@@ -8,7 +8,7 @@
 
 ``commit`` waits until every feed handed out closed (its barrier is at the writers it
 sent data to); then each writer that received data gets a *seal* naming the feeds it
-must align (the seed's ``BarrierAligner`` over them), pre-commits and answers with its
+must align (a ``BarrierAligner`` over them), pre-commits and answers with its
 commit request; the driver sends the requests to the coordinator in one call, as for
 ``write_arrow``. A feed that failed, or whose producer went silent past ``feed_timeout``
 (its task or actor died and was not retried in time), makes the commit give the
@@ -22,18 +22,19 @@ import time
 from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
-from raysink._calls import get
-from raysink._feed import Barriers
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.feeds import FeedsState
+from raysink.coordinator.producers import FeedsState
+from raysink.driver.calls import result
+from raysink.driver.feed import Feed, FeedRoute
+from raysink.driver.routing import Barriers
 from raysink.errors import ConfigError, EpochFailedError
-from raysink.feeds import Feed, FeedRoute
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import WriterClient
 from raysink.reports import EpochReport
 
 if TYPE_CHECKING:
-    from raysink._epoch import EpochDriver
-    from raysink.actors.lifecycle import ActorSet
-    from raysink.coordinator.messages import OpenedEpoch
+    from raysink.driver.epoch import EpochDriver
+    from raysink.driver.lifecycle import ActorSet
+    from raysink.protocol.messages import OpenedEpoch
 
 __all__ = ["EpochHandle", "seal_writers", "wait_for_feeds"]
 
@@ -150,7 +151,7 @@ def wait_for_feeds(actors: ActorSet, epoch: int, attempt: int, feeds: list[int],
     deadline = time.monotonic() + timeout
     while True:
         left = max(0.0, deadline - time.monotonic())
-        state: FeedsState = get(actors.coordinator.wait_feeds.remote(
+        state: FeedsState = result(actors.coordinator_client.wait_feeds(
             epoch, attempt, feeds, min(left, 10.0), lease))
         if state.done or left <= 0:
             return state
@@ -166,7 +167,7 @@ def seal_writers(actors: ActorSet, barrier: CheckpointBarrier, attempt: int,
             by_writer.setdefault(int(k), []).append(feed)
     writers = actors.writers
     return Barriers(
-        refs=[handles[k].seal.remote(barrier, attempt, sorted(feeds))
+        refs=[WriterClient(handles[k]).seal(barrier, attempt, sorted(feeds)).send()
               for handles in writers.values() for k, feeds in sorted(by_writer.items())],
         idle=[(sink, k) for sink, handles in writers.items()
               for k in range(len(handles)) if k not in by_writer])

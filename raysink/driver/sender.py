@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from raysink.errors import BackpressureError
+from raysink.protocol.clients import WriterClient
 
 __all__ = ["Sender"]
 
@@ -80,8 +81,8 @@ class Sender:
         from ray.exceptions import PendingCallsLimitExceeded
 
         try:
-            call = self.writers[sink][k].write.remote(self.epoch, self.attempt, seq, [ref],
-                                                      self.feed)
+            call = WriterClient(self.writers[sink][k]).write(
+                self.epoch, self.attempt, seq, [ref], self.feed).send()
         except PendingCallsLimitExceeded as exc:
             raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
                                     retry_after=0.5, epoch=self.epoch) from exc
@@ -91,7 +92,7 @@ class Sender:
         """Settle the oldest write in flight to ``(sink, k)``; a write the writer's full
         mailbox refused is kept to send again (other writes go on meanwhile: the one the
         writer needs next may not be sent yet). Returns the wait it asked for."""
-        from raysink._calls import get
+        from raysink.driver.calls import get
 
         call, seq, ref = self._windows[(sink, k)].popleft()
         try:

@@ -38,8 +38,8 @@ import pyarrow as pa
 
 from raysink import _faults
 from raysink._metrics import spark_pulled
-from raysink._pull import Pull
 from raysink.errors import SinkUnavailableError
+from raysink.protocol.pull import Pull
 
 __all__ = ["EXECUTORS_BACK_SECONDS", "EXECUTOR_CALL_TIMEOUT", "UNAVAILABLE_SECONDS",
            "ExecutorPartition", "conform", "cross_language_calls", "decode",

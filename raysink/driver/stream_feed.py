@@ -1,6 +1,6 @@
 """Continuous streams: ``feed = rt.stream()``, then ``feed.write(...)`` forever.
 
-The driver ticks every ``checkpoint_interval`` seconds (``raysink._stream``): the
+The driver ticks every ``checkpoint_interval`` seconds (``raysink.driver.stream_controller``): the
 coordinator fixes the current epoch's members and gives each its barrier; every epoch
 then commits on its own, as an ``EpochHandle`` does, while the producers already write the
 next one. ``rt.close()`` ticks once more with ``DRAIN``: the producers close their last
@@ -54,19 +54,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, NoReturn
+from typing import Any, NoReturn, TypeVar
 
 import pyarrow as pa
 
-from raysink._calls import get, short
-from raysink.coordinator.barrier import CheckpointBarrier
-from raysink.coordinator.stream import StreamPosition
+from raysink.coordinator.stream_state import StreamPosition
+from raysink.driver.calls import result, short
+from raysink.driver.feed import Feed, FeedRoute
 from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError, StreamRewind
-from raysink.feeds import Feed, FeedRoute
+from raysink.protocol.barrier import CheckpointBarrier
+from raysink.protocol.clients import Call, CoordinatorClient
 
 __all__ = ["StreamFeed"]
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 class StreamFeed:
@@ -164,7 +166,7 @@ class StreamFeed:
             time.sleep(self.poll_interval)
         if self._stop is not None:
             self._stop.set()
-        self._call("stream_leave", self.id)
+        self._call(lambda c: c.stream_leave(self.id))
 
     # ------------------------------------------------------------------ the position
 
@@ -258,7 +260,7 @@ class StreamFeed:
                 current.close(barrier.checkpoint_id)
                 self._current = None
             else:
-                self._call("feed_closed", barrier.epoch, attempt, self.id, {})
+                self._call(lambda c: c.feed_closed(barrier.epoch, attempt, self.id, {}))
         except _ray_errors() as exc:
             if current is not None:
                 self._lose_part(current, f"closing epoch {barrier.epoch}: {short(exc)}")
@@ -285,8 +287,8 @@ class StreamFeed:
 
     def _poll(self) -> StreamPosition | None:
         with self._poll_lock:
-            position: StreamPosition | None = self._call(
-                "stream_poll", self.id, not self._joined, self._applied, self.route_number)
+            position = self._call(lambda c: c.stream_poll(
+                self.id, not self._joined, self._applied, self.route_number))
             self._joined = True
             if position is not None:
                 if position.writers is not None:
@@ -299,23 +301,23 @@ class StreamFeed:
                 self._start_polling()
         return position
 
-    def _call(self, method: str, *args: Any) -> Any:
-        """A call to the coordinator; one that is gone is looked up again by name (the
-        driver replaces it), up to ``timeout``."""
+    def _call(self, make: Callable[[CoordinatorClient], Call[R]]) -> R:
+        """A call to the coordinator (``make`` picks it); one that is gone is looked up
+        again by name (the driver replaces it), up to ``timeout``."""
         deadline = time.monotonic() + self.timeout
         while True:
             try:
-                return get(getattr(self.route.coordinator, method).remote(*args))
+                return result(make(self.route.coordinator_client))
             except _ray_errors() as exc:
                 if time.monotonic() > deadline:
                     raise RuntimeUnavailableError(
                         f"{self!r}: the coordinator did not answer within {self.timeout:g} "
                         f"s ({short(exc)})", runtime=self.route.runtime) from exc
-                log.debug("%r: %s: %s; looking the coordinator up", self, method, exc)
+                log.debug("%r: %s; looking the coordinator up", self, exc)
                 self._relocate()
 
     def _relocate(self) -> None:
-        from raysink.actors.lifecycle import find_coordinator
+        from raysink.driver.lifecycle import find_coordinator
 
         handle = find_coordinator(self.route.runtime)
         if handle is None:

@@ -1,7 +1,8 @@
 """Driver-side calls to the runtime's actors, so that only raysink errors reach the user.
 
 ``get`` is ``ray.get`` that re-raises a raysink error raised in an actor as itself (not
-wrapped in Ray's ``RayTaskError``). ``ask`` calls an idempotent actor method and waits
+wrapped in Ray's ``RayTaskError``); ``result`` and ``results`` send typed calls
+(``raysink.protocol.clients``) and ``get`` their answers. ``ask`` sends an idempotent call and waits
 while its actor restarts (Ray answers ``ActorUnavailableError`` meanwhile), up to a
 deadline, then raises ``RuntimeUnavailableError`` with the Ray error as its cause.
 ``typed_errors`` guards a public method: any other failure leaves it as the given raysink
@@ -26,12 +27,14 @@ import functools
 import logging
 import threading
 import time
-from collections.abc import Callable, Iterator
-from typing import Any, Protocol, TypeVar
+from collections.abc import Callable, Iterable, Iterator
+from typing import Any, Protocol, TypeVar, cast
 
 from raysink.errors import RaySinkError, RuntimeUnavailableError
+from raysink.protocol.clients import Call
 
-__all__ = ["PROBE_EVERY", "QUICK_EVERY", "ask", "get", "short", "typed_errors", "watched"]
+__all__ = ["PROBE_EVERY", "QUICK_EVERY", "ask", "get", "result", "results", "short",
+           "typed_errors", "watched"]
 
 log = logging.getLogger(__name__)
 
@@ -121,9 +124,19 @@ def _await_healing(ref: Any, deadline: float, heal: Callable[[], Any]) -> Any:
             raise _Replaced
 
 
-def ask(make: Callable[[], Any], *, what: str, timeout: float, runtime: str,
-        heal: Callable[[], Any] | None = None) -> Any:
-    """Call ``make()`` (it submits one idempotent actor call) and return its result,
+def result(call: Call[R], timeout: float | None = None) -> R:
+    """Send ``call`` and wait for its answer (``get``)."""
+    return cast(R, get(call.send(), timeout=timeout))
+
+
+def results(calls: Iterable[Call[R]], timeout: float | None = None) -> list[R]:
+    """Send every call at once, then wait for all their answers, in order (``get``)."""
+    return cast(list[R], get([c.send() for c in calls], timeout=timeout))
+
+
+def ask(call: Call[R], *, what: str, timeout: float, runtime: str,
+        heal: Callable[[], Any] | None = None) -> R:
+    """Send ``call`` (one idempotent actor call) and return its answer,
     sending it again while the actor restarts, up to ``timeout`` seconds. With ``heal``
     (``ActorSet.heal``: it replaces an actor that does not answer a short ping and
     returns what it replaced), a call unanswered for ``PROBE_EVERY`` seconds, or an actor
@@ -134,8 +147,9 @@ def ask(make: Callable[[], Any], *, what: str, timeout: float, runtime: str,
     while True:
         try:
             if heal is None:
-                return get(make(), timeout=max(0.1, deadline - time.monotonic()))
-            return _await_healing(make(), deadline, heal)
+                return cast(R, get(call.send(),
+                                   timeout=max(0.1, deadline - time.monotonic())))
+            return cast(R, _await_healing(call.send(), deadline, heal))
         except _Replaced:
             log.info("%s: %s: an actor was replaced; asking again", runtime, what)
         except ActorUnavailableError as exc:

@@ -30,13 +30,11 @@ import random
 import threading
 import time
 from collections.abc import Callable, Iterator
-from typing import Any
+from typing import Any, TypeVar
 
-from raysink import _feed
-from raysink._calls import ask, get, short
-from raysink.actors.lifecycle import ActorSet
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
+from raysink.driver import routing
+from raysink.driver.calls import ask, get, result, short
+from raysink.driver.lifecycle import ActorSet
 from raysink.errors import (
     EpochFailedError,
     RescaleRefusedError,
@@ -44,11 +42,15 @@ from raysink.errors import (
     SchemaMismatchError,
 )
 from raysink.progress import Progress
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import Call
+from raysink.protocol.messages import BarrierAck, CommitRequest, CommitWait, OpenedEpoch
 from raysink.reports import EpochReport
 
 __all__ = ["EpochDriver", "EpochSettings"]
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 class EpochSettings:
@@ -118,7 +120,7 @@ class EpochDriver:
         return self._checkpoint_id
 
     def run(self, actors: ActorSet, epoch: int | None,
-            plan: _feed.FeedPlan) -> EpochReport:
+            plan: routing.FeedPlan) -> EpochReport:
         """Feed one epoch and have it committed; after a failure resolve it, and re-feed
         an aborted attempt (up to ``max_attempts``).
 
@@ -131,7 +133,7 @@ class EpochDriver:
         return report
 
     def _run(self, actors: ActorSet, epoch: int | None,
-             plan: _feed.FeedPlan) -> EpochReport:
+             plan: routing.FeedPlan) -> EpochReport:
         started = time.monotonic()
         requested = epoch
         last_error: BaseException | None = None
@@ -172,7 +174,7 @@ class EpochDriver:
             epoch=epoch) from last_error
 
     def commit_fed(self, actors: ActorSet, epoch: int, attempt: int,
-                   seal: Callable[[], _feed.Barriers], started: float) -> EpochReport:
+                   seal: Callable[[], routing.Barriers], started: float) -> EpochReport:
         """Commit an attempt its producers fed (``EpochHandle``): ``seal`` sends the
         writers' seals. After a failure the attempt is resolved: a decided one rolls
         forward; else it was given up at the writers and ``EpochFailedError`` says to feed
@@ -229,12 +231,12 @@ class EpochDriver:
         backpressure, so the deadline is twice that."""
         decision: OpenedEpoch = self._ask(
             actors, "opening an epoch",
-            actors.coordinator_call("open_epoch", epoch, self._options.commit_timeout),
+            actors.coordinator_client.open_epoch(epoch, self._options.commit_timeout),
             timeout=2 * self._options.commit_timeout)
         return decision
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: _feed.FeedPlan, generation: int | None = None
+                         plan: routing.FeedPlan, generation: int | None = None
                          ) -> tuple[int, CommitWait]:
         """Send the data and the barriers; gather every writer's commit request from its
         barrier answer and send them to the coordinator in one call, which decides the
@@ -244,18 +246,18 @@ class EpochDriver:
             return self._feed_and_commit_watched(actors, epoch, attempt, plan, generation)
 
     def _feed_and_commit_watched(self, actors: ActorSet, epoch: int, attempt: int,
-                                 plan: _feed.FeedPlan, generation: int | None
+                                 plan: routing.FeedPlan, generation: int | None
                                  ) -> tuple[int, CommitWait]:
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
-        barriers = _feed.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
+        barriers = routing.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self.next_checkpoint(),
                               shuffle=self.shuffle, on_rows=on_rows,
                               avoid=self._starting_writers(actors, plan))
         return self.commit_barriers(actors, epoch, attempt, barriers, generation)
 
     def commit_barriers(self, actors: ActorSet, epoch: int, attempt: int,
-                        barriers: _feed.Barriers, generation: int | None = None
+                        barriers: routing.Barriers, generation: int | None = None
                         ) -> tuple[int, CommitWait]:
         """Gather the writers' barrier answers (bad data wins over other failures) and
         the driver's answers for idle writers; send them to the coordinator in one call.
@@ -279,12 +281,12 @@ class EpochDriver:
         requests = [ack.request for ack in acks] + [
             CommitRequest(sink=sink, writer=k, epoch=epoch, attempt=attempt, manifest=None)
             for sink, k in barriers.idle]
-        outcome: CommitWait = get(actors.coordinator.commit_epoch.remote(
+        outcome: CommitWait = result(actors.coordinator_client.commit_epoch(
             epoch, attempt, requests, self._options.commit_timeout, generation))
         rows = sum(ack.rows for ack in acks) // max(self.sinks, 1)
         return rows, outcome
 
-    def _starting_writers(self, actors: ActorSet, plan: _feed.FeedPlan) -> frozenset[int]:
+    def _starting_writers(self, actors: ActorSet, plan: routing.FeedPlan) -> frozenset[int]:
         """The writers to feed around: those Ray is still (re)starting, for a movable plan
         while another writer is up. Otherwise the attempt waits until they answer."""
         starting = actors.starting_writers()
@@ -332,7 +334,7 @@ class EpochDriver:
         timeout = self._options.commit_timeout
         answer: CommitWait = self._ask(
             actors, f"waiting for epoch {epoch}",
-            actors.coordinator_call("wait_committed", epoch, timeout), timeout=2 * timeout)
+            actors.coordinator_client.wait_committed(epoch, timeout), timeout=2 * timeout)
         return answer
 
     def _recover_epoch(self, actors: ActorSet, epoch: int, attempt: int) -> bool:
@@ -342,7 +344,7 @@ class EpochDriver:
         actors.metrics.attempt_failed()
         actors.heal()
         resolution = self._ask(actors, f"resolving epoch {epoch}",
-                               actors.coordinator_call("resolve", epoch, attempt))
+                               actors.coordinator_client.resolve(epoch, attempt))
         log.debug("%s: epoch %s attempt %s resolved %s", self.name, epoch, attempt,
                   resolution)
         if resolution in ("COMMITTED", "ROLLING_FORWARD"):
@@ -379,7 +381,7 @@ class EpochDriver:
         actors.metrics.attempt_failed()
         self._predicted = None
         self._ask(actors, f"resolving epoch {epoch}",
-                  actors.coordinator_call("resolve", epoch, attempt))
+                  actors.coordinator_client.resolve(epoch, attempt))
         self._rollback_writers(actors, epoch, attempt)
         self._settle_inflight(actors)
 
@@ -390,8 +392,8 @@ class EpochDriver:
         import ray
 
         cancel = CheckpointBarrier(self.next_checkpoint(), epoch, BarrierFlags.CANCEL)
-        soon, later = actors.waitable([h.cancel.remote(cancel, attempt)
-                                       for h in actors.all_writers()])
+        soon, later = actors.waitable([w.cancel(cancel, attempt).send()
+                                       for w in actors.writer_clients()])
         self._unsettled += later
         for ref in soon:
             try:
@@ -407,9 +409,9 @@ class EpochDriver:
                            skipped_sinks=skipped_sinks, attempts=attempts,
                            seconds=time.monotonic() - started)
 
-    def _ask(self, actors: ActorSet, what: str, make: Callable[[], Any],
-             timeout: float | None = None) -> Any:
+    def _ask(self, actors: ActorSet, what: str, call: Call[R],
+             timeout: float | None = None) -> R:
         """An idempotent call to the runtime's actors, waiting while they restart (up to
         ``commit_timeout``) and re-creating one that is gone."""
-        return ask(make, what=what, runtime=self.name, heal=actors.heal,
+        return ask(call, what=what, runtime=self.name, heal=actors.heal,
                    timeout=self._options.commit_timeout if timeout is None else timeout)

@@ -5,7 +5,7 @@ item is an ``ObjectRef`` (the consumer ``ray.get``\\ s it), a local table, or a
 :class:`Pull`: a small picklable description of where the data lives, which the consumer
 turns into a table by calling :meth:`Pull.pull` in its own process. The Spark handoff uses
 pulls so that each writer reads its partitions straight from the RayDP executors
-(``raysink.spark.pull``), with no Ray task and no copy in the object store per partition.
+(``raysink.spark.partitions``), with no Ray task and no copy in the object store per partition.
 
 The contract, for every implementation:
 

@@ -29,12 +29,13 @@ from typing import Any
 
 import pyarrow as pa
 
-from raysink import _feed
-from raysink._calls import get
-from raysink._sender import Sender
-from raysink.coordinator.barrier import BarrierFlags, CheckpointBarrier
-from raysink.coordinator.vnodes import Bitmap
+from raysink.driver import routing
+from raysink.driver.calls import result, results
+from raysink.driver.sender import Sender
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import CoordinatorClient, WriterClient
+from raysink.protocol.vnodes import Bitmap
 
 __all__ = ["Feed", "FeedRoute"]
 
@@ -58,6 +59,10 @@ class FeedRoute:
     @property
     def writer_count(self) -> int:
         return len(next(iter(self.writers.values())))
+
+    @property
+    def coordinator_client(self) -> CoordinatorClient:
+        return CoordinatorClient.of(self.coordinator)
 
 
 class Feed:
@@ -116,7 +121,7 @@ class Feed:
             if self.skip:
                 return 0
             sender = self._start()
-            plan = _feed.plan_arrow(data, writers=self.route.writer_count, key=self.route.key,
+            plan = routing.plan_arrow(data, writers=self.route.writer_count, key=self.route.key,
                                     bitmaps=self.route.bitmaps,
                                     max_batch_bytes=self.route.max_batch_bytes,
                                     first_writer=self._turn % self.route.writer_count,
@@ -143,9 +148,10 @@ class Feed:
                 barrier = CheckpointBarrier(
                     self.checkpoint_id if checkpoint_id is None else checkpoint_id,
                     self.epoch, BarrierFlags.NONE)
-                get([handles[k].feed_barrier.remote(barrier, self.attempt, self.id, n)
-                     for handles in self.route.writers.values() for k, n in counts.items()])
-                get(self.route.coordinator.feed_closed.remote(self.epoch, self.attempt,
+                results(WriterClient(handles[k]).feed_barrier(barrier, self.attempt, self.id, n)
+                        for handles in self.route.writers.values()
+                        for k, n in counts.items())
+                result(self.route.coordinator_client.feed_closed(self.epoch, self.attempt,
                                                               self.id, counts))
             self._finish()
             return self._rows
@@ -158,7 +164,7 @@ class Feed:
                 return
             if not self.skip:
                 try:
-                    get(self.route.coordinator.feed_failed.remote(
+                    result(self.route.coordinator_client.feed_failed(
                         self.epoch, self.attempt, self.id, reason))
                 except Exception as exc:  # the lease expires instead
                     log.warning("%r: could not report its failure: %s", self, exc)
@@ -169,7 +175,7 @@ class Feed:
             raise ConfigError(f"{self!r} is closed; a closed feed takes no more data "
                               "(take a new feed from the next epoch's handle)")
 
-    def _check_schema(self, plan: _feed.FeedPlan) -> None:
+    def _check_schema(self, plan: routing.FeedPlan) -> None:
         """One schema per feed; with ``add_columns`` on every sink, schemas with a union
         (which the writers and the coordinator check again)."""
         schema = plan.schema
@@ -213,14 +219,14 @@ def _start_heartbeat(feed: Feed) -> threading.Event:
     closes, or is dropped unclosed (its task ended): then the beats stop and its lease
     runs out."""
     stop = threading.Event()
-    coordinator, interval = feed.route.coordinator, feed.route.heartbeat
+    coordinator, interval = feed.route.coordinator_client, feed.route.heartbeat
     key = (feed.epoch, feed.attempt, feed.id)
     weakref.finalize(feed, stop.set)
 
     def beat() -> None:
         while True:
             try:
-                coordinator.feed_alive.remote(*key)
+                coordinator.feed_alive(*key).send()
             except Exception as exc:  # the coordinator restarting: beat again later
                 log.debug("feed %s heartbeat: %s", key, exc)
             if stop.wait(interval):

@@ -3,12 +3,12 @@
 Writers (one set per sink) and the coordinator are ordinary actors owned by the driver in
 the Ray namespace ``raysink``, named ``<runtime>.coordinator`` and
 ``<runtime>.<sink>.writer-<i>``. They reserve no CPU unless ``actor_options`` says so and
-die with the driver. Where they run: ``raysink.actors.placement`` (writers spread over the
+die with the driver. Where they run: ``raysink.driver.placement`` (writers spread over the
 nodes, the coordinator on the driver's node). Writers restart after a crash
 (``max_restarts=-1``; in-flight calls fail, ``max_task_retries=0``). The coordinator is
 not restarted by Ray: the driver re-creates it (``heal``) with the current writer layout
 (``rescale`` changes it), or a standby started ahead takes over when node labels pin the
-coordinator (``raysink.actors.standby``: no process start while the epoch waits).
+coordinator (``raysink.coordinator.standby``: no process start while the epoch waits).
 
 Replacing what does not answer (``heal``). Ray declares a lost node dead only after its
 health checks time out (15-20 s with the defaults), and until then an actor there is
@@ -23,7 +23,7 @@ and placement leaves the node out for a while (at once, unpinged, when the rayle
 connections). Silence on a node that answers is a busy actor, or one Ray is restarting
 there (in a second or two): it is left alone, since replacing a healthy writer would fail
 an epoch whose producers cannot feed it again (a Ray Data write, a feed); one Ray's GCS
-lists as (re)starting (``raysink.actors.raystate``) is not pinged at all. Then the epoch
+lists as (re)starting (``raysink.driver.raystate``) is not pinged at all. Then the epoch
 in flight is resolved and fed again: ``heal`` waits for a new coordinator, not for new
 writers (the epoch driver feeds around a writer still starting, or waits for it when the
 epoch is keyed).
@@ -53,11 +53,12 @@ from contextlib import AbstractContextManager
 from dataclasses import dataclass, field
 from typing import Any
 
-from raysink._calls import ask, watched
 from raysink._metrics import DriverMetrics
-from raysink.actors import raystate
-from raysink.actors.placement import ClusterView, Placement, affinity, coordinator_node
-from raysink.actors.remote import (
+from raysink.coordinator.coordinator import CoordinatorConfig
+from raysink.driver import raystate
+from raysink.driver.calls import ask, watched
+from raysink.driver.placement import ClusterView, Placement, affinity, coordinator_node
+from raysink.driver.remote import (
     await_name_free,
     coordinator_class,
     coordinator_name,
@@ -65,13 +66,13 @@ from raysink.actors.remote import (
     exists,
     find_coordinator,
     in_use,
+    take_over,
     writer_class,
     writer_name,
 )
-from raysink.actors.standby import take_over
-from raysink.actors.writer import NAMESPACE, WriterConfig
-from raysink.coordinator.coordinator import CoordinatorConfig
 from raysink.errors import RuntimeUnavailableError
+from raysink.protocol.clients import CoordinatorClient, WriterClient
+from raysink.writer.writer import NAMESPACE, WriterConfig
 
 __all__ = ["PING_TIMEOUT", "ActorSet", "coordinator_name", "find_coordinator", "writer_name"]
 
@@ -422,7 +423,7 @@ class ActorSet:
 
     def watching(self) -> AbstractContextManager[None]:
         """Within the block, waits of the epoch driver end with ``RuntimeUnavailableError``
-        as soon as an actor stops answering (see ``raysink._calls.watched``)."""
+        as soon as an actor stops answering (see ``raysink.driver.calls.watched``)."""
         return watched(self.check_responsive, self.check_calls)
 
     def heal(self, timeout: float = 60.0, *, writers: bool = False) -> list[str]:
@@ -539,10 +540,15 @@ class ActorSet:
 
     # ------------------------------------------------------------------ calls, stop
 
-    def coordinator_call(self, method: str, *args: Any) -> Callable[[], Any]:
-        """A call of ``method`` on the coordinator, to submit (again) with ``_calls.ask``:
-        it always goes to the current handle, which ``heal`` may replace."""
-        return lambda: getattr(self.coordinator, method).remote(*args)
+    @property
+    def coordinator_client(self) -> CoordinatorClient:
+        """The coordinator's calls, to send (again) with ``calls.ask``: each send goes to
+        the current handle, which ``heal`` may replace."""
+        return CoordinatorClient(lambda: self.coordinator)
+
+    def writer_clients(self) -> list[WriterClient]:
+        """Every writer of every sink, as clients (sink by sink, in writer order)."""
+        return [WriterClient(h) for h in self.all_writers()]
 
     def all_writers(self) -> list[Any]:
         return [h for handles in self.writers.values() for h in handles]
