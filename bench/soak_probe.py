@@ -108,7 +108,7 @@ def mailbox_depths(rt: SinkRuntime) -> dict[str, int]:
             for sink, handles in actors.writers.items()
             for index, handle in enumerate(handles)}
     answers = ray.get(list(refs.values()), timeout=30)
-    return {label: int(answer["mailbox_depth"])
+    return {label: int(answer.mailbox_depth)
             for label, answer in zip(refs, answers, strict=True)}
 
 
