@@ -323,7 +323,9 @@ class _Trial:
     def when(self, point: str) -> dict[str, Any]:
         when: dict[str, Any] = {"epoch": self.fault_epoch}
         if point.startswith("writer."):
-            when.update({"writer": self.spec.writer, "sink": "main"})
+            when["sink"] = "main"
+            if self.spec.victim == "writer":  # else any writer's will do: the one writer
+                when["writer"] = self.spec.writer  # a small Ray Data write reaches, say
         elif point == "sink.mid_commit":
             when["sink"] = "main"
         return when
