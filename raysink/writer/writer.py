@@ -46,7 +46,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, TypeVar
+from typing import Any, NoReturn, TypeVar
 
 import pyarrow as pa
 
@@ -104,6 +104,8 @@ class SinkWriterActor:
         self._opened = False
         self._unreachable = False
         self._closed = threading.Event()
+        # a periodic flush that failed since the last pre-commit or rollback (under _lock)
+        self._flush_failed: BaseException | None = None
         self._coordinator_handle: Any = None
         self._watchdog = Watchdog(self._name, config.warn_interval)
         self._open_writer(deferrable=True)
@@ -306,10 +308,14 @@ class SinkWriterActor:
         if self._config.sink.holds_transactions:
             self._await_earlier_commits(epoch)
         with self._lock:
-            self._open_writer()
-            self._sink_call("flush", self._writer.flush)
-            manifest = self._sink_call(
-                "pre_commit", functools.partial(self._writer.pre_commit, epoch, attempt))
+            spoiled, self._flush_failed = self._flush_failed, None
+            if spoiled is None:
+                self._open_writer()
+                self._sink_call("flush", self._writer.flush)
+                manifest = self._sink_call(
+                    "pre_commit", functools.partial(self._writer.pre_commit, epoch, attempt))
+        if spoiled is not None:
+            self._refuse_spoiled(epoch, attempt, spoiled)
         self._reachable()
         _faults.hit("writer.after_pre_commit", runtime=self._config.runtime, epoch=epoch,
                     writer=self._config.writer_id, sink=self._config.sink_name)
@@ -323,6 +329,19 @@ class SinkWriterActor:
                                 epoch=epoch, attempt=attempt, manifest=manifest, schema=schema,
                                 rows=rows)
         return BarrierAck(rows=rows, request=request)
+
+    def _refuse_spoiled(self, epoch: int, attempt: int, error: BaseException) -> NoReturn:
+        """A periodic flush failed since the last pre-commit: the sink writer may have
+        dropped rows of this attempt (a file it could not write), so the attempt is rolled
+        back and fails rather than pre-commit without them."""
+        self._rollback_writer(epoch, attempt)
+        self._mailbox.finish(epoch, attempt)
+        raise EpochFailedError(
+            f"writer {self._config.writer_id}: a periodic flush of this attempt failed "
+            f"({type(error).__name__}: {error}); rows it held may not be written, so the "
+            "attempt is given up (nothing of it is visible) and the epoch must be written "
+            "again", runtime=self._config.runtime, sink=self._config.sink_name,
+            epoch=epoch) from error
 
     def _await_feeds(self, barrier: CheckpointBarrier, attempt: int) -> None:
         """Wait until the epoch's feeds are aligned and applied; else roll the attempt
@@ -413,6 +432,7 @@ class SinkWriterActor:
 
     def _rollback_writer(self, epoch: int, attempt: int) -> None:
         with self._lock:
+            self._flush_failed = None  # what it may have dropped is rolled back too
             self._sink_call("rollback", functools.partial(self._writer.rollback, epoch, attempt))
 
     def drain(self, barrier: CheckpointBarrier) -> DrainReport:
@@ -481,7 +501,9 @@ class SinkWriterActor:
                 if not self._closed.is_set():
                     self._sink_call("flush", self._writer.flush)
             except Exception as exc:
-                log.warning("%s: periodic flush failed: %s", self._name, exc)
+                log.warning("%s: periodic flush failed, the attempt in progress fails at "
+                            "its pre-commit: %s", self._name, exc)
+                self._flush_failed = self._flush_failed or exc
             finally:
                 self._lock.release()
             took = time.monotonic() - started

@@ -83,6 +83,17 @@ def _count_copies(result: Check, feeds: dict[int, Counter[int]]) -> None:
             result.problems.append(f"id {rid} seen {total} times (feeds {dict(by_feed)})")
 
 
+def _ranges(values: list[int]) -> str:
+    """Sorted numbers as ``a-b`` runs: which rows, readable."""
+    runs: list[list[int]] = []
+    for value in values:
+        if runs and value == runs[-1][1] + 1:
+            runs[-1][1] = value
+        else:
+            runs.append([value, value])
+    return ", ".join(f"{a}-{b}" if a != b else str(a) for a, b in runs[:20])
+
+
 def _count_lost_and_foreign(result: Check, feeds: dict[int, Counter[int]],
                             expected: dict[int, int], partial: set[int]) -> None:
     lost_by_epoch: Counter[int] = Counter()
@@ -95,6 +106,10 @@ def _count_lost_and_foreign(result: Check, feeds: dict[int, Counter[int]],
     result.lost = sum(lost_by_epoch.values())
     if result.lost:
         result.problems.append(f"rows lost per epoch: {dict(lost_by_epoch)}")
+        for epoch, count in expected.items():
+            missing = [i for i in range(count) if epoch * ID_BASE + i not in feeds]
+            if missing and epoch not in partial:
+                result.problems.append(f"group {epoch}: rows lost {_ranges(missing)}")
     foreign: Counter[int] = Counter()
     for rid in feeds:
         epoch, index = divmod(rid, ID_BASE)
