@@ -375,7 +375,7 @@ class ActorSet:
         sent while Ray restarts an actor fails once the actor is back)."""
         for sink, handles in self.writers.items():
             for index in sorted(indexes):
-                ask(handles[index].ping.remote, what=f"writer {index} of {sink} starting",
+                ask(WriterClient(handles[index]).ping(), what=f"writer {index} of {sink} starting",
                     timeout=timeout, runtime=self.runtime)
 
     def check_calls(self, refs: list[Any]) -> None:
