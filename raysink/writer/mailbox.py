@@ -168,6 +168,29 @@ class Mailbox(Generic[T]):
         with self._cond:
             return [self._slots[k] for k in sorted(self._slots)]
 
+    def depth(self) -> int:
+        """Messages waiting in every slot. Under the lock: a message arriving meanwhile
+        adds a lane, and counting over the lanes unlocked fails the caller."""
+        with self._cond:
+            return sum(slot.waiting_count() for slot in self._slots.values())
+
+    def why_unready(self, key: Key) -> tuple[list[FeedId], list[FeedId]]:
+        """For a slot that did not get ready: its sealed feeds whose data went to a
+        previous process of this writer, and the feeds outside its seal that sent data
+        (under the lock, like ``depth``)."""
+        with self._cond:
+            slot = self._slots.get(key)
+            if slot is None:
+                return [], []
+            return slot.incomplete(), slot.unsealed_senders()
+
+    def waiting_for(self) -> dict[str, list[FeedId]]:
+        """Per ``"epoch/attempt"``, the sealed feeds whose barrier is not here (under the
+        lock, like ``depth``)."""
+        with self._cond:
+            waiting = {f"{s.epoch}/{s.attempt}": s.waiting_for() for s in self._slots.values()}
+        return {key: feeds for key, feeds in waiting.items() if feeds}
+
     def is_stale(self, epoch: int, attempt: int) -> bool:
         """At or below what is done, an attempt given up (a stream's rewind gives up an
         epoch after one it then writes again), or one a newer attempt replaced."""

@@ -212,7 +212,7 @@ class SinkWriterActor:
         while True:
             claimed = self._mailbox.take_ready()
             if claimed is None:
-                self._metrics.mailbox(sum(s.waiting_count() for s in self._mailbox.slots()),
+                self._metrics.mailbox(self._mailbox.depth(),
                                       self._mailbox.waiting_bytes)
                 return
             (epoch, attempt), run = claimed
@@ -352,8 +352,8 @@ class SinkWriterActor:
             return
         slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
         poison = slot.poison if slot else None
-        lost = slot.incomplete() if slot is not None and outcome == "lost" else []
-        outside = slot.unsealed_senders() if slot is not None else []
+        lost, outside = self._mailbox.why_unready((epoch, attempt))
+        lost = lost if outcome == "lost" else []
         self._rollback_writer(epoch, attempt)
         self._mailbox.finish(epoch, attempt)
         if isinstance(poison, RaySinkError):
@@ -472,9 +472,8 @@ class SinkWriterActor:
             epoch=None if slot is None else slot.epoch,
             attempt=None if slot is None else slot.attempt,
             epochs_here=tuple(s.key for s in slots),
-            waiting_for_feeds={f"{s.epoch}/{s.attempt}": s.waiting_for()
-                               for s in slots if s.waiting_for()},
-            mailbox_depth=sum(s.waiting_count() for s in slots),
+            waiting_for_feeds=self._mailbox.waiting_for(),
+            mailbox_depth=self._mailbox.depth(),
             mailbox_bytes=self._mailbox.waiting_bytes, refused=self._refused,
             busy=self._watchdog.busy(), slow_warnings=self._watchdog.warnings,
             closed=self._closed.is_set())
