@@ -34,7 +34,7 @@ demo: setup
 	$(VENV)/bin/raysink demo
 
 chaos: setup
-	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q
+	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q $(if $(RESUME),--chaos-resume)
 
 bench: setup
 	$(PY) bench/spark_write.py

@@ -5,7 +5,9 @@
 block of the seed's plan, its trials that need no RayDP session and no second driver);
 with it, the plan's first N trials. ``--chaos-report`` names the directory the report
 goes to (default ``bench/out/chaos``). ``make chaos SEED=1 TRIALS=200`` runs the full
-suite.
+suite. ``--chaos-resume`` (``make chaos ... RESUME=1``) runs only the trials the trial log
+does not hold yet for this commit and reports on all of them (``tests.chaos.resume``): a
+1000-trial run in pieces.
 The report (JSON and Markdown) is written and printed at the end of the session.
 """
 
@@ -19,10 +21,12 @@ import pytest
 from tests.chaos.harness import TrialResult
 from tests.chaos.plan import TrialSpec, make_plan, sample
 from tests.chaos.report import markdown, summarise, write_report
+from tests.chaos.resume import code_of_session, finished
 
 DEFAULT_SEED = 1
 _REPO = Path(__file__).resolve().parents[2]
 _RESULTS = pytest.StashKey[list[TrialResult]]()
+_EARLIER = pytest.StashKey[dict[str, TrialResult]]()
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:
@@ -34,6 +38,9 @@ def pytest_addoption(parser: pytest.Parser) -> None:
                          "test run, from the first block)")
     group.addoption("--chaos-report", default=None,
                     help="directory for the chaos report (default bench/out/chaos)")
+    group.addoption("--chaos-resume", action="store_true", default=False,
+                    help="skip the trials the trial log holds for this commit; report on "
+                         "all of them")
 
 
 def _option(config: pytest.Config, name: str, default: Any) -> Any:
@@ -57,7 +64,20 @@ def chaos_plan(config: pytest.Config) -> list[TrialSpec]:
 def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
     if "trial" in metafunc.fixturenames:
         plan = chaos_plan(metafunc.config)
+        earlier = _earlier(metafunc.config, plan)
+        plan = [spec for spec in plan if spec.name not in earlier]
         metafunc.parametrize("trial", plan, ids=[spec.name for spec in plan])
+
+
+def _earlier(config: pytest.Config, plan: list[TrialSpec]) -> dict[str, TrialResult]:
+    """With ``--chaos-resume``: the plan's trials the log holds for this commit."""
+    if not _option(config, "--chaos-resume", False):
+        return config.stash.setdefault(_EARLIER, {})
+    if _EARLIER not in config.stash:
+        log = report_dir(config) / f"trials-seed{chaos_seed(config)}.jsonl"
+        config.stash[_EARLIER] = finished(log, code_of_session(config),
+                                          [spec.name for spec in plan])
+    return config.stash[_EARLIER]
 
 
 @pytest.fixture(scope="session")
@@ -80,9 +100,13 @@ def trial_log(request: pytest.FixtureRequest) -> Path:
 
 
 def pytest_terminal_summary(terminalreporter: Any, config: pytest.Config) -> None:
-    results = config.stash.get(_RESULTS, [])
+    earlier = config.stash.get(_EARLIER, {})
+    results = list(earlier.values()) + config.stash.get(_RESULTS, [])
     if not results:
         return
+    if earlier:
+        terminalreporter.write_line(f"chaos: {len(earlier)} trials from earlier sessions "
+                                    f"on this commit, {len(results) - len(earlier)} now")
     summary = summarise(results, seed=chaos_seed(config), trials=len(chaos_plan(config)))
     json_path, md_path = write_report(summary, report_dir(config))
     terminalreporter.write_sep("=", "raysink chaos report")

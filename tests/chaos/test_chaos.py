@@ -11,6 +11,7 @@ import pytest
 
 from tests.chaos.harness import TrialEnv, TrialResult, run_trial
 from tests.chaos.plan import SPARK_WAYS, TrialSpec
+from tests.chaos.resume import code_of_session
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -77,7 +78,8 @@ def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
     result = run_trial(trial, env)
     chaos_results.append(result)
     with trial_log.open("a") as log:
-        log.write(json.dumps(result.as_dict(), default=str) + "\n")
+        line = {**result.as_dict(), "commit": code_of_session(request.config)}
+        log.write(json.dumps(line, default=str) + "\n")
     if trial.fault == "executor_kill":
         _restart_spark(spark_sessions)
     assert result.failure is None, f"{trial.name}: {result.failure}\nnotes: {result.notes}"
