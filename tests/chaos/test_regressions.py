@@ -190,7 +190,7 @@ def test_unreachable_target_while_writers_start(pg_server: PostgresServer,
     try:
         lease = LeaseKeeper(rt._check_metastore(), name, rt._options.lease_timeout)
         lease.acquire()  # as start() does: the coordinator claims only for the holder
-        actors = rt._actor_set(lease.holder)
+        actors = rt.options.actor_set(name, rt.sinks, rt.metastore_url, lease.holder)
         actors.start()  # every writer's constructor meets the server down
         rt._actors, rt._lease = actors, lease
         try:
