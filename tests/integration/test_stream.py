@@ -14,23 +14,14 @@ from typing import Any
 import pytest
 import ray
 
-from examples.replayable_stream import ROWS_PER_BATCH, ReplayableProducer
+from examples.replayable_stream import ReplayableProducer
 from raysink import SinkRuntime
 from raysink.testing import arm_fault, fired_context
 from tests.integration.helpers import sigkill
 from tests.integration.real_targets import ParquetTarget
+from tests.integration.stream_support import source_ids, table_ids
 
 pytestmark = pytest.mark.usefixtures("ray_session")
-
-
-def _expected(producers: int, batches: int) -> list[int]:
-    return sorted(p * 1_000_000 + i for p in range(producers)
-                  for i in range(batches * ROWS_PER_BATCH))
-
-
-def _ids(target: ParquetTarget) -> list[int]:
-    table = target.table()
-    return [] if table is None else sorted(table.column("id").to_pylist())
 
 
 def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
@@ -70,7 +61,7 @@ def test_producers_stream_epochs_that_commit_on_their_own(tmp_path: Path, name: 
         assert committed is not None and committed >= 2  # several epochs, each on its own
     epochs = target.commit_epochs(name)
     assert epochs == sorted(set(epochs)) and len(epochs) >= 3  # the drained one too
-    assert _ids(target) == _expected(2, 30)
+    assert table_ids(target) == source_ids(2, 30)
 
 
 def test_a_restarted_producer_rewinds_the_stream_and_nothing_is_lost_or_doubled(
@@ -90,7 +81,7 @@ def test_a_restarted_producer_rewinds_the_stream_and_nothing_is_lost_or_doubled(
         resumed = producers[0].run.remote(60, 0.05)
         assert ray.get(runs[1]) > 60  # the survivor replayed after the rewind
         ray.get(resumed)
-    assert _ids(target) == _expected(2, 60)
+    assert table_ids(target) == source_ids(2, 60)
 
 
 def test_a_producer_restarted_while_its_closed_epoch_commits_resumes_after_that_epoch(
@@ -115,4 +106,4 @@ def test_a_producer_restarted_while_its_closed_epoch_commits_resumes_after_that_
         _wait_restarted(producer, victim_pid)
         ray.get(producer.run.remote(80, 0.05))
     assert 2 in target.commit_epochs(name)
-    assert _ids(target) == _expected(1, 80)
+    assert table_ids(target) == source_ids(1, 80)

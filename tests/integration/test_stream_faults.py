@@ -17,11 +17,12 @@ from typing import Any
 import pytest
 import ray
 
-from examples.replayable_stream import ROWS_PER_BATCH, OffsetBook, ReplayableProducer, source_batch
+from examples.replayable_stream import OffsetBook, ReplayableProducer, source_batch
 from raysink import RescaleRefusedError, SinkRuntime, StreamFeed, StreamRewind
 from raysink.testing import arm_fault
 from tests.integration.helpers import sigkill
 from tests.integration.real_targets import ParquetTarget
+from tests.integration.stream_support import source_ids, table_ids
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -29,16 +30,6 @@ BATCHES = 30
 LONG_BATCHES = 60  # two faults, one after the other, while the producers write
 PAUSE = 0.05
 RUN_TIMEOUT = 240.0
-
-
-def _expected(producers: int, batches: int = BATCHES) -> list[int]:
-    return sorted(p * 1_000_000 + i for p in range(producers)
-                  for i in range(batches * ROWS_PER_BATCH))
-
-
-def _ids(target: ParquetTarget) -> list[int]:
-    table = target.table()
-    return [] if table is None else sorted(table.column("id").to_pylist())
 
 
 def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
@@ -159,7 +150,7 @@ def test_a_producer_idle_through_a_rewind_replays_what_it_wrote_before_it(
         assert sparse_rewinds >= 1  # the rewind reached it, through its own write
     finally:
         _close(rt)
-    assert _ids(target) == _expected(2)
+    assert table_ids(target) == source_ids(2, BATCHES)
 
 
 def test_writers_killed_or_replaced_mid_stream_rewind_it_and_producers_follow(
@@ -188,7 +179,7 @@ def test_writers_killed_or_replaced_mid_stream_rewind_it_and_producers_follow(
     finally:
         _close(rt)
         del producers  # the producers end with their handles, after the stream drained
-    assert _ids(target) == _expected(2, LONG_BATCHES)
+    assert table_ids(target) == source_ids(2, LONG_BATCHES)
 
 
 def test_the_coordinator_killed_mid_stream_hands_the_stream_to_its_successor(
@@ -206,4 +197,4 @@ def test_the_coordinator_killed_mid_stream_hands_the_stream_to_its_successor(
     finally:
         _close(rt)
         del producers  # the producers end with their handles, after the stream drained
-    assert _ids(target) == _expected(2)
+    assert table_ids(target) == source_ids(2, BATCHES)
