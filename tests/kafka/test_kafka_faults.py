@@ -83,10 +83,13 @@ def test_writers_and_coordinator_killed(kafka_broker: KafkaBroker, topic: str, n
                   when={"epoch": 2, "writer": 0, "sink": "main"})
         assert rt.write_arrow(halves(2)).committed and fired(name, "writer.during_write")
         # 3: writer 0 dies after its pre-commit (records in its open transaction), before
-        # its commit request: the attempt is aborted, epoch 3 fed again
+        # its commit request: the attempt is aborted, epoch 3 fed again. Writer 0 is
+        # awaited first: while Ray restarts it, an epoch goes around it (no part of it)
+        _writer_pid(rt)
         arm_fault(name, "writer.after_pre_commit", action="kill",
                   when={"epoch": 3, "writer": 0, "sink": "main"})
         third = rt.write_arrow(halves(3))
+        assert fired(name, "writer.after_pre_commit")
         assert third.committed and third.attempts >= 2
         # 4: the coordinator dies with the epoch PENDING: the new one has the writers
         # commit the transactions they still hold

@@ -56,8 +56,12 @@ def kafka_home() -> Path:
 
 
 def _cluster_id() -> str:
-    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding."""
-    return base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+    """A Kafka cluster id: 16 random bytes, URL-safe base64 without padding; never one
+    that starts with ``-`` (1 in 64), which the storage tool reads as an option."""
+    while True:
+        cluster = base64.urlsafe_b64encode(uuid.uuid4().bytes).decode().rstrip("=")
+        if not cluster.startswith("-"):
+            return cluster
 
 
 class KafkaBroker:
