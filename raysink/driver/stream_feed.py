@@ -195,8 +195,7 @@ class StreamFeed:
         told of applied: it writes again) when not a member."""
         self._applied = self._raised
         if not seen.member:
-            joined = self._poll()
-            seen = seen if joined is None else joined
+            seen = self._join()
             if seen.rewinds != self._raised:
                 self._raise_rewind()
         if seen.ended:
@@ -208,6 +207,21 @@ class StreamFeed:
         self._current = Feed(self.route, epoch=seen.epoch, attempt=seen.attempt,
                              feed_id=self.id, checkpoint_id=0)
         return self._current
+
+    def _join(self) -> StreamPosition:
+        """Poll until a coordinator that knows the stream answers (a successor taking the
+        stream over after the coordinator's loss knows it only once the driver handed
+        it over)."""
+        deadline = time.monotonic() + self.timeout
+        while True:
+            seen = self._poll()
+            if seen is not None:
+                return seen
+            if time.monotonic() > deadline:
+                raise EpochFailedError(
+                    f"{self!r} could not join the stream within {self.timeout:g} s: is the "
+                    "driver's stream still ticking?", runtime=self.route.runtime)
+            time.sleep(self.poll_interval)
 
     def _raise_rewind(self) -> NoReturn:
         """Drop the part in progress and raise ``StreamRewind`` with this producer's cut,
@@ -289,8 +303,10 @@ class StreamFeed:
         with self._poll_lock:
             position = self._call(lambda c: c.stream_poll(
                 self.id, not self._joined, self._applied, self.route_number))
-            self._joined = True
             if position is not None:
+                # joined only once a coordinator that knows the stream answered (a
+                # successor taking the stream over knows it a moment later)
+                self._joined = True
                 if position.writers is not None:
                     self.route = dataclasses.replace(self.route, writers=position.writers)
                     self.route_number = position.route
