@@ -10,11 +10,12 @@ ends the session's single-node Ray before its own cluster starts.
 
 from __future__ import annotations
 
+import json
 import os
 import sys
 import tempfile
 import uuid
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,10 +38,54 @@ _WARM_WORKERS = int(os.environ.get("RAYSINK_TEST_WARM_WORKERS", "3"))
 _WARMED_LAYERS = ("integration", "kafka", "spark")  # the chaos trials stay as they were
 
 
+# Runtimes started per layer (``ActorSet.start`` in this process: a test's driver-side
+# runtime starts, the suite's main cost besides Spark's) and each test's seconds and starts,
+# written to ``TIMES_FILE`` at the end of the session for whoever makes the suite faster.
+_STARTS: dict[str, int] = dict.fromkeys(_LAYERS, 0)
+_TESTS: dict[str, dict[str, Any]] = {}
+_CURRENT: dict[str, str] = {}
+TIMES_FILE = Path(__file__).resolve().parents[1] / "bench" / "out" / "test-times.json"
+
+
+def _layer_of(keywords: Any) -> str:
+    return next((layer for layer in _LAYERS if layer in keywords), "other")
+
+
+def _counting(start: Callable[..., None]) -> Callable[..., None]:
+    def counted(self: Any, *args: Any, **kwargs: Any) -> None:
+        test = _TESTS.get(_CURRENT.get("test", ""))
+        if test is not None:
+            test["runtime_starts"] += 1
+            _STARTS[test["layer"]] = _STARTS.get(test["layer"], 0) + 1
+        start(self, *args, **kwargs)
+
+    return counted
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    from raysink.driver.lifecycle import ActorSet
+
+    if not getattr(ActorSet.start, "_counted", False):
+        ActorSet.start = _counting(ActorSet.start)  # type: ignore[method-assign]
+        ActorSet.start._counted = True  # type: ignore[attr-defined]
+
+
+def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
+    _CURRENT["test"] = nodeid
+
+
+def pytest_runtest_setup(item: pytest.Item) -> None:
+    _TESTS.setdefault(item.nodeid, {"layer": _layer_of(item.keywords), "seconds": 0.0,
+                                    "runtime_starts": 0})
+
+
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     for layer in _LAYERS:
         if layer in report.keywords:
             _SPENT[layer] += report.duration
+    test = _TESTS.get(report.nodeid)
+    if test is not None:
+        test["seconds"] = round(test["seconds"] + report.duration, 3)
 
 
 # A layer should stay this far under its budget: the margin a loaded machine eats.
@@ -54,10 +99,14 @@ def pytest_terminal_summary(terminalreporter: Any) -> None:
         flag = ("  OVER BUDGET" if spent > budget else
                 f"  within {MARGIN:.0%} of budget" if spent > budget * (1 - MARGIN) else "")
         lines.append(f"{layer:<12} {spent:7.1f} s of {budget:5.0f} s "
-                     f"({spent / budget:4.0%}){flag}")
+                     f"({spent / budget:4.0%}), {_STARTS[layer]:4d} runtime starts{flag}")
     terminalreporter.write_sep("-", "time per test layer")
     for line in lines:
         terminalreporter.write_line(line)
+    if _TESTS:
+        TIMES_FILE.parent.mkdir(parents=True, exist_ok=True)
+        TIMES_FILE.write_text(json.dumps(_TESTS, indent=1, sort_keys=True) + "\n")
+        terminalreporter.write_line(f"each test's seconds and runtime starts: {TIMES_FILE}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
