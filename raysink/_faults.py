@@ -39,8 +39,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_VAR", "HANDOFF_POINTS", "LIFECYCLE_POINTS", "POINTS", "SINK_POINTS",
-           "InjectedFault", "enabled", "fault_dir", "hit"]
+__all__ = ["ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS", "LIFECYCLE_POINTS", "POINTS",
+           "SINK_POINTS", "InjectedFault", "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -68,6 +68,13 @@ LIFECYCLE_POINTS = (
 """Points of an actor's life, outside any epoch: ``writer.start``, a writer's process is
 starting it (its constructor, before anything; context ``writer``, ``sink``). A ``sleep``
 there holds a writer that Ray restarts, or the runtime replaces, in its (re)start."""
+
+
+FEED_POINTS = (
+    "feed.before_close",
+)
+"""Points of a producer's feed: ``feed.before_close``, a feed is closing, every write of
+it sent and acknowledged, none of its barriers sent yet (context ``epoch``, ``feed``)."""
 
 
 SINK_POINTS = (

@@ -29,10 +29,11 @@ from typing import Any
 
 import pyarrow as pa
 
+from raysink import _faults
 from raysink.driver import routing
 from raysink.driver.calls import result, results
 from raysink.driver.sender import Sender
-from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.errors import ConfigError, EpochFailedError, SchemaMismatchError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.protocol.clients import CoordinatorClient, WriterClient
 from raysink.protocol.vnodes import Bitmap
@@ -86,6 +87,7 @@ class Feed:
         self._turn = self.id
         self._rows = 0
         self._done = False
+        self._failed: str | None = None  # why this feed gave up, if it did
         self._lock = threading.Lock()
         self._beat: threading.Event | None = None
 
@@ -128,8 +130,12 @@ class Feed:
                                     evolve=self.route.evolve)
             self._check_schema(plan)
             self._turn += 1
-            for k, ref in plan:
-                sender.send(k, ref)
+            try:
+                for k, ref in plan:
+                    sender.send(k, ref)
+            except BaseException as exc:  # part of it may have been sent: it cannot close
+                self._give_up(f"a write failed: {type(exc).__name__}: {exc}")
+                raise
             self._rows += plan.rows or 0
             return plan.rows or 0
 
@@ -139,22 +145,41 @@ class Feed:
         Closing twice is harmless. ``checkpoint_id``: the barrier's, when the stream's
         tick chose it after the feed was made."""
         with self._lock:
+            if self._failed is not None:
+                raise EpochFailedError(
+                    f"{self!r} failed ({self._failed}) and cannot close; the epoch's "
+                    "commit fails: open the epoch again and feed it again",
+                    runtime=self.route.runtime, epoch=self.epoch)
             if self._done:
                 return self._rows
             if not self.skip:
-                sender = self._start()
-                sender.finish()
-                counts = {k: n for k, n in enumerate(sender.seqs) if n}
-                barrier = CheckpointBarrier(
-                    self.checkpoint_id if checkpoint_id is None else checkpoint_id,
-                    self.epoch, BarrierFlags.NONE)
-                results(WriterClient(handles[k]).feed_barrier(barrier, self.attempt, self.id, n)
-                        for handles in self.route.writers.values()
-                        for k, n in counts.items())
-                result(self.route.coordinator_client.feed_closed(self.epoch, self.attempt,
-                                                              self.id, counts))
+                try:
+                    self._close_parts(checkpoint_id)
+                except BaseException as exc:
+                    # a close that failed (a writer lost, say) can never close: the commit
+                    # must not wait for it (its heartbeat would go on while this worker
+                    # lives, and the commit would wait its whole ``commit_timeout``)
+                    self._give_up(f"its close failed: {type(exc).__name__}: {exc}")
+                    raise
             self._finish()
             return self._rows
+
+    def _close_parts(self, checkpoint_id: int | None) -> None:
+        """Every write acknowledged, a barrier to each writer written to, the coordinator
+        told."""
+        _faults.hit("feed.before_close", runtime=self.route.runtime, epoch=self.epoch,
+                    feed=self.id)
+        sender = self._start()
+        sender.finish()
+        counts = {k: n for k, n in enumerate(sender.seqs) if n}
+        barrier = CheckpointBarrier(
+            self.checkpoint_id if checkpoint_id is None else checkpoint_id,
+            self.epoch, BarrierFlags.NONE)
+        results(WriterClient(handles[k]).feed_barrier(barrier, self.attempt, self.id, n)
+                for handles in self.route.writers.values()
+                for k, n in counts.items())
+        result(self.route.coordinator_client.feed_closed(self.epoch, self.attempt,
+                                                      self.id, counts))
 
     def cancel(self, reason: str = "cancelled by its producer") -> None:
         """Give this producer's part up: the epoch's commit fails at once (nothing of the
@@ -163,14 +188,24 @@ class Feed:
             if self._done:
                 return
             if not self.skip:
-                try:
-                    result(self.route.coordinator_client.feed_failed(
-                        self.epoch, self.attempt, self.id, reason))
-                except Exception as exc:  # the lease expires instead
-                    log.warning("%r: could not report its failure: %s", self, exc)
+                self._give_up(reason)
             self._finish()
 
+    def _give_up(self, reason: str) -> None:
+        """Tell the coordinator this feed failed (best effort), and stop its heartbeat."""
+        try:
+            result(self.route.coordinator_client.feed_failed(
+                self.epoch, self.attempt, self.id, reason))
+        except Exception as exc:  # the lease expires instead
+            log.warning("%r: could not report its failure: %s", self, exc)
+        self._failed = reason
+        self._finish()
+
     def _check_open(self) -> None:
+        if self._failed is not None:
+            raise EpochFailedError(
+                f"{self!r} failed ({self._failed}); it takes no more data: open the epoch "
+                "again and feed it again", runtime=self.route.runtime, epoch=self.epoch)
         if self._done:
             raise ConfigError(f"{self!r} is closed; a closed feed takes no more data "
                               "(take a new feed from the next epoch's handle)")

@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from raysink._faults import (
+    FEED_POINTS,
     HANDOFF_POINTS,
     LIFECYCLE_POINTS,
     POINTS,
@@ -40,7 +41,7 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    points = POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS
+    points = POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS
     if point not in points:
         raise ConfigError(f"unknown fault point {point!r}; one of {points}")
     if action not in ("kill", "raise", "sleep"):
@@ -60,7 +61,7 @@ def disarm_faults(runtime: str) -> None:
     fault injection is off."""
     if not enabled():
         return
-    for point in POINTS + HANDOFF_POINTS + LIFECYCLE_POINTS:
+    for point in POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)

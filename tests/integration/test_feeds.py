@@ -204,6 +204,35 @@ def test_a_producer_that_raises_fails_the_commit_at_once(tmp_path: Path) -> None
     assert_exactly(tmp_path / "table", [1], ROWS)
 
 
+def test_a_feed_whose_close_failed_fails_the_commit_at_once(tmp_path: Path,
+                                                           name: str) -> None:
+    """A producer's ``close()`` that raised (here at ``feed.before_close``; in a chaos run
+    a writer lost as a feed task closed) gave the feed up: the commit fails at once,
+    naming it, instead of waiting ``commit_timeout`` for a feed whose heartbeat went on
+    (seed 1126: 65 s); a write to it, or closing it again, says it failed. Then the epoch
+    is fed again, exactly."""
+    from raysink._faults import InjectedFault
+    from raysink.testing import arm_fault
+
+    with _runtime(tmp_path, name, commit_timeout=40) as rt:
+        ep = rt.open_epoch()
+        ok = produce.remote(ep.feed(), 1, 1)
+        feed = ep.feed()
+        feed.write(_part(1, 0))
+        arm_fault(name, "feed.before_close", action="raise")
+        with pytest.raises(InjectedFault):
+            feed.close()
+        with pytest.raises(EpochFailedError, match=r"failed \(.*\) and cannot close"):
+            feed.close()
+        with pytest.raises(EpochFailedError, match="takes no more data"):
+            feed.write(_part(1, 0))
+        ray.get(ok)
+        with pytest.raises(EpochFailedError, match="its close failed: InjectedFault"):
+            ep.commit()
+        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+    assert_exactly(tmp_path / "table", [1], ROWS)
+
+
 def test_abort_leaves_nothing_and_the_epoch_can_be_fed_again(tmp_path: Path) -> None:
     with _runtime(tmp_path, "feeds-abort") as rt:
         with pytest.raises(KeyError), rt.open_epoch() as ep:
