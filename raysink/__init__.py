@@ -47,10 +47,11 @@ from raysink.errors import (
     SinkUnavailableError,
     StreamRewind,
 )
-from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, EpochReport, RuntimeStatus, SinkStatus
 from raysink.runtime import RuntimeOptions, SinkRuntime
 
 __all__ = [
+    "ActorProcess",
     "BackpressureError",
     "ConfigError",
     "DataLossError",

@@ -17,7 +17,6 @@ packages is in ``raysink``'s docstring); this module only ties it together.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -30,6 +29,7 @@ from raysink.driver.handle import EpochHandle
 from raysink.driver.lease import LEASE_SECONDS, LeaseKeeper
 from raysink.driver.lifecycle import PING_TIMEOUT, ActorSet
 from raysink.driver.placement import Placement
+from raysink.driver.processes import runtime_processes
 from raysink.driver.rescale import check_writers, refuse_rescale, resize_writers
 from raysink.driver.runtime_options import (
     Router,
@@ -44,16 +44,16 @@ from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError
 from raysink.progress import Progress
 from raysink.protocol.clients import Call
-from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
 from raysink.spark.binding import QueryBinding
 
 if TYPE_CHECKING:
     from raysink.driver.datasink import EpochDatasink
 
-__all__ = ["EpochReport", "RuntimeOptions", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
+__all__ = ["ActorProcess", "EpochReport", "RuntimeOptions", "RuntimeStatus", "SinkRuntime",
+           "SinkStatus"]
 
-log = logging.getLogger(__name__)
 R = TypeVar("R")
 
 
@@ -236,12 +236,7 @@ class SinkRuntime:
         actors = self._require_started()
         if self._stream is None:
             self._check_no_open_handle()
-            stream = StreamController(self._epochs, actors,
-                                      interval=self._options.checkpoint_interval,
-                                      feed_timeout=self._options.feed_timeout,
-                                      commit_timeout=self._options.commit_timeout)
-            stream.start()
-            self._stream = stream
+            self._stream = StreamController.begin(self._epochs, actors, self._options)
         if poll_interval <= 0:
             raise ConfigError(f"poll_interval must be > 0; got {poll_interval!r}",
                               runtime=self.name)
@@ -324,8 +319,19 @@ class SinkRuntime:
 
     @typed_errors(RuntimeUnavailableError, "status")
     def status(self) -> RuntimeStatus:
+        """The coordinator's view: epochs committed, pending and open, each sink's state."""
         actors = self._require_started()
         return self._ask(actors, "status", actors.coordinator_client.status())
+
+    @typed_errors(RuntimeUnavailableError, "processes")
+    def processes(self, *, timeout: float = 10.0) -> list[ActorProcess]:
+        """What runs where: the coordinator, its standby (if any) and every writer, each
+        with its Ray node and process id, a writer with its mailbox's state (see
+        ``raysink.reports.ActorProcess``). All are asked at once; one that does not answer
+        within ``timeout`` seconds (restarting, or its node lost) is listed without node
+        and pid. Nothing is replaced: a view (``raysink status NAME --processes`` shows
+        the same from any machine of the cluster)."""
+        return runtime_processes(self._require_started(), timeout)
 
     def _committed_through(self) -> int:
         """The highest epoch every sink holds, by the meta store or by the targets'

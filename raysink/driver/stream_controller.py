@@ -48,6 +48,7 @@ from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 if TYPE_CHECKING:
     from raysink.driver.epoch import EpochDriver
     from raysink.driver.lifecycle import ActorSet
+    from raysink.driver.runtime_options import RuntimeOptions
     from raysink.reports import EpochReport
 
 __all__ = ["StreamController"]
@@ -82,6 +83,15 @@ class StreamController:
         self._pids: Pids = {}  # the writers' processes when the epoch written now began
         self._routed: list[Any] = []  # the writer handles producers were last given
         self._unrecovered: str | None = None  # a failure whose recovery failed too
+
+    @classmethod
+    def begin(cls, driver: EpochDriver, actors: ActorSet,
+              options: RuntimeOptions) -> StreamController:
+        """The runtime's stream, started: an epoch every ``checkpoint_interval`` seconds."""
+        stream = cls(driver, actors, interval=options.checkpoint_interval,
+                     feed_timeout=options.feed_timeout, commit_timeout=options.commit_timeout)
+        stream.start()
+        return stream
 
     @property
     def route(self) -> int:
