@@ -7,6 +7,7 @@ Which package runs where (``docs/architecture.md`` has the whole map)::
 
     raysink.runtime      SinkRuntime, the user's facade                 driver
     raysink.driver       epochs, feeds, routing, sending, actors' life  driver, producers
+                         (start, close, rescale, what runs where)
     raysink.writer       SinkWriterActor and its mailbox                each writer actor
     raysink.coordinator  CoordinatorActor, two-phase commit, metastore  the coordinator actor
     raysink.protocol     messages, typed actor clients, barriers,       every process
