@@ -330,7 +330,7 @@ class SinkRuntime:
         ``raysink.reports.ActorProcess``). All are asked at once; one that does not answer
         within ``timeout`` seconds (restarting, or its node lost) is listed without node
         and pid. Nothing is replaced: a view (``raysink status NAME --processes`` shows
-        the same from any machine of the cluster)."""
+        the same on any node of the cluster)."""
         return runtime_processes(self._require_started(), timeout)
 
     def _committed_through(self) -> int:
