@@ -67,7 +67,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import pyarrow as pa
 import pyarrow.dataset as ds
-import ray
 
 from raysink import Placement, SinkRuntime
 from raysink.driver.lifecycle import COORDINATOR
@@ -196,10 +195,8 @@ class Bench:
         key = (COORDINATOR if kind.startswith(("coordinator", "coord+writer"))
                else ("main", when.get("writer")))
         if kind.endswith("process"):
-            handle = actors.coordinator if key == COORDINATOR else actors.writers["main"][
-                int(when["writer"])]
-            call = handle.pid if key == COORDINATOR else handle.ping
-            os.kill(int(ray.get(call.remote(), timeout=30)), signal.SIGKILL)
+            os.kill(self._pid(None if key == COORDINATOR else int(when["writer"])),
+                    signal.SIGKILL)
             return None
         if kind == "executor node":
             context = fired_context(NAME, point) or {}
@@ -208,6 +205,14 @@ class Bench:
             node = str(actors.node_of(key))  # type: ignore[arg-type]
         self.cluster.remove(node)
         return node
+
+    def _pid(self, writer: int | None) -> int:
+        """The process id of writer ``writer`` of sink main (``None``: the coordinator)."""
+        role = "coordinator" if writer is None else "writer"
+        for process in self.rt.processes(timeout=30):
+            if (process.role, process.writer) == (role, writer) and process.pid is not None:
+                return process.pid
+        raise SystemExit(f"the {role} {writer} did not tell its pid")
 
     def _replace(self, node: str) -> None:
         labels = self.labels.pop(node)

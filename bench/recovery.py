@@ -101,7 +101,7 @@ class Runner:
                 raise SystemExit(f"{point} never fired")
             time.sleep(0.005)
         handle = self._victim(victim)
-        pid = self._pid(victim, handle) if method == "sigkill" else None
+        pid = self._pid(victim) if method == "sigkill" else None
         killed = time.perf_counter()
         if pid is not None:
             os.kill(pid, signal.SIGKILL)
@@ -118,10 +118,12 @@ class Runner:
         assert actors is not None
         return actors.coordinator if victim == "coordinator" else actors.writers["main"][0]
 
-    @staticmethod
-    def _pid(victim: str, handle: Any) -> int:
-        call = handle.pid if victim == "coordinator" else handle.ping
-        return int(ray.get(call.remote(), timeout=30))
+    def _pid(self, victim: str) -> int:
+        """The victim's process id (writer 0 of sink main, or the coordinator)."""
+        for process in self.rt.processes(timeout=30):
+            if (process.role, process.writer or 0) == (victim, 0) and process.pid is not None:
+                return process.pid
+        raise SystemExit(f"the {victim} did not tell its pid")
 
 
 def check(path: Path, epochs: int, rows: int) -> None:

@@ -146,14 +146,13 @@ class Pinning:
 
     def __init__(self, rt: SinkRuntime) -> None:
         import psutil
-        import ray
 
         cpus = list(range(os.cpu_count() or 1))
         if len(cpus) < 2:
             raise SystemExit("--pin needs at least 2 cores")
         self.data, self.ray = {cpus[-1]}, set(cpus[:-1])
         ours = psutil.Process().children(recursive=True)
-        writers = {ray.get(w.ping.remote()) for w in rt._actors.all_writers()}
+        writers = {p.pid for p in rt.processes() if p.role == "writer"}
         for proc in ours:
             pin(proc.pid, self.data if proc.pid in writers else self.ray)
         print(f"pinned: {len(writers)} writers on CPU {sorted(self.data)}, "

@@ -17,10 +17,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
 import psutil
-import ray
 
 from raysink import SinkRuntime
 
@@ -88,28 +86,15 @@ def uss(pid: int) -> int | None:
 
 
 def actor_pids(rt: SinkRuntime) -> dict[str, int]:
-    """The pid of the coordinator and of every writer, by a readable label."""
-    actors = rt._actors
-    if actors is None:
-        return {}
-    labels: dict[str, Any] = {"coordinator": actors.coordinator.pid.remote()}
-    for sink, handles in actors.writers.items():
-        for index, handle in enumerate(handles):
-            labels[f"writer {sink}-{index}"] = handle.ping.remote()
-    pids = ray.get(list(labels.values()), timeout=30)
-    return {label: int(pid) for label, pid in zip(labels, pids, strict=True)}
+    """The pid of the coordinator and of every writer that answered, by a readable label."""
+    return {(process.role if process.writer is None
+             else f"writer {process.sink}-{process.writer}"): process.pid
+            for process in rt.processes(timeout=30) if process.pid is not None}
 
 
 def mailbox_depths(rt: SinkRuntime) -> dict[str, int]:
-    actors = rt._actors
-    if actors is None:
-        return {}
-    refs = {f"{sink}-{index}": handle.status.remote()
-            for sink, handles in actors.writers.items()
-            for index, handle in enumerate(handles)}
-    answers = ray.get(list(refs.values()), timeout=30)
-    return {label: int(answer.mailbox_depth)
-            for label, answer in zip(refs, answers, strict=True)}
+    return {f"{process.sink}-{process.writer}": process.mailbox.mailbox_depth
+            for process in rt.processes(timeout=30) if process.mailbox is not None}
 
 
 def outstanding_epochs(rt: SinkRuntime) -> tuple[int, int]:

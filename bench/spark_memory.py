@@ -183,10 +183,10 @@ def run_scale(spark: Any, scale: int, store_mb: int, root: Path, sampler: Memory
     rt = SinkRuntime(f"bench-memory-{scale}x", ParquetSink(str(table)), writers=2,
                      metastore=f"sqlite:///{root / f'meta-{scale}x.db'}").start()
     try:
-        actors: Any = rt._actors
-        for i, writer in enumerate(actors.all_writers()):
-            sampler.watch(int(ray.get(writer.ping.remote())), f"writer-{i}")
-        sampler.watch(int(ray.get(actors.coordinator.pid.remote())), "coordinator")
+        for process in rt.processes():  # the coordinator first, then the writers
+            if process.pid is not None:
+                label = process.role if process.writer is None else f"writer-{process.writer}"
+                sampler.watch(process.pid, label)
         before = spilled_mib(address)
         sampler.start()
         start = time.perf_counter()

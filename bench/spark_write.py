@@ -189,11 +189,10 @@ class _PhaseClock:
             undo()
 
 
-def _actor_pids(rt: Any) -> dict[str, int]:
-    actors = rt._actors
-    pids = {f"writer-{i}": ray.get(w.ping.remote()) for i, w in enumerate(actors.all_writers())}
-    pids["coordinator"] = ray.get(actors.coordinator.pid.remote())
-    return pids
+def _actor_pids(rt: SinkRuntime) -> dict[str, int]:
+    """The coordinator's and each writer's pid (the runtime has one sink)."""
+    return {(p.role if p.writer is None else f"writer-{p.writer}"): p.pid
+            for p in rt.processes() if p.pid is not None and p.role != "standby"}
 
 
 def _start_pyspy(pids: dict[str, int], out: Path) -> dict[str, tuple[Any, Path]]:

@@ -7,6 +7,7 @@ Which package runs where (``docs/architecture.md`` has the whole map)::
 
     raysink.runtime      SinkRuntime, the user's facade                 driver
     raysink.driver       epochs, feeds, routing, sending, actors' life  driver, producers
+                         (start, close, rescale, what runs where)
     raysink.writer       SinkWriterActor and its mailbox                each writer actor
     raysink.coordinator  CoordinatorActor, two-phase commit, metastore  the coordinator actor
     raysink.protocol     messages, typed actor clients, barriers,       every process
@@ -47,10 +48,11 @@ from raysink.errors import (
     SinkUnavailableError,
     StreamRewind,
 )
-from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, EpochReport, RuntimeStatus, SinkStatus
 from raysink.runtime import RuntimeOptions, SinkRuntime
 
 __all__ = [
+    "ActorProcess",
     "BackpressureError",
     "ConfigError",
     "DataLossError",

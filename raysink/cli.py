@@ -3,7 +3,7 @@
 ::
 
     raysink demo [--events N] [--batches K] [--workdir DIR] [--sink delta|parquet]
-    raysink status NAME [--metastore URL] [--json]
+    raysink status NAME [--metastore URL] [--json] [--processes [--address ADDR]]
     raysink dashboard install [--session-dir DIR | --temp-dir DIR]
     raysink dashboard export FILE
     raysink dashboard alerts FILE [--stalled-for 5m] [...]
@@ -11,7 +11,10 @@
 
 ``status`` reads the meta store directly (no Ray, no actors): last committed epoch,
 pending and open epochs, the epoch source, and each sink's state with its last error and
-history. Passwords in meta store URLs are never printed.
+history. Passwords in meta store URLs are never printed. With ``--processes`` it also
+joins the Ray cluster (``--address``, default ``auto``: the one this machine runs) and
+shows what runs where: the runtime's live actors, each with its node and pid, a writer
+with its mailbox (``rt.processes()`` shows the same in the driver).
 
 ``dashboard install`` puts raysink's Grafana dashboard where the running Ray head's
 Grafana provisioning reads it (``raysink.dashboards.install``; again after each head
@@ -33,12 +36,15 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from raysink.errors import ConfigError, RaySinkError
-from raysink.reports import RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, RuntimeStatus, SinkStatus
 
-__all__ = ["StoredStatus", "main", "read_status"]
+if TYPE_CHECKING:
+    from raysink.protocol.results import WriterStatus
+
+__all__ = ["StoredStatus", "format_processes", "main", "read_processes", "read_status"]
 
 log = logging.getLogger(__name__)
 
@@ -179,15 +185,71 @@ def _when(value: Any) -> str:
     return datetime.fromtimestamp(value).isoformat(sep=" ", timespec="seconds")
 
 
+def read_processes(name: str, address: str | None = None,
+                   timeout: float = 10.0) -> list[ActorProcess]:
+    """The processes of runtime ``name``'s live actors, asked in the Ray cluster at
+    ``address`` (default ``auto``: the one this machine runs), or in the Ray this process
+    already joined. ``ConfigError`` when there is no cluster to join."""
+    import ray
+
+    from raysink.driver.processes import find_processes
+
+    joined = not ray.is_initialized()
+    if joined:
+        try:
+            ray.init(address=address or "auto", log_to_driver=False,
+                     logging_level=logging.WARNING)
+        except Exception as exc:
+            raise ConfigError(f"no Ray cluster to ask at {address or 'auto'} ({exc}): run "
+                              "`raysink status --processes` on a node of the cluster the job "
+                              "runs in, or pass --address HOST:PORT of its head",
+                              runtime=name) from exc
+    try:
+        return find_processes(name, timeout)
+    finally:
+        if joined:
+            ray.shutdown()
+
+
+def format_processes(processes: Sequence[ActorProcess]) -> str:
+    """A person-readable table of ``processes``: one line each."""
+    if not processes:
+        return "processes             none live in this Ray cluster"
+    width = max(len(p.name) for p in processes)
+    lines = ["processes"]
+    for process in processes:
+        where = (f"node {(process.node_id or '?')[:12]} ({process.node_ip}), pid {process.pid}"
+                 if process.answered else "not answering (restarting, or its node is lost)")
+        lines.append(f"  {process.role:<11} {process.name:<{width}}  {where}")
+        if process.mailbox is not None:
+            lines.append(f"    {_mailbox(process.mailbox)}")
+    return "\n".join(lines)
+
+
+def _mailbox(status: WriterStatus) -> str:
+    held = ", ".join(f"{epoch}/{attempt}" for epoch, attempt in status.epochs_here) or "none"
+    text = (f"epochs held (epoch/attempt) {held}; mailbox {status.mailbox_depth} messages, "
+            f"{status.mailbox_bytes / 2**20:.1f} MiB; refused {status.refused}; "
+            f"rows written {status.rows_total:,}")
+    if status.busy:
+        text += f"; {status.busy.get('call')} running for {status.busy.get('seconds')} s"
+    return text + ("; closed" if status.closed else "")
+
+
 def _cmd_status(args: argparse.Namespace) -> int:
     stored = read_status(args.name, args.metastore)
+    processes = read_processes(args.name, args.address) if args.processes else None
     if args.json:
-        print(json.dumps({**asdict(stored.status), "generation": stored.generation,
-                          "open_epochs": stored.open_epochs,
-                          "epoch_source": stored.epoch_source,
-                          "sink_kinds": stored.sink_kinds}, indent=2, default=str))
+        shown = {**asdict(stored.status), "generation": stored.generation,
+                 "open_epochs": stored.open_epochs, "epoch_source": stored.epoch_source,
+                 "sink_kinds": stored.sink_kinds}
+        if processes is not None:
+            shown["processes"] = [asdict(p) for p in processes]
+        print(json.dumps(shown, indent=2, default=str))
     else:
         print(format_status(stored))
+        if processes is not None:
+            print(format_processes(processes))
     return 0
 
 
@@ -366,6 +428,12 @@ def build_parser() -> argparse.ArgumentParser:
     status.add_argument("--metastore", default=None,
                         help="meta store URL (default: sqlite:///<cwd>/.raysink/<name>.db)")
     status.add_argument("--json", action="store_true", help="print JSON")
+    status.add_argument("--processes", action="store_true",
+                        help="also show the runtime's live actors: node, pid, mailbox (joins "
+                             "the Ray cluster)")
+    status.add_argument("--address", default=None,
+                        help="the Ray cluster for --processes (default: auto, the one this "
+                             "machine runs)")
     status.set_defaults(run=_cmd_status)
 
     _add_dashboard(commands)

@@ -1,15 +1,21 @@
-"""What the runtime reports: one ``EpochReport`` per ``write*`` call, and ``RuntimeStatus``
+"""What the runtime reports: one ``EpochReport`` per ``write*`` call, ``RuntimeStatus``
 with a ``SinkStatus`` per sink (``rt.status()``, built by the coordinator; ``raysink
-status`` builds the same from the meta store alone)."""
+status`` builds the same from the meta store alone), and an ``ActorProcess`` per actor
+(``rt.processes()``, each built by the actor itself; ``raysink status --processes``)."""
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
-__all__ = ["EpochReport", "RuntimeStatus", "SinkState", "SinkStatus"]
+if TYPE_CHECKING:
+    from raysink.protocol.results import WriterStatus
+
+__all__ = ["ActorProcess", "ActorRole", "EpochReport", "RuntimeStatus", "SinkState",
+           "SinkStatus"]
 
 SinkState = Literal["starting", "running", "stalled", "paused", "dropped"]
+ActorRole = Literal["coordinator", "standby", "writer"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -56,3 +62,43 @@ class RuntimeStatus:
     sinks: dict[str, SinkStatus]
     open_epoch: int | None = None
     error: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class ActorProcess:
+    """One actor of the runtime and the process it runs in.
+
+    ``role``: ``coordinator``; ``standby``, a coordinator started ahead of need on another
+    node (when node labels pin the coordinator) that takes over when the coordinator is
+    lost; or ``writer``, writer ``writer`` of sink ``sink``. ``name``: the actor's name in
+    Ray's namespace ``raysink``. ``node_id``, ``node_ip`` and ``pid``: the Ray node and the
+    process on it; all ``None`` when the actor did not answer in time (Ray is restarting
+    it, or its node is lost). ``mailbox``: a writer's state (the epochs it holds, the
+    messages and bytes waiting in its mailbox, those refused, a sink call running long)."""
+
+    role: ActorRole
+    name: str
+    sink: str | None = None
+    writer: int | None = None
+    node_id: str | None = None
+    node_ip: str | None = None
+    pid: int | None = None
+    mailbox: WriterStatus | None = None
+
+    @property
+    def answered(self) -> bool:
+        return self.pid is not None
+
+    @classmethod
+    def here(cls, role: ActorRole, *, sink: str | None = None, writer: int | None = None,
+             mailbox: WriterStatus | None = None) -> ActorProcess:
+        """The process this is called in (an actor's own ``process()``)."""
+        import os
+
+        import ray
+
+        context = ray.get_runtime_context()
+        ip: str = ray.util.get_node_ip_address()  # type: ignore[no-untyped-call]
+        return cls(role=role, name=context.get_actor_name() or "", sink=sink, writer=writer,
+                   node_id=context.get_node_id(), node_ip=ip, pid=os.getpid(),
+                   mailbox=mailbox)

@@ -17,53 +17,44 @@ packages is in ``raysink``'s docstring); this module only ties it together.
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysink._options import rejects_unknown_options
 from raysink.driver import routing
 from raysink.driver.calls import ask, typed_errors
-from raysink.driver.closing import close_actors
+from raysink.driver.closing import close_actors, end_actors
 from raysink.driver.epoch import EpochDriver, EpochSettings
-from raysink.driver.feed import FeedRoute
 from raysink.driver.handle import EpochHandle
 from raysink.driver.lease import LEASE_SECONDS, LeaseKeeper
 from raysink.driver.lifecycle import PING_TIMEOUT, ActorSet
 from raysink.driver.placement import Placement
-from raysink.driver.rescale import refuse_rescale, resize_writers
+from raysink.driver.processes import runtime_processes
+from raysink.driver.rescale import check_writers, refuse_rescale, resize_writers
 from raysink.driver.runtime_options import (
+    Router,
     RuntimeOptions,
     bind_sinks,
     check_name,
     progress_line,
-    routing_key,
 )
+from raysink.driver.starting import start_actors
 from raysink.driver.stream_controller import StreamController
 from raysink.driver.stream_feed import StreamFeed
-from raysink.errors import (
-    ConfigError,
-    EpochFailedError,
-    RuntimeUnavailableError,
-)
+from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError
 from raysink.progress import Progress
 from raysink.protocol.clients import Call
-from raysink.protocol.vnodes import Bitmap, assign
-from raysink.reports import EpochReport, RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, EpochReport, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
 from raysink.spark.binding import QueryBinding
 
 if TYPE_CHECKING:
-    from raysink.coordinator.metastore.base import MetaStore
     from raysink.driver.datasink import EpochDatasink
 
-__all__ = ["EpochReport", "RuntimeOptions", "RuntimeStatus", "SinkRuntime", "SinkStatus"]
+__all__ = ["ActorProcess", "EpochReport", "RuntimeOptions", "RuntimeStatus", "SinkRuntime",
+           "SinkStatus"]
 
-log = logging.getLogger(__name__)
 R = TypeVar("R")
-
-_START_SECONDS = 300.0
-"""How long ``start()`` waits at least for the actors to start and recover."""
 
 
 class SinkRuntime:
@@ -136,13 +127,11 @@ class SinkRuntime:
             placement=Placement() if placement is None else placement,
             ping_timeout=ping_timeout, lease_timeout=lease_timeout)
         self._options.validate(name)
-        self._key = routing_key(name, self._options.key, self._sinks)
-        self._bitmaps: list[Bitmap] = assign(writers)
+        self._router = Router.of(name, self._options, self._sinks)
         self._actors: ActorSet | None = None
         self._lease: LeaseKeeper | None = None
         self._binding = QueryBinding(runtime=name, epoch_offset=epoch_offset)
         self._progress = progress_line(name, progress)
-        self._feeds = 0  # epochs planned: rotates the first writer of round-robin feeds
         self._handle: EpochHandle | None = None  # the epoch open for producers, if any
         self._stream: StreamController | None = None  # the continuous stream, once begun
         self._epochs = EpochDriver(
@@ -154,34 +143,11 @@ class SinkRuntime:
 
     @typed_errors(RuntimeUnavailableError, "starting the runtime")
     def start(self) -> SinkRuntime:
-        """Validate the sinks, start the coordinator (which recovers) and the writers."""
-        import ray
-
-        if self._actors is not None:
-            return self
-        if not ray.is_initialized():
-            ray.init(namespace="raysink")
-        lease = LeaseKeeper(self._check_metastore(), self.name, self._options.lease_timeout)
-        actors: ActorSet | None = None
-        try:
-            lease.acquire()  # before anything starts: one driver at a time
-            for sink in self._sinks.values():
-                sink.validate()
-            actors = self._options.actor_set(self.name, self._sinks, self.metastore_url,
-                                             lease.holder)
-            wait = max(self._options.commit_timeout, _START_SECONDS)
-            actors.start(timeout=wait)
-            # wait for recovery (open attempts swept, markers checked against the meta
-            # store): a deleted target or marker is an error of start() itself.
-            # ``epoch_source`` is the cheapest call that waits for it.
-            self._ask(actors, "waiting for recovery",
-                      actors.coordinator_client.epoch_source(), timeout=wait)
-        except BaseException:
-            if actors is not None:
-                actors.stop()
-            lease.close()
-            raise
-        self._actors, self._lease = actors, lease
+        """Validate the sinks, start the coordinator (which recovers) and the writers (see
+        ``raysink.driver.starting``)."""
+        if self._actors is None:
+            self._actors, self._lease = start_actors(self.name, self._sinks, self._options,
+                                                     self.metastore_url)
         return self
 
     @property
@@ -191,23 +157,6 @@ class SinkRuntime:
         from raysink.coordinator.metastore import default_url
 
         return self._options.metastore or default_url(self.name)
-
-    def _check_metastore(self) -> MetaStore:
-        """Reachable and writable, and the sink set is what it was (or changed on purpose):
-        refused here, in the driver, before any actor starts. Returns the store, open."""
-        from raysink.coordinator.metastore import check_sink_set, open_metastore
-
-        store = open_metastore(self.metastore_url, self.name)
-        try:
-            record = store.load(self.name)
-            if record is not None:
-                check_sink_set(self.name, record.sinks,
-                               {n: s.kind for n, s in self._sinks.items()},
-                               self._options.add_sinks, self._options.drop_sinks)
-        except BaseException:
-            store.close()
-            raise
-        return store
 
     def __enter__(self) -> SinkRuntime:
         return self.start()
@@ -229,16 +178,10 @@ class SinkRuntime:
         stream, self._stream = self._stream, None
         try:
             close_actors(self.name, actors, self._epochs, stream,
-                         timeout=self._options.commit_timeout,
-                         ask=self._ask_started)
+                         timeout=self._options.commit_timeout, ask=self._ask_started)
         finally:
-            actors.stop()
-            self._actors = None
-            if self._lease is not None:
-                self._lease.close()
-                self._lease = None
-            if self._progress is not None:
-                self._progress.close()
+            self._actors, lease, self._lease = None, self._lease, None
+            end_actors(actors, lease, self._progress)
 
     # ------------------------------------------------------------------ writes
 
@@ -247,12 +190,7 @@ class SinkRuntime:
         """Write Arrow data (Table, RecordBatch, ObjectRef, or a list of them) as one epoch."""
         actors = self._require_started()
         self._check_no_open_handle()
-        plan = routing.plan_arrow(data, writers=self._options.writers, key=self._key,
-                                  bitmaps=self._bitmaps,
-                                  max_batch_bytes=self._options.max_batch_bytes,
-                                  first_writer=self._next_first_writer(),
-                                  evolve=self._evolving)
-        return self._epochs.run(actors, epoch, plan)
+        return self._epochs.run(actors, epoch, self._router.plan_arrow(data))
 
     @typed_errors(EpochFailedError, "open_epoch")
     def open_epoch(self, epoch: int | None = None) -> EpochHandle:
@@ -264,7 +202,7 @@ class SinkRuntime:
         actors = self._require_started()
         self._check_no_open_handle()
         opened = self._epochs.open(actors, epoch)
-        handle = EpochHandle(self._epochs, actors, self._route(actors), opened,
+        handle = EpochHandle(self._epochs, actors, self._router.feed_route(actors), opened,
                              feed_timeout=self._options.feed_timeout,
                              commit_timeout=self._options.commit_timeout,
                              on_end=self._handle_ended)
@@ -280,20 +218,7 @@ class SinkRuntime:
         from raysink.driver.datasink import EpochDatasink
 
         handle = self.open_epoch(epoch)
-        return EpochDatasink(handle, self._route(self._require_started()))
-
-    def _route(self, actors: ActorSet) -> FeedRoute:
-        return FeedRoute(runtime=self.name, writers=actors.writers,
-                         coordinator=actors.coordinator, key=self._key,
-                         bitmaps=tuple(self._bitmaps),
-                         max_batch_bytes=self._options.max_batch_bytes,
-                         credits=self._options.credits, evolve=self._evolving)
-
-    @property
-    def _evolving(self) -> bool:
-        """Whether every sink takes ``schema_evolution="add_columns"``: the tables of one
-        epoch (or of one feed) may then differ in schema where they have a union."""
-        return all(s.schema_evolution == "add_columns" for s in self._sinks.values())
+        return EpochDatasink(handle, self._router.feed_route(self._require_started()))
 
     def _handle_ended(self, handle: EpochHandle) -> None:
         if self._handle is handle:
@@ -311,19 +236,11 @@ class SinkRuntime:
         actors = self._require_started()
         if self._stream is None:
             self._check_no_open_handle()
-            stream = StreamController(self._epochs, actors,
-                                      interval=self._options.checkpoint_interval,
-                                      feed_timeout=self._options.feed_timeout,
-                                      commit_timeout=self._options.commit_timeout)
-            stream.start()
-            self._stream = stream
+            self._stream = StreamController.begin(self._epochs, actors, self._options)
         if poll_interval <= 0:
             raise ConfigError(f"poll_interval must be > 0; got {poll_interval!r}",
                               runtime=self.name)
-        return StreamFeed(self._route(actors), self._stream.next_feed_id(), poll_interval,
-                          route_number=self._stream.route,
-                          timeout=max(_START_SECONDS, 2 * self._options.commit_timeout
-                                      + self._options.feed_timeout))
+        return self._stream.new_feed(self._router.feed_route(actors), poll_interval)
 
     def _check_no_open_handle(self) -> None:
         if self._stream is not None:
@@ -354,9 +271,7 @@ class SinkRuntime:
         """One epoch from object refs or pulls, each handed to a writer as it comes."""
         actors = self._require_started()
         self._check_no_open_handle()
-        plan = routing.plan_refs(refs, writers=self._options.writers, key=self._key,
-                                 bitmaps=self._bitmaps, first_writer=self._next_first_writer())
-        return self._epochs.run(actors, epoch, plan)
+        return self._epochs.run(actors, epoch, self._router.plan_refs(refs))
 
     @typed_errors(EpochFailedError, "foreach_batch")
     def foreach_batch(self, df: Any, batch_id: int) -> EpochReport:
@@ -366,15 +281,7 @@ class SinkRuntime:
         from raysink.spark.write import streaming_query_id
 
         offset = self._bind_source(streaming_query_id(self.name, df))
-        report = self.write(df, epoch=int(batch_id) + 1 + offset)
-        log.info("%s: micro-batch %s -> epoch %s (%s rows, %s)", self.name, batch_id,
-                 report.epoch, report.rows,
-                 "skipped, already committed" if report.skipped else "committed")
-        return report
-
-    def _next_first_writer(self) -> int:
-        self._feeds += 1
-        return (self._feeds - 1) % self._options.writers
+        return self._binding.written(batch_id, self.write(df, epoch=int(batch_id) + 1 + offset))
 
     def _bind_source(self, query_id: str) -> int:
         """Bind the runtime to a streaming query; returns the epoch offset of its batches."""
@@ -398,8 +305,7 @@ class SinkRuntime:
         coordinator), and while a continuous stream runs (close the runtime, open it with
         ``writers=N``, start the stream again); an actor that stopped answering is
         replaced first."""
-        if not isinstance(writers, int) or writers < 1:
-            raise ConfigError(f"writers must be at least 1; got {writers!r}", runtime=self.name)
+        check_writers(self.name, writers)
         actors = self._require_started()
         if writers == self._options.writers:
             return
@@ -407,15 +313,25 @@ class SinkRuntime:
         with self._epochs.exclusive():
             self._options = resize_writers(self.name, actors, self._epochs, self._options,
                                            self._sinks, writers, self._ask_started)
-            self._bitmaps = assign(writers)
-        log.info("%s: rescaled to %s writers per sink", self.name, writers)
+            self._router.resize(writers)
 
     # ------------------------------------------------------------------ status
 
     @typed_errors(RuntimeUnavailableError, "status")
     def status(self) -> RuntimeStatus:
+        """The coordinator's view: epochs committed, pending and open, each sink's state."""
         actors = self._require_started()
         return self._ask(actors, "status", actors.coordinator_client.status())
+
+    @typed_errors(RuntimeUnavailableError, "processes")
+    def processes(self, *, timeout: float = 10.0) -> list[ActorProcess]:
+        """What runs where: the coordinator, its standby (if any) and every writer, each
+        with its Ray node and process id, a writer with its mailbox's state (see
+        ``raysink.reports.ActorProcess``). All are asked at once; one that does not answer
+        within ``timeout`` seconds (restarting, or its node lost) is listed without node
+        and pid. Nothing is replaced: a view (``raysink status NAME --processes`` shows
+        the same on any node of the cluster)."""
+        return runtime_processes(self._require_started(), timeout)
 
     def _committed_through(self) -> int:
         """The highest epoch every sink holds, by the meta store or by the targets'
@@ -433,12 +349,11 @@ class SinkRuntime:
             raise self._lease.lost
         return self._actors
 
-    def _ask(self, actors: ActorSet, what: str, call: Call[R],
-             timeout: float | None = None) -> R:
+    def _ask(self, actors: ActorSet, what: str, call: Call[R]) -> R:
         """An idempotent call to the runtime's actors, waiting while they restart (up to
         ``commit_timeout``) and re-creating one that is gone."""
         return ask(call, what=what, runtime=self.name, heal=actors.heal,
-                   timeout=self._options.commit_timeout if timeout is None else timeout)
+                   timeout=self._options.commit_timeout)
 
     def _ask_started(self, what: str, call: Call[R]) -> R:
         """``_ask`` of the runtime's current actors (it is started, or closing)."""
@@ -456,7 +371,7 @@ class SinkRuntime:
 
     @property
     def key(self) -> tuple[str, ...] | None:
-        return self._key
+        return self._router.key
 
     @property
     def writers(self) -> int:

@@ -23,7 +23,6 @@ import asyncio
 import contextlib
 import functools
 import logging
-import os
 import random
 import time
 from collections import OrderedDict
@@ -51,7 +50,7 @@ from raysink.errors import (
 from raysink.protocol.messages import CommitRequest, CommitWait, OpenedEpoch
 from raysink.protocol.results import EpochSource, WriterLayout
 from raysink.protocol.vnodes import Bitmap, assign
-from raysink.reports import RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
 
 __all__ = ["CoordinatorActor", "CoordinatorConfig"]
@@ -296,8 +295,9 @@ class CoordinatorActor(StreamCalls):
         self._ensure_started()
         return self._core.generation
 
-    async def pid(self) -> int:
-        return os.getpid()
+    async def process(self) -> ActorProcess:
+        """Where this coordinator runs (``rt.processes()``)."""
+        return ActorProcess.here("coordinator")
 
     async def open_epoch(self, requested: int | None, timeout: float) -> OpenedEpoch:
         """Open an epoch before its data is sent (waiting up to ``timeout`` under

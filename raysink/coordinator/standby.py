@@ -24,6 +24,7 @@ import logging
 import os
 
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
+from raysink.reports import ActorProcess
 
 __all__ = ["StandbyCoordinatorActor"]
 
@@ -32,7 +33,7 @@ log = logging.getLogger(__name__)
 
 class StandbyCoordinatorActor(CoordinatorActor):
     """A coordinator that starts only when told (``take_over``); until then it answers
-    ``ping`` (with 0: no generation) and ``pid``, nothing else."""
+    ``ping`` (with 0: no generation) and ``process`` (as a standby), nothing else."""
 
     def __init__(self, config: CoordinatorConfig) -> None:  # the coordinator's start: later
         import importlib
@@ -55,7 +56,14 @@ class StandbyCoordinatorActor(CoordinatorActor):
         return await super().ping()
 
     async def ping(self) -> int:
-        if self._taking is None or not self._taking.done():
+        if not self._took_over:
             return 0
         return await super().ping()
+
+    async def process(self) -> ActorProcess:
+        return ActorProcess.here("coordinator" if self._took_over else "standby")
+
+    @property
+    def _took_over(self) -> bool:
+        return self._taking is not None and self._taking.done()
 

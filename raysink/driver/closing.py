@@ -5,6 +5,8 @@ continuous stream drains (its producers close their last epoch; it commits), the
 still outstanding at the coordinator finish or stay durably decided, every writer gets
 the DRAIN barrier (it drops what an undecided attempt staged and closes its sink writer),
 and the coordinator pauses its sinks and closes its connections and the meta store.
+Then ``end_actors`` ends the processes, gives the runtime's lease up and closes the
+progress line.
 """
 
 from __future__ import annotations
@@ -13,12 +15,14 @@ import logging
 
 from raysink.driver.calls import result, results, short
 from raysink.driver.epoch import EpochDriver
+from raysink.driver.lease import LeaseKeeper
 from raysink.driver.lifecycle import ActorSet
 from raysink.driver.stream_controller import StreamController
+from raysink.progress import Progress
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.protocol.clients import Ask
 
-__all__ = ["close_actors"]
+__all__ = ["close_actors", "end_actors"]
 
 log = logging.getLogger(__name__)
 
@@ -62,3 +66,15 @@ def close_actors(name: str, actors: ActorSet, epochs: EpochDriver,
         except Exception as exc:
             log.warning("%s: close: %s failed: %s", name, what, short(exc))
 
+
+
+def end_actors(actors: ActorSet, lease: LeaseKeeper | None, progress: Progress | None) -> None:
+    """End every actor (their names are free again), then give the lease up and close the
+    progress line, even when ending the actors failed."""
+    try:
+        actors.stop()
+    finally:
+        if lease is not None:
+            lease.close()
+        if progress is not None:
+            progress.close()

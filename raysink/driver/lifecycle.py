@@ -553,6 +553,13 @@ class ActorSet:
     def all_writers(self) -> list[Any]:
         return [h for handles in self.writers.values() for h in handles]
 
+    def named(self) -> dict[str, Any]:
+        """Every actor of the set (the standby too) by its name in Ray."""
+        named = {self._names[key]: h for key, h in self._handles().items() if key in self._names}
+        if self._standby is not None:
+            named[self._standby[0]] = self._standby[2]
+        return named
+
     def stop(self) -> None:
         """End every actor and wait until their names are free again. ``rt.close()``
         drains them first (the DRAIN barrier closes each sink writer; the coordinator

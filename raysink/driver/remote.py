@@ -5,13 +5,14 @@ Ray exports a class to the cluster once per job, but disassembles it again for e
 ``ray.remote`` of it (about 60 ms of driver CPU per writer started, measured with 16
 writers), so ``raysink.driver.lifecycle`` takes them from here. A writer's methods run in
 concurrency groups: data (``write``, ``feed_barrier``), one barrier thread (``barrier``,
-``seal``) and control (the rest: ``cancel``, ``drain``, ``finish``, ``ping``, ``status``).
+``seal``) and control (the rest: ``cancel``, ``drain``, ``finish``, ``ping``, ``process``).
 """
 
 from __future__ import annotations
 
 import functools
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
@@ -20,6 +21,7 @@ from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.coordinator.standby import StandbyCoordinatorActor
 from raysink.driver import raystate
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.reports import ActorRole
 from raysink.writer.writer import NAMESPACE, SinkWriterActor
 
 __all__ = [
@@ -30,6 +32,7 @@ __all__ = [
     "exists",
     "find_coordinator",
     "in_use",
+    "role_of",
     "take_over",
     "writer_class",
     "writer_name",
@@ -43,7 +46,7 @@ _WRITER_GROUPS = {"data": 2, "barrier": 1, "control": 4}
 _WRITER_METHOD_GROUPS = {"write": "data", "feed_barrier": "data", "barrier": "barrier",
                          "seal": "barrier"}
 _WRITER_METHODS = ("write", "feed_barrier", "barrier", "seal", "cancel", "drain", "finish",
-                   "ping", "status")
+                   "ping", "process")
 
 
 @functools.cache
@@ -72,6 +75,19 @@ def coordinator_name(runtime: str) -> str:
 
 def writer_name(runtime: str, sink: str, index: int) -> str:
     return f"{runtime}.{sink}.writer-{index}"
+
+
+def role_of(runtime: str, name: str) -> tuple[ActorRole, str | None, int | None] | None:
+    """What an actor named ``name`` is to ``runtime`` (``coordinator_name``,
+    ``writer_name``, a standby's name, each maybe with an incarnation's ``.<n>``): its
+    role, and a writer's sink and index; ``None`` for any other name."""
+    base = re.escape(runtime)
+    if re.fullmatch(rf"{base}\.coordinator(\.\d+)?", name):
+        return "coordinator", None, None
+    if re.fullmatch(rf"{base}\.coordinator-standby(\.\d+)?", name):
+        return "standby", None, None
+    writer = re.fullmatch(rf"{base}\.([A-Za-z0-9_-]+)\.writer-(\d+)(\.\d+)?", name)
+    return None if writer is None else ("writer", writer[1], int(writer[2]))
 
 
 def exists(name: str) -> bool:
@@ -134,10 +150,8 @@ def find_coordinator(runtime: str, wait: float = 5.0) -> Any | None:
 
 def _names_coordinator(name: str, runtime: str) -> bool:
     """``name`` is one a coordinator (or a standby) of ``runtime`` may have."""
-    for base in (coordinator_name(runtime) + "-standby", coordinator_name(runtime)):
-        if name == base or (name.startswith(f"{base}.") and name[len(base) + 1:].isdigit()):
-            return True
-    return False
+    found = role_of(runtime, name)
+    return found is not None and found[0] != "writer"
 
 
 def in_use(name: str, runtime: str) -> RuntimeInUseError:

@@ -18,14 +18,20 @@ from raysink.driver.handle import EpochHandle
 from raysink.driver.lifecycle import ActorSet
 from raysink.driver.runtime_options import RuntimeOptions
 from raysink.driver.stream_controller import StreamController
-from raysink.errors import RescaleRefusedError
+from raysink.errors import ConfigError, RescaleRefusedError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.protocol.clients import Ask, WriterClient
 from raysink.sinks.base import Sink
 
-__all__ = ["refuse_rescale", "resize_writers", "retire_writers"]
+__all__ = ["check_writers", "refuse_rescale", "resize_writers", "retire_writers"]
 
 log = logging.getLogger(__name__)
+
+
+def check_writers(name: str, writers: object) -> None:
+    """``ConfigError`` unless ``writers`` is a writer count (an int of at least 1)."""
+    if not isinstance(writers, int) or writers < 1:
+        raise ConfigError(f"writers must be at least 1; got {writers!r}", runtime=name)
 
 
 def refuse_rescale(name: str, writers: int, handle: EpochHandle | None,
@@ -55,6 +61,7 @@ def resize_writers(name: str, actors: ActorSet, epochs: EpochDriver, options: Ru
 
     removed = actors.resize(options.writer_configs(name, sinks, writers), commit=take_layout)
     retire_writers(name, actors, epochs, removed, timeout=options.commit_timeout)
+    log.info("%s: rescaled to %s writers per sink", name, writers)
     return dataclasses.replace(options, writers=writers)
 
 

@@ -1,5 +1,6 @@
 """``RuntimeOptions``: every option of a ``SinkRuntime``, checked, and what the driver makes
-of them (the actors' configurations, the sinks bound to the runtime, the routing key).
+of them (the actors' configurations, the sinks bound to the runtime, the routing key, the
+``Router`` that plans each epoch's data).
 
 ``SinkRuntime(name, sinks, writers=4, ...)`` builds one; ``rt.options`` returns it.
 """
@@ -7,21 +8,25 @@ of them (the actors' configurations, the sinks bound to the runtime, the routing
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
 from raysink.coordinator.coordinator import CoordinatorConfig
+from raysink.driver import routing
+from raysink.driver.feed import FeedRoute
 from raysink.driver.lease import LEASE_SECONDS
 from raysink.driver.lifecycle import PING_TIMEOUT, ActorSet, coordinator_name
 from raysink.driver.placement import Placement
 from raysink.driver.routing import DEFAULT_MAX_BATCH_BYTES, DEFAULT_MAX_BUFFER_BYTES
 from raysink.errors import ConfigError
 from raysink.progress import Progress
+from raysink.protocol.vnodes import Bitmap, assign
 from raysink.sinks.base import Sink
 from raysink.writer.writer import WriterConfig
 
-__all__ = ["RuntimeOptions", "bind_sinks", "check_name", "progress_line", "routing_key"]
+__all__ = ["Router", "RuntimeOptions", "bind_sinks", "check_name", "progress_line",
+           "routing_key"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -134,6 +139,60 @@ class RuntimeOptions:
                                      warn_interval=self.warn_interval)
                         for i in range(writers)]
             for sink_name, sink in sinks.items()}
+
+
+@dataclass(kw_only=True)
+class Router:
+    """How the driver routes a runtime's epochs to its writers: by ``key`` (a row's vnode
+    picks its writer by ``bitmaps``, see ``raysink.protocol.vnodes``) or, unkeyed,
+    round-robin from a first writer that turns with every epoch planned, so that epochs of
+    one small table do not all land on writer 0. ``evolve``: every sink takes
+    ``schema_evolution="add_columns"``, so the tables of one epoch may differ in schema
+    where they have a union. ``resize`` follows a rescale."""
+
+    runtime: str
+    key: tuple[str, ...] | None
+    writers: int
+    max_batch_bytes: int | None
+    credits: int
+    evolve: bool
+    bitmaps: list[Bitmap] = field(init=False)
+    planned: int = field(default=0, init=False)  # epochs planned: turns the first writer
+
+    def __post_init__(self) -> None:
+        self.bitmaps = assign(self.writers)
+
+    @classmethod
+    def of(cls, runtime: str, options: RuntimeOptions, sinks: Mapping[str, Sink]) -> Router:
+        return cls(runtime=runtime, key=routing_key(runtime, options.key, sinks),
+                   writers=options.writers, max_batch_bytes=options.max_batch_bytes,
+                   credits=options.credits,
+                   evolve=all(s.schema_evolution == "add_columns" for s in sinks.values()))
+
+    def resize(self, writers: int) -> None:
+        self.writers, self.bitmaps = writers, assign(writers)
+
+    def plan_arrow(self, data: Any) -> routing.FeedPlan:
+        """One epoch of local Arrow data or refs (``routing.plan_arrow``)."""
+        return routing.plan_arrow(data, writers=self.writers, key=self.key,
+                                  bitmaps=self.bitmaps, max_batch_bytes=self.max_batch_bytes,
+                                  first_writer=self._first_writer(), evolve=self.evolve)
+
+    def plan_refs(self, refs: Iterable[Any]) -> routing.FeedPlan:
+        """One epoch of refs or pulls, each routed as it comes (``routing.plan_refs``)."""
+        return routing.plan_refs(refs, writers=self.writers, key=self.key,
+                                 bitmaps=self.bitmaps, first_writer=self._first_writer())
+
+    def feed_route(self, actors: ActorSet) -> FeedRoute:
+        """What producers' feeds route and send by, to ``actors`` as they are now."""
+        return FeedRoute(runtime=self.runtime, writers=actors.writers,
+                         coordinator=actors.coordinator, key=self.key,
+                         bitmaps=tuple(self.bitmaps), max_batch_bytes=self.max_batch_bytes,
+                         credits=self.credits, evolve=self.evolve)
+
+    def _first_writer(self) -> int:
+        self.planned += 1
+        return (self.planned - 1) % self.writers
 
 
 def routing_key(runtime: str, key: tuple[str, ...] | None,

@@ -39,13 +39,16 @@ from typing import TYPE_CHECKING, Any
 
 from raysink.coordinator.stream_state import StreamPosition, StreamState, StreamTick
 from raysink.driver.calls import ask, result, short, watched
+from raysink.driver.feed import FeedRoute
 from raysink.driver.handle import seal_writers, wait_for_feeds
+from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import EpochFailedError, RuntimeUnavailableError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 
 if TYPE_CHECKING:
     from raysink.driver.epoch import EpochDriver
     from raysink.driver.lifecycle import ActorSet
+    from raysink.driver.runtime_options import RuntimeOptions
     from raysink.reports import EpochReport
 
 __all__ = ["StreamController"]
@@ -56,6 +59,7 @@ Pids = Mapping[tuple[str, int], int | None]
 
 _PID_WAIT = 10.0  # seconds a writer may take to tell its process id at a tick
 _DRAIN_TRIES = 3
+_FEED_WAIT = 300.0  # seconds a producer's call waits for the runtime, at least
 
 
 class StreamController:
@@ -80,6 +84,15 @@ class StreamController:
         self._routed: list[Any] = []  # the writer handles producers were last given
         self._unrecovered: str | None = None  # a failure whose recovery failed too
 
+    @classmethod
+    def begin(cls, driver: EpochDriver, actors: ActorSet,
+              options: RuntimeOptions) -> StreamController:
+        """The runtime's stream, started: an epoch every ``checkpoint_interval`` seconds."""
+        stream = cls(driver, actors, interval=options.checkpoint_interval,
+                     feed_timeout=options.feed_timeout, commit_timeout=options.commit_timeout)
+        stream.start()
+        return stream
+
     @property
     def route(self) -> int:
         """The number of the route (writers) producers are given now."""
@@ -94,6 +107,13 @@ class StreamController:
         self._thread = threading.Thread(target=self._loop, daemon=True,
                                         name="raysink-stream-ticks")
         self._thread.start()
+
+    def new_feed(self, route: FeedRoute, poll_interval: float) -> StreamFeed:
+        """A feed of the stream for one more producer, sending by ``route`` (the writers
+        now); its calls wait for the runtime as long as a commit and a lost feed may take
+        (``_FEED_WAIT`` at least)."""
+        return StreamFeed(route, self.next_feed_id(), poll_interval, route_number=self.route,
+                          timeout=max(_FEED_WAIT, 2 * self._commit_timeout + self._feed_timeout))
 
     def next_feed_id(self) -> int:
         self._ids += 1

@@ -30,8 +30,8 @@ if TYPE_CHECKING:
         DrainReport,
         OpenedEpoch,
     )
-    from raysink.protocol.results import EpochSource, Resolution, WriterLayout, WriterStatus
-    from raysink.reports import RuntimeStatus
+    from raysink.protocol.results import EpochSource, Resolution, WriterLayout
+    from raysink.reports import ActorProcess, RuntimeStatus
     from raysink.sinks.base import Held
 
 __all__ = ["Ask", "Call", "CoordinatorClient", "WriterClient"]
@@ -97,6 +97,10 @@ class CoordinatorClient:
 
     def status(self) -> Call[RuntimeStatus]:
         return Call(lambda: self.actor().status.remote())
+
+    def process(self) -> Call[ActorProcess]:
+        """Where it runs (a standby's too: it is a coordinator not started yet)."""
+        return Call(lambda: self.actor().process.remote())
 
     def close(self) -> Call[None]:
         return Call(lambda: self.actor().close.remote())
@@ -188,5 +192,6 @@ class WriterClient:
     def ping(self) -> Call[int]:
         return Call(lambda: self.actor.ping.remote())
 
-    def status(self) -> Call[WriterStatus]:
-        return Call(lambda: self.actor.status.remote())
+    def process(self) -> Call[ActorProcess]:
+        """Where it runs, and its mailbox's state."""
+        return Call(lambda: self.actor.process.remote())

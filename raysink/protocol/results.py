@@ -7,7 +7,8 @@
     coordinator.set_layout(writers)        -> WriterLayout    (rescale)
     coordinator.epoch_source()             -> EpochSource | None
     coordinator.bind_source(EpochSource)
-    writer.status()                        -> WriterStatus
+    writer.process()                       -> ActorProcess (raysink.reports), whose
+                                              mailbox is the writer's WriterStatus
 
 ``EpochSource`` is kept in the meta store as a JSON object (``to_record``/``from_record``).
 """

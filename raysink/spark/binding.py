@@ -18,11 +18,11 @@ from dataclasses import dataclass
 from raysink.errors import ConfigError
 from raysink.protocol.clients import Ask, CoordinatorClient
 from raysink.protocol.results import EpochSource
+from raysink.reports import EpochReport
 
 __all__ = ["QueryBinding", "source_offset"]
 
 log = logging.getLogger(__name__)
-
 
 
 @dataclass(kw_only=True, slots=True)
@@ -54,6 +54,13 @@ class QueryBinding:
                      self.runtime, query_id, offset)
         self.bound = (query_id, offset)
         return offset
+
+    def written(self, batch_id: int, report: EpochReport) -> EpochReport:
+        """``report`` of micro-batch ``batch_id``, logged."""
+        log.info("%s: micro-batch %s -> epoch %s (%s rows, %s)", self.runtime, batch_id,
+                 report.epoch, report.rows,
+                 "skipped, already committed" if report.skipped else "committed")
+        return report
 
 
 def source_offset(runtime: str, current: EpochSource | None, query_id: str,

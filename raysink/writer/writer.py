@@ -20,7 +20,8 @@ drain          control     a ``DRAIN`` barrier between epochs (``rt.close()``): 
 finish         control     a sink whose writers hold their part open (``holds_transactions``:
                            Kafka): the sink's commit or abort, in the coordinator, asks the
                            writer to end it
-status, ping   control     answer at once
+process, ping  control     answer at once (``process``: where the writer runs and its
+                           mailbox's state, for ``rt.processes()``)
 =============  ==========  ==================================================================
 
 A sink with ``holds_transactions`` pre-commits an epoch only once the coordinator's status
@@ -65,7 +66,7 @@ from raysink.protocol.clients import CoordinatorClient
 from raysink.protocol.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.protocol.pull import resolve
 from raysink.protocol.results import WriterStatus
-from raysink.reports import RuntimeStatus
+from raysink.reports import ActorProcess, RuntimeStatus
 from raysink.sinks.base import Held, Sink
 from raysink.writer.mailbox import EpochSlot, FeedId, Mailbox, Verdict
 from raysink.writer.watchdog import Watchdog
@@ -463,7 +464,11 @@ class SinkWriterActor:
     def ping(self) -> int:
         return os.getpid()
 
-    def status(self) -> WriterStatus:
+    def process(self) -> ActorProcess:
+        return ActorProcess.here("writer", sink=self._config.sink_name,
+                                 writer=self._config.writer_id, mailbox=self._status())
+
+    def _status(self) -> WriterStatus:
         slots = self._mailbox.slots()
         slot = slots[0] if slots else None
         return WriterStatus(

@@ -38,12 +38,22 @@ def kill_actor(rt: Any, victim: str, how: str, writer: int = 0) -> str:
         ray.kill(handle)
         return f"ray.kill {victim}"
     try:
-        call = handle.pid.remote() if victim == "coordinator" else handle.ping.remote()
-        pid = int(ray.get(call, timeout=15))
-    except Exception as exc:  # already restarting: nothing to kill
+        pid = _pid(rt, victim, writer)
+    except Exception as exc:  # not started, or closing: nothing to kill
         return f"no pid for {victim}: {type(exc).__name__}"
+    if pid is None:  # already restarting: nothing to kill
+        return f"no pid for {victim}: not answering"
     os.kill(pid, signal.SIGKILL)
     return f"sigkill {victim} pid {pid}"
+
+
+def _pid(rt: Any, victim: str, writer: int) -> int | None:
+    """The victim's process id by ``rt.processes()`` (``None``: it did not answer)."""
+    for process in rt.processes(timeout=15):
+        if process.role == victim and (victim == "coordinator"
+                                       or (process.sink, process.writer) == ("main", writer)):
+            return process.pid
+    return None
 
 
 def kill_executor(which: int, wait: float = 60.0) -> str:

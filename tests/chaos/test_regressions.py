@@ -62,6 +62,7 @@ import pytest
 
 from raysink import EpochFailedError, SinkRuntime
 from raysink.driver.lease import LeaseKeeper
+from raysink.driver.starting import check_metastore
 from raysink.sinks import ParquetSink, PostgresSink
 from raysink.testing import arm_fault
 from tests.chaos.faults import Tmpfs, run_in_thread, wait_fired
@@ -188,7 +189,8 @@ def test_unreachable_target_while_writers_start(pg_server: PostgresServer,
     sink.validate()
     pg_server.stop("immediate")
     try:
-        lease = LeaseKeeper(rt._check_metastore(), name, rt._options.lease_timeout)
+        store = check_metastore(name, rt.metastore_url, rt.sinks, rt.options)
+        lease = LeaseKeeper(store, name, rt.options.lease_timeout)
         lease.acquire()  # as start() does: the coordinator claims only for the holder
         actors = rt.options.actor_set(name, rt.sinks, rt.metastore_url, lease.holder)
         actors.start()  # every writer's constructor meets the server down

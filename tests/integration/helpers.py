@@ -14,6 +14,7 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from raysink.reports import ActorProcess
 from raysink.testing import fired
 
 
@@ -89,3 +90,29 @@ def wait_fired(runtime: str, point: str, timeout: float = 60.0) -> None:
 
 def sigkill(pid: int) -> None:
     os.kill(pid, signal.SIGKILL)
+
+
+def actor_process(rt: Any, role: str = "coordinator", *, sink: str = "main", writer: int = 0,
+                  wait: float = 60.0) -> ActorProcess:
+    """The runtime's coordinator (or, ``role="writer"``, writer ``writer`` of ``sink``) as
+    ``rt.processes()`` shows it, once it answers: up to ``wait`` seconds while Ray
+    restarts it."""
+    deadline = time.monotonic() + wait
+    while True:
+        left = deadline - time.monotonic()
+        found = [p for p in rt.processes(timeout=max(1.0, min(10.0, left)))
+                 if p.role == role and (role != "writer" or (p.sink, p.writer) == (sink, writer))]
+        if found and found[0].answered:
+            return found[0]
+        if left <= 0:
+            raise AssertionError(f"{role} {sink}/{writer} of {rt.name} did not answer within "
+                                 f"{wait:g} s: {found}")
+        time.sleep(0.2)
+
+
+def actor_pid(rt: Any, role: str = "coordinator", *, sink: str = "main", writer: int = 0,
+              wait: float = 60.0) -> int:
+    """The process id of ``actor_process(...)``."""
+    pid = actor_process(rt, role, sink=sink, writer=writer, wait=wait).pid
+    assert pid is not None
+    return pid

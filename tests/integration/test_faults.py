@@ -19,11 +19,10 @@ import pytest
 import ray
 
 from raysink import SinkRuntime
-from raysink.driver.calls import ask
-from raysink.protocol.clients import Call
 from raysink.sinks import ParquetSink
 from raysink.testing import arm_fault, fired
 from tests.integration.helpers import (
+    actor_pid,
     assert_exactly,
     epoch_table,
     run_in_thread,
@@ -68,9 +67,7 @@ def _handle(rt: SinkRuntime, victim: str) -> Any:
 def _pid(rt: SinkRuntime, victim: str) -> int:
     """The process id of the victim's current incarnation (once Ray restarted it: the
     epochs after a writer's SIGKILL may commit around it while it restarts)."""
-    handle = _handle(rt, victim)
-    call = handle.pid.remote if victim == "coordinator" else handle.ping.remote
-    return int(ask(Call[int](call), what=f"pid of the {victim}", timeout=60, runtime=rt.name))
+    return actor_pid(rt, victim)  # writer 0 of sink main, or the coordinator
 
 
 def _kill(rt: SinkRuntime, victim: str, how: str) -> None:

@@ -27,6 +27,8 @@ from raysink.sinks import ParquetSink
 from raysink.sinks.base import Sink
 from raysink.testing import FailingSink, arm_fault, fault_dir, fired
 from tests.integration.helpers import (
+    actor_pid,
+    actor_process,
     assert_exactly,
     epoch_table,
     read_ids,
@@ -223,9 +225,7 @@ def test_a_slow_commit_keeps_logging_that_it_is_still_committing(tmp_path: Path,
                        stall_commit_seconds=3.0, stall_commit_times=1)
     with _runtime(name, sink, meta, warn_interval=0.5) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        actors = rt._actors
-        assert actors is not None
-        text = _actor_log(ray.get(actors.coordinator.pid.remote()))
+        text = _actor_log(actor_pid(rt))
     assert text.count("still committing epoch 1 to sink main") >= 3, text[-3000:]
     assert_exactly(tmp_path / "pq", [1], ROWS)
 
@@ -235,11 +235,9 @@ def test_a_hanging_flush_keeps_warning(tmp_path: Path, name: str, meta: str) -> 
                        stall_flush_seconds=3.0, stall_flush_times=1)
     with _runtime(name, sink, meta, writers=1, warn_interval=0.5, flush_interval=60) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        actors = rt._actors
-        assert actors is not None
-        writer = actors.writers["main"][0]
-        status = ray.get(writer.status.remote())
-        text = _actor_log(ray.get(writer.ping.remote()))
+        writer = actor_process(rt, "writer")
+        assert writer.pid is not None and writer.mailbox is not None
+        status, text = writer.mailbox, _actor_log(writer.pid)
     assert status.slow_warnings >= 3, status
     assert text.count("flush has been running for") >= 3, text[-3000:]
 
@@ -252,11 +250,9 @@ def test_a_restarting_coordinator_is_waited_for(tmp_path: Path, name: str, meta:
     ``status()`` (and so ``write(df)``) right after the coordinator died."""
     with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        actors = rt._actors
-        assert actors is not None
-        sigkill(ray.get(actors.coordinator.pid.remote()))
+        sigkill(actor_pid(rt))
         assert rt.status().last_committed_epoch == 1
-        sigkill(ray.get(actors.coordinator.pid.remote()))
+        sigkill(actor_pid(rt))
         report = rt.write_arrow(epoch_table(2, ROWS))
         assert (report.epoch, report.committed) == (2, True)
     assert_exactly(tmp_path / "pq", [1, 2], ROWS)
@@ -324,8 +320,8 @@ def test_a_flooded_reorder_buffer_refuses_early_messages(tmp_path: Path, name: s
             except ray.exceptions.RayTaskError as exc:
                 assert isinstance(exc.cause, BackpressureError), exc
                 refused.append(seq)
-        status = ray.get(writer.status.remote())
-        assert 0 < status.mailbox_bytes <= 1_000_000
+        status = actor_process(rt, "writer").mailbox
+        assert status is not None and 0 < status.mailbox_bytes <= 1_000_000
         assert len(refused) == 19 - 1_000_000 // size, (refused, size)
         ray.get(writer.write.remote(epoch, attempt, 0, [ray.put(pieces[0])]))
         for seq in refused:
@@ -347,8 +343,6 @@ def test_shuffled_deliveries_into_a_small_buffer_are_sent_again(tmp_path: Path, 
         rt._epochs.shuffle = random.Random(7)
         for epoch in (1, 2):
             assert rt.write_arrow(_pieces(epoch, 16, 10_000)).committed
-        actors = rt._actors
-        assert actors is not None
-        refused = sum(ray.get(w.status.remote()).refused for w in actors.all_writers())
+        refused = sum(p.mailbox.refused for p in rt.processes() if p.mailbox is not None)
     assert refused > 0
     assert_exactly(tmp_path / "pq", [1, 2], 160_000)

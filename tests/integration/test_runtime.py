@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import random
 from pathlib import Path
 
@@ -16,6 +17,7 @@ from raysink import (
     SchemaMismatchError,
     SinkRuntime,
 )
+from raysink.cli import main
 from raysink.sinks import ParquetSink
 from raysink.testing import FailingSink
 from tests.integration.helpers import assert_exactly, epoch_table, read_ids
@@ -28,7 +30,8 @@ def _runtime(tmp_path: Path, name: str, **options: object) -> SinkRuntime:
     return SinkRuntime(name, ParquetSink(str(tmp_path / "table")), **options)  # type: ignore[arg-type]
 
 
-def test_many_epochs_through_several_writers_reordered(tmp_path: Path) -> None:
+def test_many_epochs_through_several_writers_reordered(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     with _runtime(tmp_path, "many", writers=3, credits=2) as rt:
         rt._epochs.shuffle = random.Random(7)  # send writes out of order on purpose
         for epoch in range(1, 9):
@@ -37,11 +40,24 @@ def test_many_epochs_through_several_writers_reordered(tmp_path: Path) -> None:
             assert (report.epoch, report.rows, report.committed) == (epoch, 1200, True)
             assert not report.skipped and report.attempts == 1
         status = rt.status()
+        processes = rt.processes()
+        # the same, found by name in the cluster, as `raysink status --processes` shows it
+        assert main(["status", "many", "--metastore", rt.metastore_url, "--processes",
+                     "--json"]) == 0
+        shown = json.loads(capsys.readouterr().out)["processes"]
     assert_exactly(tmp_path / "table", list(range(1, 9)), 1200)
     assert status.last_committed_epoch == 8
     assert status.pending_epochs == []
     assert status.sinks["main"].state == "running"
     assert status.metastore.startswith("sqlite:///")
+    assert [(p.role, p.name, p.sink, p.writer) for p in processes] == [
+        ("coordinator", "many.coordinator", None, None),
+        *[("writer", f"many.main.writer-{i}", "main", i) for i in range(3)]]
+    assert len({(p.node_id, p.pid) for p in processes if p.answered}) == 4  # one each
+    writers = [p.mailbox for p in processes if p.mailbox is not None]
+    assert sum(w.rows_total for w in writers) == 8 * 1200
+    assert [(w.mailbox_depth, w.epochs_here, w.closed) for w in writers] == [(0, (), False)] * 3
+    assert [(p["name"], p["pid"]) for p in shown] == [(p.name, p.pid) for p in processes]
 
 
 def test_object_refs_and_record_batches(tmp_path: Path) -> None:

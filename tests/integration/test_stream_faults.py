@@ -20,7 +20,7 @@ import ray
 from examples.replayable_stream import OffsetBook, ReplayableProducer, source_batch
 from raysink import RescaleRefusedError, SinkRuntime, StreamFeed, StreamRewind
 from raysink.testing import arm_fault
-from tests.integration.helpers import sigkill
+from tests.integration.helpers import actor_pid, sigkill
 from tests.integration.real_targets import ParquetTarget
 from tests.integration.stream_support import source_ids, table_ids
 
@@ -66,13 +66,7 @@ def _await_epochs(rt: SinkRuntime, epochs: int) -> None:
 
 
 def _writer_pid(rt: SinkRuntime, index: int) -> int:
-    assert rt._actors is not None
-    return int(ray.get(rt._actors.writers["main"][index].ping.remote(), timeout=60))
-
-
-def _coordinator_pid(rt: SinkRuntime) -> int:
-    assert rt._actors is not None
-    return int(ray.get(rt._actors.coordinator.pid.remote(), timeout=60))
+    return actor_pid(rt, "writer", writer=index)
 
 
 def _run_through(rt: SinkRuntime, tmp_path: Path, fault: Any,
@@ -191,9 +185,9 @@ def test_the_coordinator_killed_mid_stream_hands_the_stream_to_its_successor(
     rt = _runtime(tmp_path, name).start()
     producers: list[Any] = []
     try:
-        victim = _coordinator_pid(rt)
+        victim = actor_pid(rt)
         producers = _run_through(rt, tmp_path, lambda: sigkill(victim))
-        assert _coordinator_pid(rt) != victim
+        assert actor_pid(rt) != victim
     finally:
         _close(rt)
         del producers  # the producers end with their handles, after the stream drained

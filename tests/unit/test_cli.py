@@ -1,5 +1,5 @@
-"""The ``raysink`` command without Ray: status from a real SQLite meta store, errors,
-bench listing; the progress line; the demo's data and table check."""
+"""The ``raysink`` command without Ray: status from a real SQLite meta store, the table of
+processes, errors, bench listing; the progress line; the demo's data and table check."""
 
 from __future__ import annotations
 
@@ -10,11 +10,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from raysink.cli import main, read_status
+from raysink.cli import format_processes, main, read_status
 from raysink.coordinator.metastore import SqliteMetaStore
 from raysink.demo import ORDER_SCHEMA, check_ids, order_batch, percentile, prepare_workdir
+from raysink.driver.remote import role_of
 from raysink.errors import ConfigError
 from raysink.progress import Progress, ProgressSnapshot, format_rate, render_line
+from raysink.protocol.results import WriterStatus
+from raysink.reports import ActorProcess
 
 
 def _store_with_history(path: Path) -> str:
@@ -87,6 +90,51 @@ def test_status_never_prints_a_password(capsys: pytest.CaptureFixture[str]) -> N
     assert main(["status", "orders", "--metastore", url]) == 2
     err = capsys.readouterr().err
     assert "s3cret-pw" not in err and "Traceback" not in err
+
+
+def _writer_status(**fields: object) -> WriterStatus:
+    values: dict[str, object] = {
+        "sink": "main", "writer": 0, "pid": 4711, "rows_total": 12_000, "epoch": 3,
+        "attempt": 1, "epochs_here": ((3, 1),), "waiting_for_feeds": {},
+        "mailbox_depth": 2, "mailbox_bytes": 3 * 2**20, "refused": 1, "busy": None,
+        "slow_warnings": 0, "closed": False}
+    return WriterStatus(**{**values, **fields})  # type: ignore[arg-type]
+
+
+def test_processes_read_as_a_table() -> None:
+    node = "ab12cd34ef56" + "0" * 44
+    text = format_processes([
+        ActorProcess(role="coordinator", name="orders.coordinator", node_id=node,
+                     node_ip="10.0.0.5", pid=4700),
+        ActorProcess(role="writer", name="orders.main.writer-0", sink="main", writer=0,
+                     node_id=node, node_ip="10.0.0.5", pid=4711, mailbox=_writer_status(
+                         busy={"call": "flush", "seconds": 12.5})),
+        ActorProcess(role="writer", name="orders.main.writer-1.1", sink="main", writer=1),
+    ])
+    assert text.splitlines() == [
+        "processes",
+        "  coordinator orders.coordinator      node ab12cd34ef56 (10.0.0.5), pid 4700",
+        "  writer      orders.main.writer-0    node ab12cd34ef56 (10.0.0.5), pid 4711",
+        "    epochs held (epoch/attempt) 3/1; mailbox 2 messages, 3.0 MiB; refused 1; rows "
+        "written 12,000; flush running for 12.5 s",
+        "  writer      orders.main.writer-1.1  not answering (restarting, or its node is lost)",
+    ]
+    assert format_processes([]) == "processes             none live in this Ray cluster"
+
+
+@pytest.mark.parametrize("name, role", [
+    ("orders.coordinator", ("coordinator", None, None)),
+    ("orders.coordinator.2", ("coordinator", None, None)),  # a later incarnation's name
+    ("orders.coordinator-standby", ("standby", None, None)),
+    ("orders.coordinator-standby.1", ("standby", None, None)),
+    ("orders.main.writer-3", ("writer", "main", 3)),
+    ("orders.coordinator.writer-0.4", ("writer", "coordinator", 0)),  # a sink so named
+    ("orders-2.coordinator", None),  # another runtime
+    ("orders.main.writer-x", None),
+    ("raydp-executor-1", None),
+])
+def test_actor_names_say_their_role(name: str, role: object) -> None:
+    assert role_of("orders", name) == role
 
 
 def test_bench_lists_the_benchmarks(capsys: pytest.CaptureFixture[str]) -> None:
