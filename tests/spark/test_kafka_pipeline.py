@@ -16,6 +16,12 @@ output topic, read ``read_committed``, holds each once, keyed by customer, its v
 Delta row, and in each partition the epochs in order (an input record's epoch is the one
 its Delta file was staged for); a ``read_uncommitted`` reader sees records of epoch 2
 twice, so the kill really left a transaction behind.
+
+This is the default run's only driver-kill test of a Structured Streaming query: it also
+proves the case of ``tests/spark/test_streaming.py`` (``slow`` there: a file source into a
+ParquetSink), a driver killed with a micro-batch's epoch PENDING and no sink committed,
+rolled forward at the next start, Spark's replay of the batch skipped, each later batch
+written as a new epoch, each run's batches checked.
 """
 
 from __future__ import annotations
@@ -109,7 +115,10 @@ def test_driver_killed_mid_stream_each_record_once_in_delta_and_kafka(
     first.wait_fired(name, "kafka.before_finish", timeout=120)
     first.kill()
     disarm_faults(name)
-    assert list(batches(first)) == [0]
+    written = batches(first)
+    assert list(written) == [0], written
+    epoch, rows, skipped = written[0]
+    assert epoch == 1 and rows > 0 and not skipped, written
     assert {epoch for _, epoch in _delta_rows(pipeline["table"]).values()} == {1}
 
     second = Driver(DRIVER, pipeline, log)
@@ -119,6 +128,10 @@ def test_driver_killed_mid_stream_each_record_once_in_delta_and_kafka(
     assert resumed[1] == (2, 0, True), resumed  # Spark's replay of batch 1: skipped
     last = max(resumed)
     assert done == f"DONE {last + 1}"
+    assert last >= 2 and sorted(resumed) == list(range(1, last + 1)), resumed
+    for batch_id in range(2, last + 1):  # the batches after the replay: new epochs, rows
+        epoch, rows, skipped = resumed[batch_id]
+        assert epoch == batch_id + 1 and rows > 0 and not skipped, resumed
 
     # the Delta table: each input record once, transformed
     delta = _delta_rows(pipeline["table"])
