@@ -24,7 +24,6 @@ from pyspark.sql import types as T
 from raysink import SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
-from raysink.spark import stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
 from tests.integration.helpers import writer_owners
 
@@ -396,15 +395,3 @@ def test_foreach_batch_adding_a_column(spark: SparkSession, tmp_path: Path) -> N
     got = _evolved_rows(spark, tmp_path / "table")
     assert got == sorted((i, f"r{i}", i * 2 if i >= 1000 else None)
                          for i in [*range(20), *range(1000, 1020)])
-
-
-# --- last in the module: it stops the module's Spark session --------------------------
-
-
-def test_write_after_spark_stopped_is_config_error(spark: SparkSession, tmp_path: Path) -> None:
-    df = spark.range(0, 10, 1, 2)
-    with _runtime(tmp_path, "sw-stopped") as rt:
-        stop_spark()  # the fixture's teardown stops it again, harmlessly
-        with pytest.raises(ConfigError, match="session is stopped"):
-            rt.write(df)
-        assert rt.status().last_committed_epoch is None
