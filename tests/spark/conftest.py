@@ -8,10 +8,11 @@ Maven coordinates cached by ``make setup``), and handed to each module that asks
 ``SPARK_CONFIGS`` must be runtime settings (SQL confs); they are set for the module and
 unset after it.
 
-A module that leaves its session changed for good (a killed executor) sets
-``SPARK_SESSION = "own"``: it gets a session of its own, stopped after it, so no other
-module sees the change. A test that stops the shared session costs only its successors a
-new start.
+A module that leaves the session changed for good (a killed executor, a stopped session)
+sets ``SPARK_SESSION = "last"``: it runs after every other module of the layer
+(``pytest_collection_modifyitems`` below), on the same session, which is stopped after it,
+so no other module sees the change and none pays a second start. A test that stops the
+shared session elsewhere costs only its successors a new start.
 """
 
 from __future__ import annotations
@@ -40,6 +41,20 @@ def _start(name: str) -> SparkSession:
     return session
 
 
+def _runs_last(module: object) -> bool:
+    return getattr(module, "SPARK_SESSION", "shared") == "last"
+
+
+@pytest.hookimpl(trylast=True)  # after tests/conftest.py marked the layers
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """The tests of ``SPARK_SESSION = "last"`` modules move behind the layer's last other
+    test (stable: each keeps its order)."""
+    last = [item for item in items if _runs_last(getattr(item, "module", None))]
+    if last:
+        end = max(i for i, item in enumerate(items) if item.get_closest_marker("spark")) + 1
+        items[:] = [item for item in items[:end] if item not in last] + last + items[end:]
+
+
 @pytest.fixture(scope="session")
 def _spark_layer(ray_session: None) -> Iterator[None]:
     """Whatever session is left running ends with the test session, before its Ray."""
@@ -49,16 +64,13 @@ def _spark_layer(ray_session: None) -> Iterator[None]:
 
 @pytest.fixture(scope="module")
 def spark(request: pytest.FixtureRequest, _spark_layer: None) -> Iterator[SparkSession]:
-    module = request.module.__name__.rsplit(".", 1)[-1].removeprefix("test_")
-    own = getattr(request.module, "SPARK_SESSION", "shared") == "own"
-    if own:
-        stop_spark()
-    session = active_spark() or _start(module.replace("_", "-") if own else "shared")
+    last = _runs_last(request.module)
+    session = active_spark() or _start("shared")
     configs = getattr(request.module, "SPARK_CONFIGS", {})
     for key, value in configs.items():
         session.conf.set(key, value)
     yield session
-    if own:
+    if last:
         stop_spark()
         assert active_spark() is None
     elif active_spark() is session:

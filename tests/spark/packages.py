@@ -10,11 +10,12 @@ from raysink.spark.packages import DELTA, ICEBERG, KAFKA, SQLITE_JDBC
 #: for Iceberg's JDBC catalog over raysink's default (pyiceberg, SQLite) catalog.
 READ_BACK = (DELTA, ICEBERG, SQLITE_JDBC)
 
-#: tests/spark/test_kafka_pipeline.py (examples/kafka_pipeline.py): Spark's Kafka source.
+#: tests/spark/test_kafka_pipeline.py (examples/kafka_pipeline.py): Spark's Kafka source,
+#: in the killed driver's process and in the layer's session (the run after the kill).
 KAFKA_PIPELINE = (KAFKA,)
 
-#: the layer's in-process sessions (tests/spark/conftest.py): one set, so that one session
-#: serves every module (the read-back module's connectors ride along in the others).
-SHARED_PACKAGES = READ_BACK
+#: the layer's in-process session (tests/spark/conftest.py): one set, so that one session
+#: serves every module (each module's packages ride along in the others).
+SHARED_PACKAGES = READ_BACK + KAFKA_PIPELINE
 
-SETS = (READ_BACK, KAFKA_PIPELINE)
+SETS = (SHARED_PACKAGES, KAFKA_PIPELINE)

@@ -1,25 +1,36 @@
 """Spark's Kafka source end to end, exactly once, with the driver SIGKILLed mid-stream.
 
-``examples/kafka_pipeline.py``'s pipeline (run by ``tests/spark/kafka_pipeline_driver.py``
-in a process of its own, with its own Ray and RayDP): a Structured Streaming query reads
-an input topic with Spark's own Kafka source and hands each micro-batch to
-``rt.foreach_batch`` of one runtime holding a ``DeltaSink`` and a ``KafkaSink``.
+``examples/kafka_pipeline.py``'s pipeline: a Structured Streaming query reads an input
+topic with Spark's own Kafka source and hands each micro-batch to ``rt.foreach_batch`` of
+one runtime holding a ``DeltaSink`` and a ``KafkaSink``.
 
-Run 1 is SIGKILLed once micro-batch 1's epoch (2) is PENDING and both sinks' commits of
+Run 1 (``tests/spark/kafka_pipeline_driver.py``, a process of its own with its own Ray and
+RayDP) is SIGKILLed once micro-batch 1's epoch (2) is PENDING and both sinks' commits of
 it are held (Delta's before its commit, Kafka's before any writer is asked to commit):
 decided for both sinks, committed in neither, its Kafka writers holding open transactions
-whose records are in the log. Run 2 (same checkpoint, runtime and meta store) rolls epoch
-2 forward at its start (the Delta commit; for Kafka the writers are gone, so the part is
-replayed from the log), is handed batch 1 again by Spark (skipped) and reads to the end.
+whose records are in the log. Run 2 is the pipeline started again (same checkpoint,
+runtime and meta store) in the test process, on the layer's RayDP session: the killed
+driver's Ray went with it, so all run 2 finds of run 1 is what run 1 stored (a driver
+process of its own would prove no more and cost another Ray and RayDP start). It rolls
+epoch 2 forward at its start (the Delta commit; for Kafka the writers are gone, so the
+part is replayed from the log), is handed batch 1 again by Spark (skipped) and reads to
+the end.
 Then, record by record: the Delta table holds each input record once, transformed; the
 output topic, read ``read_committed``, holds each once, keyed by customer, its value the
 Delta row, and in each partition the epochs in order (an input record's epoch is the one
 its Delta file was staged for); a ``read_uncommitted`` reader sees records of epoch 2
 twice, so the kill really left a transaction behind.
+
+This is the default run's only driver-kill test of a Structured Streaming query: it also
+proves the case of ``tests/spark/test_streaming.py`` (``slow`` there: a file source into a
+ParquetSink), a driver killed with a micro-batch's epoch PENDING and no sink committed,
+rolled forward at the next start, Spark's replay of the batch skipped, each later batch
+written as a new epoch, each run's batches checked.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import re
 from collections import Counter
@@ -28,6 +39,8 @@ from typing import Any
 
 import pyarrow.parquet as pq
 import pytest
+from pyspark.errors import StreamingQueryException
+from pyspark.sql import DataFrame, SparkSession
 
 from raysink._faults import ENV_VAR, fault_dir
 from raysink.testing import arm_fault, disarm_faults
@@ -95,8 +108,36 @@ def pipeline(tmp_path: Path, name: str, kafka_broker: KafkaBroker,
             "records_per_batch": PER_BATCH}
 
 
+Batches = dict[int, tuple[int, int, bool]]  # batch_id -> (epoch, rows, skipped)
+
+
+def _run_again(spark: SparkSession, config: dict[str, Any]) -> tuple[Batches, int | None]:
+    """Run 2, in this process: each micro-batch's report, and the last committed epoch
+    once the query read everything."""
+    from examples.kafka_pipeline import Pipeline, runtime, start_query
+
+    pipeline = Pipeline(**config, until_idle=True)
+    resumed: Batches = {}
+    with runtime(pipeline) as rt:
+        def on_batch(df: DataFrame, batch_id: int) -> None:
+            report = rt.foreach_batch(df, batch_id)
+            resumed[batch_id] = (report.epoch, report.rows, report.skipped)
+
+        query = start_query(spark, pipeline, on_batch)
+        ended = False
+        try:
+            with contextlib.suppress(StreamingQueryException):  # see exception() below
+                ended = query.awaitTermination(timeout=480)
+        finally:
+            query.stop()
+        assert query.exception() is None, query.exception()
+        assert ended, f"the query had not read everything after 480 s: {resumed}"
+        return resumed, rt.status().last_committed_epoch
+
+
 def test_driver_killed_mid_stream_each_record_once_in_delta_and_kafka(
-        pipeline: dict[str, Any], kafka_broker: KafkaBroker, tmp_path: Path) -> None:
+        spark: SparkSession, pipeline: dict[str, Any], kafka_broker: KafkaBroker,
+        tmp_path: Path) -> None:
     expected = _produce_orders(kafka_broker, pipeline["input_topic"])
     log = tmp_path / "driver.log"
 
@@ -109,16 +150,20 @@ def test_driver_killed_mid_stream_each_record_once_in_delta_and_kafka(
     first.wait_fired(name, "kafka.before_finish", timeout=120)
     first.kill()
     disarm_faults(name)
-    assert list(batches(first)) == [0]
+    written = batches(first)
+    assert list(written) == [0], written
+    epoch, rows, skipped = written[0]
+    assert epoch == 1 and rows > 0 and not skipped, written
     assert {epoch for _, epoch in _delta_rows(pipeline["table"]).values()} == {1}
 
-    second = Driver(DRIVER, pipeline, log)
-    done = second.wait_for(lambda line: line.startswith("DONE"), timeout=480)
-    second.finish()
-    resumed = batches(second)
+    resumed, last_committed = _run_again(spark, pipeline)
     assert resumed[1] == (2, 0, True), resumed  # Spark's replay of batch 1: skipped
     last = max(resumed)
-    assert done == f"DONE {last + 1}"
+    assert last_committed == last + 1
+    assert last >= 2 and sorted(resumed) == list(range(1, last + 1)), resumed
+    for batch_id in range(2, last + 1):  # the batches after the replay: new epochs, rows
+        epoch, rows, skipped = resumed[batch_id]
+        assert epoch == batch_id + 1 and rows > 0 and not skipped, resumed
 
     # the Delta table: each input record once, transformed
     delta = _delta_rows(pipeline["table"])

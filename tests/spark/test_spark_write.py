@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+from collections.abc import Iterator
 from decimal import Decimal
 from pathlib import Path
 from typing import Any
@@ -24,7 +25,6 @@ from pyspark.sql import types as T
 from raysink import SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
-from raysink.spark import stop_spark
 from raysink.testing import arm_fault, disarm_faults, fired
 from tests.integration.helpers import writer_owners
 
@@ -135,22 +135,22 @@ def test_every_type_round_trips_through_spark(spark: SparkSession, every_type: D
     assert_same_rows(every_type, tmp_path / "table")
 
 
-@pytest.mark.parametrize("build", [
-    # rows filtered away inside the partitions: 3 partitions, all empty
-    lambda df: df.where("id < 0"),
-    # an empty RDD: zero partitions (RayDP's own conversion throws on it)
-    lambda df: df.sparkSession.createDataFrame(df.sparkSession.sparkContext.emptyRDD(),
-                                               df.schema),
-], ids=["zero-rows", "zero-partitions"])
-def test_empty_dataframes_are_empty_epochs(every_type: DataFrame, tmp_path: Path,
-                                           build: Any) -> None:
-    empty = build(every_type)
+def test_empty_dataframes_are_empty_epochs(every_type: DataFrame, tmp_path: Path) -> None:
+    """Each kind of empty DataFrame is an epoch of its own, committed with zero rows."""
+    spark = every_type.sparkSession
+    empties = [
+        # rows filtered away inside the partitions: 3 partitions, all empty
+        every_type.where("id < 0"),
+        # an empty RDD: zero partitions (RayDP's own conversion throws on it)
+        spark.createDataFrame(spark.sparkContext.emptyRDD(), every_type.schema),
+    ]
     with _runtime(tmp_path, "sw-empty") as rt:
         first = rt.write(every_type.where("id < 10"))
-        report = rt.write(empty)
+        reports = [rt.write(empty) for empty in empties]
         after = rt.write(every_type.where("id >= 290"))
-    assert report.committed and report.epoch == 2 and report.rows == 0
-    assert first.epoch == 1 and after.epoch == 3
+    assert first.epoch == 1 and after.epoch == 4
+    assert [(r.epoch, r.rows) for r in reports] == [(2, 0), (3, 0)]
+    assert all(r.committed for r in reports)
     assert_same_rows(every_type.where("id < 10").union(every_type.where("id >= 290")),
                      tmp_path / "table")
 
@@ -243,27 +243,33 @@ def test_sink_schema_disagreeing_with_the_dataframe(spark: SparkSession,
     assert not commits.exists() or not list(commits.iterdir())
 
 
+@pytest.fixture(scope="module")
+def refusing(spark: SparkSession,
+             tmp_path_factory: pytest.TempPathFactory) -> Iterator[SinkRuntime]:
+    """One runtime for the tests whose calls it refuses before any epoch starts: each
+    checks that nothing was committed, so they can share it."""
+    with _runtime(tmp_path_factory.mktemp("refusing"), "sw-refusing") as rt:
+        yield rt
+
+
 @pytest.mark.parametrize("thing", [
     pa.table({"id": [1, 2]}),  # Arrow data belongs in write_arrow
     [("a", 1)],  # plain rows
     None,
 ])
-def test_write_without_a_dataframe_is_config_error(spark: SparkSession, tmp_path: Path,
-                                                   thing: Any) -> None:
-    with _runtime(tmp_path, "sw-notdf") as rt:
-        with pytest.raises(ConfigError, match="Spark DataFrame"):
-            rt.write(thing)
-        with pytest.raises(ConfigError, match="Spark DataFrame"):
-            rt.foreach_batch(thing, 0)
-        assert rt.status().last_committed_epoch is None
+def test_write_without_a_dataframe_is_config_error(refusing: SinkRuntime, thing: Any) -> None:
+    with pytest.raises(ConfigError, match="Spark DataFrame"):
+        refusing.write(thing)
+    with pytest.raises(ConfigError, match="Spark DataFrame"):
+        refusing.foreach_batch(thing, 0)
+    assert refusing.status().last_committed_epoch is None
 
 
 def test_foreach_batch_outside_a_stream_is_config_error(spark: SparkSession,
-                                                        tmp_path: Path) -> None:
-    with _runtime(tmp_path, "sw-nostream") as rt:
-        with pytest.raises(ConfigError, match=r"writeStream\.foreachBatch"):
-            rt.foreach_batch(spark.range(3), 0)
-        assert rt.status().last_committed_epoch is None
+                                                        refusing: SinkRuntime) -> None:
+    with pytest.raises(ConfigError, match=r"writeStream\.foreachBatch"):
+        refusing.foreach_batch(spark.range(3), 0)
+    assert refusing.status().last_committed_epoch is None
 
 
 # --- streaming: the runtime is bound to one query -------------------------------------
@@ -313,33 +319,33 @@ def test_a_second_query_needs_epoch_offset(spark: SparkSession, tmp_path: Path) 
 
 def test_a_new_query_with_a_fresh_metastore_loses_nothing(spark: SparkSession,
                                                           tmp_path: Path) -> None:
-    """A query wrote 4 micro-batches; a new query (new checkpoint location, batch ids from
-    0) over the same table with a fresh meta store (the default one of a job started in
-    another directory). Bound at offset 0 its 4 batches (10,000 rows) were all reported
+    """A query wrote 2 micro-batches; a new query (new checkpoint location, batch ids from
+    0, as many batches) over the same table with a fresh meta store (the default one of a
+    job started in another directory). Bound at offset 0 its batches were all reported
     skipped and none reached the table while Spark moved on. Now the query fails with a
-    ``ConfigError`` naming both ways on and writes nothing; with ``epoch_offset=4`` it
+    ``ConfigError`` naming both ways on and writes nothing; with ``epoch_offset=2`` it
     writes every row once."""
     first_in, second_in = tmp_path / "in-1", tmp_path / "in-2"
-    for index in range(4):
+    for index in range(2):
         _feed_file(first_in, index, 100)
-        _feed_file(second_in, 10 + index, 2_500)
+        _feed_file(second_in, 10 + index, 250)
     with _runtime(tmp_path, "sw-fresh") as rt:
         assert _run_query(spark, rt, first_in, tmp_path / "ck-1").exception() is None
-        assert rt.status().last_committed_epoch == 4
+        assert rt.status().last_committed_epoch == 2
     fresh = {"metastore": f"sqlite:///{tmp_path / 'elsewhere.db'}"}
     with SinkRuntime("sw-fresh", ParquetSink(str(tmp_path / "table")), progress=False,
                      **fresh) as rt:
         failed = _run_query(spark, rt, second_in, tmp_path / "ck-2").exception()
         assert failed is not None and "ConfigError" in str(failed), failed
-        assert "metastore=" in str(failed) and "epoch_offset=4" in str(failed), failed
+        assert "metastore=" in str(failed) and "epoch_offset=2" in str(failed), failed
     table = spark.read.schema("id long, s string").parquet(str(tmp_path / "table"))
-    assert table.count() == 400  # nothing of the refused query
+    assert table.count() == 200  # nothing of the refused query
     with SinkRuntime("sw-fresh", ParquetSink(str(tmp_path / "table")), progress=False,
-                     epoch_offset=4, **fresh) as rt:
+                     epoch_offset=2, **fresh) as rt:
         assert _run_query(spark, rt, second_in, tmp_path / "ck-2").exception() is None
-        assert rt.status().last_committed_epoch == 8
+        assert rt.status().last_committed_epoch == 4
     expected = spark.read.schema("id long, s string").parquet(str(first_in), str(second_in))
-    assert expected.count() == 10_400
+    assert expected.count() == 700
     assert_same_rows(expected, tmp_path / "table")
 
 
@@ -396,15 +402,3 @@ def test_foreach_batch_adding_a_column(spark: SparkSession, tmp_path: Path) -> N
     got = _evolved_rows(spark, tmp_path / "table")
     assert got == sorted((i, f"r{i}", i * 2 if i >= 1000 else None)
                          for i in [*range(20), *range(1000, 1020)])
-
-
-# --- last in the module: it stops the module's Spark session --------------------------
-
-
-def test_write_after_spark_stopped_is_config_error(spark: SparkSession, tmp_path: Path) -> None:
-    df = spark.range(0, 10, 1, 2)
-    with _runtime(tmp_path, "sw-stopped") as rt:
-        stop_spark()  # the fixture's teardown stops it again, harmlessly
-        with pytest.raises(ConfigError, match="session is stopped"):
-            rt.write(df)
-        assert rt.status().last_committed_epoch is None

@@ -4,11 +4,17 @@ The driver (``tests/spark/streaming_driver.py``) runs in its own process with it
 Ray and RayDP, over a Parquet file source (one file per micro-batch, ``availableNow``).
 The runs of a test share one checkpoint location, runtime name and meta store.
 
-In the default run, two runs: the first is killed once batch 1's epoch is PENDING, before
-any sink commit and before Spark recorded the batch; the second rolls the epoch forward at
-its start, is handed batch 1 again by Spark (the runtime must skip it) and runs to the end.
+Both tests are ``slow``: each driver run starts a Ray and a RayDP session of its own. The
+default run proves their PENDING case with the Kafka pipeline's driver instead
+(``tests/spark/test_kafka_pipeline.py``: killed with micro-batch 1's epoch PENDING and no
+sink committed, rolled forward at the next start, Spark's replay of the batch skipped,
+every record once).
 
-The full sequence (``slow``, four runs):
+The short test, two runs: the first is killed once batch 1's epoch is PENDING, before any
+sink commit and before Spark recorded the batch; the second rolls the epoch forward at its
+start, is handed batch 1 again by Spark (the runtime must skip it) and runs to the end.
+
+The full sequence, four runs:
 
 1. killed after ``foreach_batch`` wrote batch 1, before Spark recorded it (Spark replays
    it: the runtime must skip it);
@@ -79,8 +85,14 @@ def _assert_every_row_once(table: str, files: int) -> None:
         f"missing: {sorted(set(expected) - set(ids))[:10]}")
 
 
+@pytest.mark.slow
 def test_driver_killed_with_a_micro_batch_pending_resumes_it_once(
         layout: dict[str, Any], tmp_path: Path) -> None:
+    """The PENDING case alone, for ParquetSink over a file source. In the default run
+    ``tests/spark/test_kafka_pipeline.py::
+    test_driver_killed_mid_stream_each_record_once_in_delta_and_kafka`` proves it (the same
+    kill, roll-forward and skipped replay, with each run's batches checked the same way);
+    the full sequence below repeats it as its runs 3 and 4."""
     source = Path(layout["input"])
     for index in range(3):
         _feed(source, index)
