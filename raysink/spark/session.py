@@ -27,10 +27,12 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import threading
 from collections.abc import Iterable, Mapping
+from typing import Any
 
 import ray
 from pyspark.sql import SparkSession
@@ -90,6 +92,11 @@ _ENV_CHECK_TIMEOUT = 60.0
 
 _lock = threading.RLock()
 _session: SparkSession | None = None
+# The SIGINT handler before the session started: PySpark installs one that cancels the
+# context's jobs, and leaves it after the context stopped, when Ctrl-C then raises
+# ``AttributeError: 'NoneType' object has no attribute 'sc'`` instead of
+# KeyboardInterrupt. ``stop_spark`` puts this one back.
+_sigint_before: list[Any] = []
 
 
 def init_spark(
@@ -129,6 +136,7 @@ def init_spark(
                 f"a RayDP Spark session {_session.sparkContext.appName!r} is already running "
                 "in this process; call raysink.spark.stop_spark() before init_spark() again"
             )
+        _remember_sigint()
         _session = raydp.init_spark(
             app_name,
             executors,
@@ -148,7 +156,28 @@ def stop_spark() -> None:
     with _lock:
         global _session
         _session = None
-        raydp.stop_spark()
+        try:
+            raydp.stop_spark()
+        finally:
+            _restore_sigint()
+
+
+def _in_main_thread() -> bool:
+    return threading.current_thread() is threading.main_thread()
+
+
+def _remember_sigint() -> None:
+    """Note the SIGINT handler in place before PySpark installs its own (main thread
+    only: signal handlers belong to it)."""
+    if _in_main_thread() and not _sigint_before:
+        _sigint_before.append(signal.getsignal(signal.SIGINT))
+
+
+def _restore_sigint() -> None:
+    """Put back the SIGINT handler :func:`_remember_sigint` noted, so Ctrl-C after the
+    session stopped is a KeyboardInterrupt again."""
+    if _in_main_thread() and _sigint_before:
+        signal.signal(signal.SIGINT, _sigint_before.pop())
 
 
 def active_spark() -> SparkSession | None:
