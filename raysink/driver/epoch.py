@@ -216,8 +216,10 @@ class EpochDriver:
         self._abandon(actors, epoch, attempt)
 
     def open(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
-        """Open an epoch for producers (``EpochHandle``): always opened first."""
+        """Open an epoch for producers (``EpochHandle``): always opened first, once
+        every writer Ray is restarting answers (the producers' calls would fail)."""
         self._predicted = None
+        actors.await_restarting_writers(timeout=self._options.commit_timeout)
         return self._open_epoch(actors, epoch)
 
     def skipped(self, epoch: int, skipped_sinks: tuple[str, ...],

@@ -370,6 +370,13 @@ class ActorSet:
         self._starting &= now
         return frozenset(index for key in self._starting - {COORDINATOR} for _, index in [key])
 
+    def await_restarting_writers(self, timeout: float) -> None:
+        """Wait (up to ``timeout``) for the writers Ray is (re)starting now, asking the
+        GCS afresh: one killed while a producer fed it (the driver saw nothing) would
+        fail the first call of the next epoch's producers."""
+        self._starting.update(raystate.keys_in(self._handles(), raystate.STARTING))
+        self.await_writers(self.starting_writers(), timeout=timeout)
+
     def await_writers(self, indexes: frozenset[int], timeout: float) -> None:
         """Wait (up to ``timeout``) until the writers of ``indexes`` answer a ping (a call
         sent while Ray restarts an actor fails once the actor is back)."""

@@ -128,13 +128,17 @@ def test_a_writer_lost_during_the_write_says_to_run_it_again(tmp_path: Path,
     """Writer 0 is SIGKILLed while a write task feeds it: the write fails with a
     ``RaySinkError`` that says to run the write again (Ray's raw
     ``RayTaskError(ActorUnavailableError)`` used to reach the user), nothing of the epoch
-    is visible, and the write run again commits it exactly once."""
+    is visible, and the write run again at once commits it exactly once: Ray's restart
+    of writer 0 is held 6 s in its constructor, and the datasink of the second write waits
+    for it (its write tasks failed on the restarting writer before: CI at fbf9f22)."""
     from raysink.errors import RaySinkError
     from raysink.testing import arm_fault
 
     target = ParquetTarget(tmp_path / "table")
     meta = f"sqlite:///{tmp_path / 'meta.db'}"
     with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
+        arm_fault(name, "writer.start", action="sleep", seconds=6.0,
+                  when={"writer": 0, "sink": "main"})
         arm_fault(name, "writer.during_write", action="kill", when={"writer": 0})
         with pytest.raises(RaySinkError, match=r"Run the write again") as failed:
             _dataset(1).write_datasink(rt.datasink(epoch=1))
