@@ -11,8 +11,10 @@ Messages are checked for what the user must change, not only for the error type.
 
 The cases of bad data and epochs share one runtime (``shared``): each is refused without
 harm to the runtime, and each asserts only on the epochs it wrote itself, numbered after
-whatever the runtime committed before it. Cases that need other options, a broken sink
-or a start of their own start their own runtime.
+whatever the runtime committed before it. So do the starts of its name refused by the meta
+store (a store that cannot be opened, a sink of another kind, a changed sink set): each is
+refused before the lease is sought, and the runtime holding the name goes on. Cases that
+need other options or a broken sink start their own runtime.
 """
 
 from __future__ import annotations
@@ -171,23 +173,21 @@ def test_regression_message_names_both_epochs(tmp_path: Path, meta: str) -> None
 # --------------------------------------------------------------------------- meta store
 
 
-def test_metastore_under_a_regular_file(tmp_path: Path, meta: str) -> None:
-    """Root ignores file modes: a path under a regular file is unwritable for anyone."""
-    out = tmp_path / "table"
-    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+def test_metastore_under_a_regular_file(tmp_path: Path, committed: Committed) -> None:
+    """Root ignores file modes: a path under a regular file is unwritable for anyone. A
+    start of the shared runtime's name and table with such a meta store is refused before
+    it seeks the lease or starts an actor (a live actor of the name would have refused it
+    otherwise); the runtime goes on, its table intact."""
     blocker = tmp_path / "plain-file"
     blocker.write_text("not a directory")
     bad = f"sqlite:///{blocker / 'sub' / 'meta.db'}"
     with pytest.raises(MetaStoreError, match="choose a path under a writable directory") as info:
-        SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=bad).start()
+        SinkRuntime(committed.rt.name, ParquetSink(str(committed.path)), metastore=bad).start()
     assert str(blocker / "sub") in str(info.value)
     assert blocker.read_text() == "not a directory"
-    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=meta,
-                     progress=False) as rt:  # nothing was left running or half-claimed
-        assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
-    assert_exactly(out, [1, 2], ROWS)
+    nxt = committed.epoch + 1
+    assert committed.rt.write_arrow(epoch_table(nxt, ROWS)).epoch == nxt
+    committed.assert_holds(committed.epoch, nxt)
 
 
 def test_metastore_file_is_not_a_database(tmp_path: Path) -> None:
@@ -224,28 +224,28 @@ def test_sink_path_is_a_file(tmp_path: Path, meta: str) -> None:
                     metastore=meta).start()
 
 
-def test_sink_of_another_kind_under_the_same_name(tmp_path: Path, meta: str) -> None:
-    with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+def test_sink_of_another_kind_under_the_same_name(tmp_path: Path,
+                                                  committed: Committed) -> None:
+    """Refused by the meta store's record before the lease is sought: the runtime of the
+    name goes on."""
+    rt = committed.rt
     with pytest.raises(ConfigError, match="give a sink of another kind a new name") as info:
-        SinkRuntime("bad-kind", DeltaSink(str(tmp_path / "delta")), metastore=meta).start()
+        SinkRuntime(rt.name, DeltaSink(str(tmp_path / "delta")),
+                    metastore=rt.metastore_url).start()
     assert "parquet -> delta" in str(info.value)
-    with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+    assert not (tmp_path / "delta").exists()
+    nxt = committed.epoch + 1
+    assert rt.write_arrow(epoch_table(nxt, ROWS)).epoch == nxt
+    committed.assert_holds(committed.epoch, nxt)
 
 
-def test_changed_sink_set_says_how_to_change_it(tmp_path: Path, meta: str) -> None:
-    with SinkRuntime("bad-set", ParquetSink(str(tmp_path / "a")), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
-    renamed = {"other": ParquetSink(str(tmp_path / "a"))}
+def test_changed_sink_set_says_how_to_change_it(committed: Committed) -> None:
+    rt = committed.rt
+    renamed = {"other": ParquetSink(str(committed.path))}
     with pytest.raises(ConfigError, match=r"new \['other'\], missing \['main'\]") as info:
-        SinkRuntime("bad-set", renamed, metastore=meta).start()
+        SinkRuntime(rt.name, renamed, metastore=rt.metastore_url).start()
     assert "add=/drop=" in str(info.value)
-    assert_exactly(tmp_path / "a", [1], ROWS)
+    committed.assert_holds(committed.epoch)
 
 
 def test_batch_over_the_size_limit_writes_nothing(tmp_path: Path, meta: str) -> None:
