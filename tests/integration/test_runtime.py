@@ -165,29 +165,15 @@ def test_runtime_in_use_elsewhere(tmp_path: Path) -> None:
         assert rt.write_arrow(epoch_table(1, 5)).committed
 
 
-def test_changed_sink_set_is_a_config_error(tmp_path: Path) -> None:
-    meta = f"sqlite:///{tmp_path / 'meta.db'}"
-    with SinkRuntime("sinkset", ParquetSink(str(tmp_path / "a")), metastore=meta) as rt:
-        rt.write_arrow(epoch_table(1, 5))
-    two = {"main": ParquetSink(str(tmp_path / "a")), "b": ParquetSink(str(tmp_path / "b"))}
-    with pytest.raises(ConfigError):
-        SinkRuntime("sinkset", two, metastore=meta).start()
-    with SinkRuntime("sinkset", two, metastore=meta, add_sinks=["b"]) as rt:
-        rt.write_arrow(epoch_table(2, 5))
-    with SinkRuntime("sinkset", ParquetSink(str(tmp_path / "a")), metastore=meta,
-                     drop_sinks=["b"]) as rt:
-        rt.write_arrow(epoch_table(3, 5))
-        assert rt.status().sinks["b"].state == "dropped"
-    assert_exactly(tmp_path / "a", [1, 2, 3], 5)
-    assert_exactly(tmp_path / "b", [2], 5)
-
-
-def test_a_sink_added_while_an_epoch_is_pending(tmp_path: Path, name: str) -> None:
+def test_changed_sink_set_refused_then_added_while_an_epoch_is_pending_then_dropped(
+        tmp_path: Path, name: str) -> None:
     """Epoch 2 is decided but its commit keeps failing (the runtime closes with it
-    pending); the runtime reopens with sink 'b' added. Epoch 2 was decided without 'b':
-    it rolls forward into 'main' alone, and epoch 3 reaches both. (Before, 'b''s commit
-    worker looked for its record of epoch 2, found none, and retried forever: every later
-    epoch stayed invisible and backpressure failed the writes.)"""
+    pending). Reopened with sink 'b' but without ``add_sinks``: a ``ConfigError``. With
+    ``add_sinks=["b"]``: epoch 2 was decided without 'b', so it rolls forward into 'main'
+    alone, and epoch 3 reaches both. (Before, 'b''s commit worker looked for its record of
+    epoch 2, found none, and retried forever: every later epoch stayed invisible and
+    backpressure failed the writes.) Reopened without 'b' and ``drop_sinks=["b"]``: 'b'
+    shows as dropped and 'main' carries on."""
     from raysink.testing import arm_fault, disarm_faults
 
     meta = f"sqlite:///{tmp_path / 'meta.db'}"
@@ -199,12 +185,18 @@ def test_a_sink_added_while_an_epoch_is_pending(tmp_path: Path, name: str) -> No
         assert not rt.write_arrow(epoch_table(2, 5)).committed  # decided, not visible
     disarm_faults(name)
     two = {"main": main, "b": ParquetSink(str(tmp_path / "b"))}
+    with pytest.raises(ConfigError):
+        SinkRuntime(name, two, metastore=meta).start()
     with SinkRuntime(name, two, metastore=meta, add_sinks=["b"], commit_timeout=30,
                      progress=False) as rt:
         report = rt.write_arrow(epoch_table(3, 5))
         assert (report.epoch, report.committed) == (3, True)
         assert rt.status().pending_epochs == []
-    assert_exactly(tmp_path / "a", [1, 2, 3], 5)
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "a")), metastore=meta,
+                     drop_sinks=["b"], progress=False) as rt:
+        assert rt.write_arrow(epoch_table(4, 5)).epoch == 4
+        assert rt.status().sinks["b"].state == "dropped"
+    assert_exactly(tmp_path / "a", [1, 2, 3, 4], 5)
     assert_exactly(tmp_path / "b", [3], 5)
 
 
