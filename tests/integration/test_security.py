@@ -156,32 +156,6 @@ _JSON_COLUMNS = {
 }
 
 
-def test_metastore_holds_json_only(tmp_path: Path) -> None:
-    """Every stored value is a number, plain text or JSON text: no pickle, no blobs. The
-    PENDING row (with its manifests) is read while the epoch is held at a fault point."""
-    name, db = "sec-json", tmp_path / "meta.db"
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")),
-                     metastore=f"sqlite:///{db}") as rt:
-        rt.write_arrow(_table(1))
-        arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
-                  when={"epoch": 2})
-        thread, box = run_in_thread(lambda: rt.write_arrow(_table(2)))
-        wait_fired(name, "coordinator.after_pending")
-        rows = _sqlite_rows(db)
-        thread.join(timeout=60)
-        assert box["result"].committed
-    states = {r["state"] for r in rows["raysink_epochs"]}
-    assert "PENDING" in states
-    pending = [r for r in rows["raysink_epochs"] if r["state"] == "PENDING"]
-    assert any(m["files"] for m in json.loads(pending[0]["manifests"]))
-    for table, table_rows in rows.items():
-        for row in table_rows:
-            for column, value in row.items():
-                assert value is None or isinstance(value, (int, float, str)), (table, column)
-                if column in _JSON_COLUMNS.get(table, ()) and value is not None:
-                    json.loads(str(value))
-
-
 def _sqlite_rows(db: Path) -> dict[str, list[dict[str, Any]]]:
     conn = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     conn.row_factory = sqlite3.Row
@@ -245,9 +219,14 @@ ESCAPES = {
 }
 
 
-def test_manifest_paths_cannot_escape_on_recovery(tmp_path: Path) -> None:
-    """A sink per way out of its directory, in one runtime: each refuses its own forged
-    manifest."""
+def test_metastore_holds_json_only_and_manifest_paths_cannot_escape_on_recovery(
+        tmp_path: Path) -> None:
+    """A sink per way out of its directory, in one runtime.
+
+    Every stored value is a number, plain text or JSON text: no pickle, no blobs. The
+    PENDING rows (with their manifests) are read while epoch 2 is held at a fault point.
+    Then a forged PENDING record names a manifest path out of each sink's directory: each
+    sink refuses its own, stalls with ``MetaStoreError``, and nothing is followed."""
     roots = {sink: tmp_path / "deep" / sink for sink in ESCAPES}
     bait = tmp_path / "etc" / "x"  # where "../../etc/x" from a sink directory points
     bait.parent.mkdir(parents=True, exist_ok=True)
@@ -259,7 +238,16 @@ def test_manifest_paths_cannot_escape_on_recovery(tmp_path: Path) -> None:
 
     with SinkRuntime(name, sinks(), metastore=f"sqlite:///{db}") as rt:
         assert rt.write_arrow(_table(1)).committed
-    _forge_pending(db, name, 2, ESCAPES)
+        arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
+                  when={"epoch": 2})
+        thread, box = run_in_thread(lambda: rt.write_arrow(_table(2)))
+        wait_fired(name, "coordinator.after_pending")
+        rows = _sqlite_rows(db)
+        thread.join(timeout=60)
+        assert box["result"].committed
+    _assert_json_only(rows)
+
+    _forge_pending(db, name, 3, ESCAPES)
     before = {sink: sorted(p.name for p in root.iterdir()) for sink, root in roots.items()}
     with SinkRuntime(name, sinks(), metastore=f"sqlite:///{db}", commit_timeout=2,
                      retry_cap=0.2) as rt:
@@ -268,13 +256,27 @@ def test_manifest_paths_cannot_escape_on_recovery(tmp_path: Path) -> None:
                and time.monotonic() < deadline):
             time.sleep(0.1)
         status = rt.status()
+    written = sorted(_table(1).column("id").to_pylist() + _table(2).column("id").to_pylist())
     for sink, root in roots.items():
         error = status.sinks[sink].last_error or ""
         assert status.sinks[sink].state == "stalled", (sink, status.sinks[sink])
         assert error.startswith("MetaStoreError"), (sink, error)
         assert sorted(p.name for p in root.iterdir()) == before[sink]
-        assert sorted(read_ids(root)) == sorted(_table(1).column("id").to_pylist())
+        assert sorted(read_ids(root)) == written
     assert bait.read_text() == "bait"
+
+
+def _assert_json_only(rows: dict[str, list[dict[str, Any]]]) -> None:
+    states = {r["state"] for r in rows["raysink_epochs"]}
+    assert "PENDING" in states
+    pending = [r for r in rows["raysink_epochs"] if r["state"] == "PENDING"]
+    assert any(m["files"] for m in json.loads(pending[0]["manifests"]))
+    for table, table_rows in rows.items():
+        for row in table_rows:
+            for column, value in row.items():
+                assert value is None or isinstance(value, (int, float, str)), (table, column)
+                if column in _JSON_COLUMNS.get(table, ()) and value is not None:
+                    json.loads(str(value))
 
 
 @pytest.mark.parametrize("kind", ["parquet", "delta"])
