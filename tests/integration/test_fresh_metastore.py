@@ -67,6 +67,7 @@ def _three_epochs(name: str, sinks: Sink | dict[str, Sink], meta: str) -> None:
             assert (report.epoch, report.committed) == (epoch, True)
 
 
+@pytest.mark.timeout(600)  # four sinks' work of 240 s each, at most
 def test_fresh_metastore(request: pytest.FixtureRequest, tmp_path: Path,
                          monkeypatch: pytest.MonkeyPatch, name: str) -> None:
     """Epochs 1-3 with one meta store, then the same runtime with fresh ones, into a sink

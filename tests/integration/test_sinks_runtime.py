@@ -60,6 +60,7 @@ def _commit_again(sink: Sink, epoch: int) -> None:
 # ----------------------------------------------------------------------------- exactly once
 
 
+@pytest.mark.timeout(480)  # five earlier cases' work, of 180 s each at most
 def test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped(
         request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
         name: str, meta: str) -> None:
