@@ -6,8 +6,9 @@ import os
 import signal
 import threading
 import time
+import uuid
 from collections import Counter
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
@@ -39,12 +40,15 @@ def read_ids(path: str | Path) -> list[int]:
     return [int(v) for v in table.column("id").to_pylist()]
 
 
-def assert_exactly(path: str | Path, epochs: list[int], rows: int) -> None:
-    """The target holds every input row of ``epochs`` exactly once and nothing else."""
+def assert_exactly(path: str | Path, epochs: list[int], rows: int, *,
+                   before: Iterable[int] = ()) -> None:
+    """The target holds every input row of ``epochs`` exactly once, what it held
+    ``before`` (its ids read then: a runtime shared by a module's tests) as it was, and
+    nothing else."""
     seen = Counter(read_ids(path))
-    expected = Counter(e * 1_000_000 + i for e in epochs for i in range(rows))
-    doubled = sorted(k for k, v in seen.items() if v > 1)
-    missing = sorted(set(expected) - set(seen))
+    expected = Counter(before) + Counter(e * 1_000_000 + i for e in epochs for i in range(rows))
+    doubled = sorted(k for k, v in seen.items() if v > max(expected[k], 1))
+    missing = sorted(k for k, v in expected.items() if seen[k] < v)
     extra = sorted(set(seen) - set(expected))
     assert not doubled, f"rows written twice: {doubled[:10]} ({len(doubled)} in all)"
     assert not missing, f"rows lost: {missing[:10]} ({len(missing)} in all)"
@@ -116,3 +120,9 @@ def actor_pid(rt: Any, role: str = "coordinator", *, sink: str = "main", writer:
     pid = actor_process(rt, role, sink=sink, writer=writer, wait=wait).pid
     assert pid is not None
     return pid
+
+
+def unique_name(prefix: str) -> str:
+    """A runtime name no other test or session uses, for a runtime a module's tests share
+    (the ``name`` fixture is one test's)."""
+    return f"{prefix[:20]}-{uuid.uuid4().hex[:8]}"

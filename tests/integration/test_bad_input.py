@@ -4,14 +4,23 @@ Cases already covered elsewhere are not repeated here: schemas differing within 
 (local tables and object refs), an epoch below a PENDING one, a changed sink set, an empty
 epoch and four invalid options are in ``test_runtime.py``; a new streaming query, unknown
 sink options, deleted targets and markers, and a routing key outside the upsert key are in
-``test_bad_input_catalogue.py``. Every case here first commits epoch 1 where it can, and
-checks afterwards that epoch 1 is still there, exactly, and that the runtime goes on.
+``test_bad_input_catalogue.py``. Every case here first commits an epoch of its own where it
+can, and checks afterwards that the table still holds exactly what it held before plus
+that epoch (and whatever the case wrote on purpose), and that the runtime goes on.
 Messages are checked for what the user must change, not only for the error type.
+
+The cases of bad data and epochs share one runtime (``shared``): each is refused without
+harm to the runtime, and each asserts only on the epochs it wrote itself, numbered after
+whatever the runtime committed before it. So do the starts of its name refused by the meta
+store (a store that cannot be opened, a sink of another kind, a changed sink set): each is
+refused before the lease is sought, and the runtime holding the name goes on. Cases that
+need other options or a broken sink start their own runtime.
 """
 
 from __future__ import annotations
 
 from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -28,25 +37,51 @@ from raysink import (
     SinkUnavailableError,
 )
 from raysink.sinks import DeltaSink, ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table
+from tests.integration.helpers import assert_exactly, epoch_table, read_ids, unique_name
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
 ROWS = 50
 
 
-@pytest.fixture
-def committed(tmp_path: Path, request: pytest.FixtureRequest, meta: str) -> Iterator[SinkRuntime]:
-    """A started runtime (routing key ``customer``) with epoch 1 committed; afterwards the
-    table must still hold exactly epoch 1 plus whatever the test wrote on purpose."""
-    name = f"bad-{request.node.name.split('[')[0][5:].replace('_', '-')}"[:40]
-    rt = SinkRuntime(name, ParquetSink(str(tmp_path / "table")), metastore=meta,
-                     key=["customer"], progress=False).start()
+@pytest.fixture(scope="module")
+def shared(ray_session: None, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[SinkRuntime, Path]]:
+    """One started runtime for the module's cases that leave it as they found it: routing
+    key ``customer``, a Parquet sink given the schema of ``epoch_table``."""
+    path = tmp_path_factory.mktemp("bad-input") / "table"
+    sink = ParquetSink(str(path), schema=epoch_table(1, 1).schema)
+    rt = SinkRuntime(unique_name("bad-shared"), sink, key=["customer"], progress=False,
+                     metastore=f"sqlite:///{path.parent / 'meta.db'}").start()
     try:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
-        yield rt
+        yield rt, path
     finally:
         rt.close()
+
+
+@dataclass(frozen=True, kw_only=True)
+class Committed:
+    """The shared runtime after a case committed its first epoch, ``epoch``; ``before``:
+    the table's ids before that."""
+
+    rt: SinkRuntime
+    path: Path
+    epoch: int
+    before: list[int]
+
+    def assert_holds(self, *epochs: int) -> None:
+        """The table holds what it held before, and exactly ``epochs`` of this case."""
+        assert_exactly(self.path, list(epochs), ROWS, before=self.before)
+
+
+@pytest.fixture
+def committed(shared: tuple[SinkRuntime, Path]) -> Committed:
+    """The shared runtime with an epoch of the case's own committed."""
+    rt, path = shared
+    before = read_ids(path)
+    epoch = (rt.status().last_committed_epoch or 0) + 1
+    assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    return Committed(rt=rt, path=path, epoch=epoch, before=before)
 
 
 def _with_null_keys(epoch: int) -> pa.Table:
@@ -59,26 +94,29 @@ def _with_null_keys(epoch: int) -> pa.Table:
 # --------------------------------------------------------------------------- data
 
 
-def test_null_keys_in_a_local_table(tmp_path: Path, committed: SinkRuntime) -> None:
+def test_null_keys_in_a_local_table(committed: Committed) -> None:
+    nxt = committed.epoch + 1
     with pytest.raises(SchemaMismatchError, match=r"key column 'customer' holds 1 null") as info:
-        committed.write_arrow(_with_null_keys(2), epoch=2)
+        committed.rt.write_arrow(_with_null_keys(nxt), epoch=nxt)
     assert "must not be null" in str(info.value)
-    assert committed.write_arrow(epoch_table(2, ROWS), epoch=2).committed
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+    assert committed.rt.write_arrow(epoch_table(nxt, ROWS), epoch=nxt).committed
+    committed.assert_holds(committed.epoch, nxt)
 
 
-def test_null_keys_behind_an_object_ref(tmp_path: Path, committed: SinkRuntime) -> None:
+def test_null_keys_behind_an_object_ref(committed: Committed) -> None:
     """The ref is split by key in a Ray task, which finds the nulls; nothing is written."""
+    nxt = committed.epoch + 1
     with pytest.raises(SchemaMismatchError, match=r"key column 'customer' holds 1 null"):
-        committed.write_arrow([ray.put(_with_null_keys(2))], epoch=2)
-    assert committed.write_arrow(epoch_table(2, ROWS), epoch=2).committed
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+        committed.rt.write_arrow([ray.put(_with_null_keys(nxt))], epoch=nxt)
+    assert committed.rt.write_arrow(epoch_table(nxt, ROWS), epoch=nxt).committed
+    committed.assert_holds(committed.epoch, nxt)
 
 
-def test_missing_routing_key_column(tmp_path: Path, committed: SinkRuntime) -> None:
+def test_missing_routing_key_column(committed: Committed) -> None:
+    nxt = committed.epoch + 1
     with pytest.raises(SchemaMismatchError, match=r"routing key column 'customer' is not in"):
-        committed.write_arrow(epoch_table(2, ROWS).drop_columns(["customer"]), epoch=2)
-    assert_exactly(tmp_path / "table", [1], ROWS)
+        committed.rt.write_arrow(epoch_table(nxt, ROWS).drop_columns(["customer"]), epoch=nxt)
+    committed.assert_holds(committed.epoch)
 
 
 @pytest.mark.parametrize("data", [
@@ -86,36 +124,34 @@ def test_missing_routing_key_column(tmp_path: Path, committed: SinkRuntime) -> N
     "id,customer\n1,a",  # CSV text
     [epoch_table(2, 5), [1, 2, 3]],  # one good table and a list
 ])
-def test_non_arrow_data(tmp_path: Path, committed: SinkRuntime, data: Any) -> None:
+def test_non_arrow_data(committed: Committed, data: Any) -> None:
     with pytest.raises(ConfigError, match="write_arrow takes a pyarrow Table, RecordBatch "
                                           "or ObjectRef") as info:
-        committed.write_arrow(data, epoch=2)
+        committed.rt.write_arrow(data, epoch=committed.epoch + 1)
     assert "got " in str(info.value)
-    assert_exactly(tmp_path / "table", [1], ROWS)
+    committed.assert_holds(committed.epoch)
 
 
-def test_batch_differs_from_the_targets_schema(tmp_path: Path, meta: str) -> None:
-    """A sink given a schema refuses a batch of another one, in the writer."""
-    schema = epoch_table(1, 1).schema
-    sink = ParquetSink(str(tmp_path / "table"), schema=schema)
-    with SinkRuntime("bad-target-schema", sink, metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
-        wrong = epoch_table(2, ROWS).set_column(2, "amount", pa.array(range(ROWS)))
-        with pytest.raises(SchemaMismatchError, match=r"'amount': expected double, got int64"):
-            rt.write_arrow(wrong, epoch=2)
-        assert rt.write_arrow(epoch_table(2, ROWS), epoch=2).committed
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+def test_batch_differs_from_the_targets_schema(committed: Committed) -> None:
+    """A sink given a schema (the shared runtime's is) refuses a batch of another one, in
+    the writer."""
+    nxt = committed.epoch + 1
+    wrong = epoch_table(nxt, ROWS).set_column(2, "amount", pa.array(range(ROWS)))
+    with pytest.raises(SchemaMismatchError, match=r"'amount': expected double, got int64"):
+        committed.rt.write_arrow(wrong, epoch=nxt)
+    assert committed.rt.write_arrow(epoch_table(nxt, ROWS), epoch=nxt).committed
+    committed.assert_holds(committed.epoch, nxt)
 
 
 # --------------------------------------------------------------------------- epochs
 
 
-def test_negative_epoch(tmp_path: Path, committed: SinkRuntime) -> None:
+def test_negative_epoch(committed: Committed) -> None:
+    nxt = committed.epoch + 1
     with pytest.raises(EpochRegressionError, match="non-negative"):
-        committed.write_arrow(epoch_table(2, ROWS), epoch=-1)
-    assert committed.write_arrow(epoch_table(2, ROWS)).epoch == 2
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+        committed.rt.write_arrow(epoch_table(nxt, ROWS), epoch=-1)
+    assert committed.rt.write_arrow(epoch_table(nxt, ROWS)).epoch == nxt
+    committed.assert_holds(committed.epoch, nxt)
 
 
 def test_regression_message_names_both_epochs(tmp_path: Path, meta: str) -> None:
@@ -137,23 +173,21 @@ def test_regression_message_names_both_epochs(tmp_path: Path, meta: str) -> None
 # --------------------------------------------------------------------------- meta store
 
 
-def test_metastore_under_a_regular_file(tmp_path: Path, meta: str) -> None:
-    """Root ignores file modes: a path under a regular file is unwritable for anyone."""
-    out = tmp_path / "table"
-    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+def test_metastore_under_a_regular_file(tmp_path: Path, committed: Committed) -> None:
+    """Root ignores file modes: a path under a regular file is unwritable for anyone. A
+    start of the shared runtime's name and table with such a meta store is refused before
+    it seeks the lease or starts an actor (a live actor of the name would have refused it
+    otherwise); the runtime goes on, its table intact."""
     blocker = tmp_path / "plain-file"
     blocker.write_text("not a directory")
     bad = f"sqlite:///{blocker / 'sub' / 'meta.db'}"
     with pytest.raises(MetaStoreError, match="choose a path under a writable directory") as info:
-        SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=bad).start()
+        SinkRuntime(committed.rt.name, ParquetSink(str(committed.path)), metastore=bad).start()
     assert str(blocker / "sub") in str(info.value)
     assert blocker.read_text() == "not a directory"
-    with SinkRuntime("bad-meta-file", ParquetSink(str(out)), metastore=meta,
-                     progress=False) as rt:  # nothing was left running or half-claimed
-        assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
-    assert_exactly(out, [1, 2], ROWS)
+    nxt = committed.epoch + 1
+    assert committed.rt.write_arrow(epoch_table(nxt, ROWS)).epoch == nxt
+    committed.assert_holds(committed.epoch, nxt)
 
 
 def test_metastore_file_is_not_a_database(tmp_path: Path) -> None:
@@ -190,28 +224,28 @@ def test_sink_path_is_a_file(tmp_path: Path, meta: str) -> None:
                     metastore=meta).start()
 
 
-def test_sink_of_another_kind_under_the_same_name(tmp_path: Path, meta: str) -> None:
-    with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
+def test_sink_of_another_kind_under_the_same_name(tmp_path: Path,
+                                                  committed: Committed) -> None:
+    """Refused by the meta store's record before the lease is sought: the runtime of the
+    name goes on."""
+    rt = committed.rt
     with pytest.raises(ConfigError, match="give a sink of another kind a new name") as info:
-        SinkRuntime("bad-kind", DeltaSink(str(tmp_path / "delta")), metastore=meta).start()
+        SinkRuntime(rt.name, DeltaSink(str(tmp_path / "delta")),
+                    metastore=rt.metastore_url).start()
     assert "parquet -> delta" in str(info.value)
-    with SinkRuntime("bad-kind", ParquetSink(str(tmp_path / "table")), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+    assert not (tmp_path / "delta").exists()
+    nxt = committed.epoch + 1
+    assert rt.write_arrow(epoch_table(nxt, ROWS)).epoch == nxt
+    committed.assert_holds(committed.epoch, nxt)
 
 
-def test_changed_sink_set_says_how_to_change_it(tmp_path: Path, meta: str) -> None:
-    with SinkRuntime("bad-set", ParquetSink(str(tmp_path / "a")), metastore=meta,
-                     progress=False) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
-    renamed = {"other": ParquetSink(str(tmp_path / "a"))}
+def test_changed_sink_set_says_how_to_change_it(committed: Committed) -> None:
+    rt = committed.rt
+    renamed = {"other": ParquetSink(str(committed.path))}
     with pytest.raises(ConfigError, match=r"new \['other'\], missing \['main'\]") as info:
-        SinkRuntime("bad-set", renamed, metastore=meta).start()
+        SinkRuntime(rt.name, renamed, metastore=rt.metastore_url).start()
     assert "add=/drop=" in str(info.value)
-    assert_exactly(tmp_path / "a", [1], ROWS)
+    committed.assert_holds(committed.epoch)
 
 
 def test_batch_over_the_size_limit_writes_nothing(tmp_path: Path, meta: str) -> None:

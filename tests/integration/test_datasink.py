@@ -1,6 +1,10 @@
 """``ds.write_datasink(rt.datasink(epoch=N))``: a Ray Dataset as one epoch, exactly once,
 into every kind of sink; a retried write task shows nothing twice; a failed write
-leaves nothing; a re-run is skipped."""
+leaves nothing; a re-run is skipped.
+
+The Parquet cases share one runtime (``shared``): each writes the epoch after the last one
+the runtime committed and checks the table holds what it held before plus exactly that
+epoch. The test sink's case and a killed writer start runtimes of their own."""
 
 from __future__ import annotations
 
@@ -17,7 +21,7 @@ from ray.data.block import BlockAccessor
 
 from raysink import SinkRuntime
 from raysink.driver.datasink import EpochDatasink
-from tests.integration.helpers import epoch_table
+from tests.integration.helpers import epoch_table, unique_name
 from tests.integration.real_targets import (
     ParquetTarget,
     Target,
@@ -42,30 +46,53 @@ def _ids(target: Target) -> list[int]:
     return [] if table is None else [int(v) for v in table.column("id").to_pylist()]
 
 
+@pytest.fixture(scope="module")
+def shared(ray_session: None, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[SinkRuntime, Target]]:
+    """A started runtime (two writers) into a Parquet table, for the Parquet cases."""
+    root = tmp_path_factory.mktemp("datasink")
+    target = ParquetTarget(root / "table")
+    with SinkRuntime(unique_name("datasink-shared"), target.sink(), writers=2,
+                     metastore=f"sqlite:///{root / 'meta.db'}", progress=False) as rt:
+        yield rt, target
+
+
+def _next(rt: SinkRuntime) -> int:
+    return (rt.status().last_committed_epoch or 0) + 1
+
+
 # Ray Data's path into the runtime is the same for every sink: the default run takes it into
 # Parquet and the test sink; Delta, Iceberg and PostgreSQL behind the same writers are
 # test_sinks_runtime.py's (``slow`` here).
 @pytest.fixture(params=["parquet", "list", *(pytest.param(kind, marks=pytest.mark.slow)
                                              for kind in ("delta", "iceberg", "postgres"))])
-def target(request: pytest.FixtureRequest, tmp_path: Path,
-           monkeypatch: pytest.MonkeyPatch) -> Target:
-    return make_target(str(request.param), tmp_path, request, monkeypatch)
+def runtime(request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+            name: str) -> Iterator[tuple[SinkRuntime, Target]]:
+    """A started runtime (two writers) into a target of each kind: Parquet's is shared."""
+    if request.param == "parquet":
+        yield request.getfixturevalue("shared")
+        return
+    target = make_target(str(request.param), tmp_path, request, monkeypatch)
+    with SinkRuntime(name, target.sink(), writers=2, metastore=f"sqlite:///{tmp_path / 'meta.db'}",
+                     progress=False) as rt:
+        yield rt, target
 
 
-def test_a_dataset_is_one_epoch_and_a_rerun_is_skipped(target: Target, tmp_path: Path,
-                                                       name: str) -> None:
-    meta = f"sqlite:///{tmp_path / 'meta.db'}"
-    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
-        sink = rt.datasink(epoch=1)
-        _dataset(1).write_datasink(sink)
-        assert sink.report is not None
-        assert (sink.report.epoch, sink.report.rows, sink.report.committed) == (1, ROWS, True)
-        rerun = rt.datasink(epoch=1)  # the same job again
-        _dataset(1).write_datasink(rerun)
-        assert rerun.report is not None and rerun.report.skipped
-        assert rt.status().last_committed_epoch == 1
-    assert_ids_exact(_ids(target), [1], ROWS)
-    assert target.commit_epochs(name) == [1]
+def test_a_dataset_is_one_epoch_and_a_rerun_is_skipped(
+        runtime: tuple[SinkRuntime, Target]) -> None:
+    rt, target = runtime
+    epoch, before = _next(rt), _ids(target)
+    epochs_before = target.commit_epochs(rt.name)
+    sink = rt.datasink(epoch=epoch)
+    _dataset(epoch).write_datasink(sink)
+    assert sink.report is not None
+    assert (sink.report.epoch, sink.report.rows, sink.report.committed) == (epoch, ROWS, True)
+    rerun = rt.datasink(epoch=epoch)  # the same job again
+    _dataset(epoch).write_datasink(rerun)
+    assert rerun.report is not None and rerun.report.skipped
+    assert rt.status().last_committed_epoch == epoch
+    assert_ids_exact(_ids(target), [epoch], ROWS, before=before)
+    assert target.commit_epochs(rt.name) == [*epochs_before, epoch]
 
 
 class _DiesOnce(EpochDatasink):
@@ -88,39 +115,40 @@ class _DiesOnce(EpochDatasink):
         return super().write(dying(), ctx)
 
 
-def test_a_retried_write_task_shows_nothing_twice(tmp_path: Path, name: str) -> None:
+def test_a_retried_write_task_shows_nothing_twice(
+        tmp_path: Path, shared: tuple[SinkRuntime, Target]) -> None:
+    rt, target = shared
+    epoch, before = _next(rt), _ids(target)
     flag = tmp_path / "die-once"
     flag.touch()
-    target = ParquetTarget(tmp_path / "table")
-    meta = f"sqlite:///{tmp_path / 'meta.db'}"
-    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
-        sink = rt.datasink()
-        dying = _DiesOnce.__new__(_DiesOnce)
-        dying.__dict__.update(sink.__dict__)
-        dying.flag = str(flag)
-        _dataset(1).write_datasink(dying)
-        assert dying.report is not None and dying.report.rows == ROWS
+    sink = rt.datasink()
+    dying = _DiesOnce.__new__(_DiesOnce)
+    dying.__dict__.update(sink.__dict__)
+    dying.flag = str(flag)
+    _dataset(epoch).write_datasink(dying)
+    assert dying.report is not None and dying.report.rows == ROWS
+    assert dying.report.epoch == epoch
     assert not flag.exists()  # a write task did die mid-feed
-    assert_ids_exact(_ids(target), [1], ROWS)
+    assert_ids_exact(_ids(target), [epoch], ROWS, before=before)
 
 
-def test_a_failed_write_aborts_the_epoch(tmp_path: Path, name: str) -> None:
+def test_a_failed_write_aborts_the_epoch(shared: tuple[SinkRuntime, Target]) -> None:
+    rt, target = shared
+    epoch, before = _next(rt), _ids(target)
+
     def fail_on_one_block(batch: pa.Table) -> pa.Table:
-        if 1_000_000 + 3 * ROWS // BLOCKS in batch.column("id").to_pylist():
+        if epoch * 1_000_000 + 3 * ROWS // BLOCKS in batch.column("id").to_pylist():
             raise ValueError("a bad record upstream")
         return batch
 
-    target = ParquetTarget(tmp_path / "table")
-    meta = f"sqlite:///{tmp_path / 'meta.db'}"
-    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
-        failing = _dataset(1).map_batches(fail_on_one_block, batch_format="pyarrow")
-        with pytest.raises(Exception, match="a bad record upstream"):
-            failing.write_datasink(rt.datasink(epoch=1))
-        assert _ids(target) == []  # nothing of the failed write is visible
-        sink = rt.datasink(epoch=1)
-        _dataset(1).write_datasink(sink)
-        assert sink.report is not None and sink.report.committed
-    assert_ids_exact(_ids(target), [1], ROWS)
+    failing = _dataset(epoch).map_batches(fail_on_one_block, batch_format="pyarrow")
+    with pytest.raises(Exception, match="a bad record upstream"):
+        failing.write_datasink(rt.datasink(epoch=epoch))
+    assert sorted(_ids(target)) == sorted(before)  # nothing of the failed write is visible
+    sink = rt.datasink(epoch=epoch)
+    _dataset(epoch).write_datasink(sink)
+    assert sink.report is not None and sink.report.committed
+    assert_ids_exact(_ids(target), [epoch], ROWS, before=before)
 
 
 def test_a_writer_lost_during_the_write_says_to_run_it_again(tmp_path: Path,

@@ -2,12 +2,18 @@
 
 Every test checks the exact contents of the target against the input: the producers'
 rows exactly once, or, for a failed epoch, nothing of it.
+
+The cases that leave the runtime as they found it (no writer killed, no option of their
+own) share one runtime (``shared``): each numbers its epochs after the last one the
+runtime committed before it, and checks that the table holds what it held before plus
+exactly its own rows.
 """
 
 from __future__ import annotations
 
 import os
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -18,7 +24,13 @@ import ray
 from raysink import EpochFailedError, Feed, SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table, read_ids, writer_owners
+from tests.integration.helpers import (
+    assert_exactly,
+    epoch_table,
+    read_ids,
+    unique_name,
+    writer_owners,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -74,23 +86,38 @@ def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
                        metastore=f"sqlite:///{tmp_path / 'meta.db'}", **options)
 
 
-def test_tasks_and_an_actor_feed_one_epoch_exactly(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "feeds-exact") as rt:
-        for epoch in (1, 2):
-            ep = rt.open_epoch()
-            assert ep.epoch == epoch
-            actor = Producer.remote(ep.feed())  # type: ignore[attr-defined]
-            tasks = [produce.remote(ep.feed(), epoch, part) for part in range(PARTS - 1)]
-            last = _part(epoch, PARTS - 1)
-            ray.get([actor.write.remote(last.slice(0, 700)),
-                     actor.write.remote(last.slice(700))])
-            assert ray.get(actor.close.remote()) == last.num_rows
-            assert sum(ray.get(tasks)) == ROWS - last.num_rows
-            report = ep.commit()
-            assert (report.epoch, report.rows, report.committed) == (epoch, ROWS, True)
-        status = rt.status()
-    assert status.last_committed_epoch == 2
-    assert_exactly(tmp_path / "table", [1, 2], ROWS)
+@pytest.fixture(scope="module")
+def shared(ray_session: None, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[SinkRuntime, Path]]:
+    """A started runtime (two writers) the module's cases share, with its table's path."""
+    root = tmp_path_factory.mktemp("feeds")
+    with _runtime(root, unique_name("feeds-shared")) as rt:
+        yield rt, root / "table"
+
+
+def _next(rt: SinkRuntime) -> int:
+    """The epoch after the last one the runtime committed: a case's first epoch."""
+    return (rt.status().last_committed_epoch or 0) + 1
+
+
+def test_tasks_and_an_actor_feed_one_epoch_exactly(shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    first, before = _next(rt), read_ids(path)
+    for epoch in (first, first + 1):
+        ep = rt.open_epoch()
+        assert ep.epoch == epoch
+        actor = Producer.remote(ep.feed())  # type: ignore[attr-defined]
+        tasks = [produce.remote(ep.feed(), epoch, part) for part in range(PARTS - 1)]
+        last = _part(epoch, PARTS - 1)
+        ray.get([actor.write.remote(last.slice(0, 700)),
+                 actor.write.remote(last.slice(700))])
+        assert ray.get(actor.close.remote()) == last.num_rows
+        assert sum(ray.get(tasks)) == ROWS - last.num_rows
+        report = ep.commit()
+        assert (report.epoch, report.rows, report.committed) == (epoch, ROWS, True)
+    status = rt.status()
+    assert status.last_committed_epoch == first + 1
+    assert_exactly(path, [first, first + 1], ROWS, before=before)
 
 
 def test_keyed_feeds_put_each_key_on_its_writer(tmp_path: Path) -> None:
@@ -104,18 +131,20 @@ def test_keyed_feeds_put_each_key_on_its_writer(tmp_path: Path) -> None:
     assert_exactly(tmp_path / "table", [1, 2], ROWS)
 
 
-def test_a_task_retried_by_ray_writes_nothing_twice(tmp_path: Path) -> None:
+def test_a_task_retried_by_ray_writes_nothing_twice(tmp_path: Path,
+                                                    shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
     flag = tmp_path / "die-once"
     flag.touch()
-    with _runtime(tmp_path, "feeds-retried") as rt:
-        ep = rt.open_epoch()
-        tasks = [produce_dying_once.remote(ep.feed(), 1, part, str(flag))
-                 for part in range(PARTS)]
-        ray.get(tasks)
-        report = ep.commit()
+    ep = rt.open_epoch()
+    tasks = [produce_dying_once.remote(ep.feed(), epoch, part, str(flag))
+             for part in range(PARTS)]
+    ray.get(tasks)
+    report = ep.commit()
     assert not flag.exists()  # one worker did die mid-feed
-    assert report.committed and report.rows == ROWS
-    assert_exactly(tmp_path / "table", [1], ROWS)
+    assert report.committed and report.rows == ROWS and report.epoch == epoch
+    assert_exactly(path, [epoch], ROWS, before=before)
 
 
 def test_a_killed_producer_fails_the_attempt_and_a_new_feed_is_exact(tmp_path: Path) -> None:
@@ -167,45 +196,49 @@ def test_a_writer_restarted_between_the_feeds_close_and_the_seal(tmp_path: Path,
     assert_exactly(tmp_path / "table", [1], ROWS)
 
 
-def test_a_commit_over_a_subset_of_the_feeds_that_wrote(tmp_path: Path, name: str) -> None:
+def test_a_commit_over_a_subset_of_the_feeds_that_wrote(
+        shared: tuple[SinkRuntime, Path]) -> None:
     """Four feeds wrote; ``commit(feeds=[1, 2])`` leaves two out. Their rows were applied
     with the others' and cannot be taken back out of the attempt (the whole epoch used
     to be committed, the left-out feeds' rows with it): refused, nothing visible, and
     the epoch fed again by the named feeds only commits exactly their rows."""
-    with _runtime(tmp_path, name) as rt:
-        ep = rt.open_epoch()
-        ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
-        with pytest.raises(EpochFailedError, match=r"commit leaves them out"):
-            ep.commit(feeds=[1, 2])
-        assert read_ids(tmp_path / "table") == []
-        again = rt.open_epoch(1)
-        ray.get([produce.remote(again.feed(), 1, part) for part in range(2)])
-        assert again.commit(feeds=[1, 2]).committed
-    expected = sorted(_part(1, 0)["id"].to_pylist() + _part(1, 1)["id"].to_pylist())
-    assert sorted(read_ids(tmp_path / "table")) == expected
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    ep = rt.open_epoch()
+    ray.get([produce.remote(ep.feed(), epoch, part) for part in range(PARTS)])
+    with pytest.raises(EpochFailedError, match=r"commit leaves them out"):
+        ep.commit(feeds=[1, 2])
+    assert sorted(read_ids(path)) == sorted(before)
+    again = rt.open_epoch(epoch)
+    ray.get([produce.remote(again.feed(), epoch, part) for part in range(2)])
+    assert again.commit(feeds=[1, 2]).committed
+    expected = _part(epoch, 0)["id"].to_pylist() + _part(epoch, 1)["id"].to_pylist()
+    assert Counter(read_ids(path)) == Counter(before) + Counter(expected)
 
 
-def test_a_producer_that_raises_fails_the_commit_at_once(tmp_path: Path) -> None:
+def test_a_producer_that_raises_fails_the_commit_at_once(
+        shared: tuple[SinkRuntime, Path]) -> None:
     @ray.remote(max_retries=0)
-    def broken(feed: Feed) -> None:
+    def broken(feed: Feed, epoch: int) -> None:
         with feed:
-            feed.write(_part(1, 0))
+            feed.write(_part(epoch, 0))
             raise RuntimeError("the source went away")
 
-    with _runtime(tmp_path, "feeds-raises") as rt:
-        ep = rt.open_epoch()
-        ok = produce.remote(ep.feed(), 1, 1)
-        with pytest.raises(ray.exceptions.RayTaskError):
-            ray.get(broken.remote(ep.feed()))
-        ray.get(ok)
-        with pytest.raises(EpochFailedError, match="the source went away"):
-            ep.commit(timeout=60)
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
-    assert_exactly(tmp_path / "table", [1], ROWS)
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    ep = rt.open_epoch()
+    ok = produce.remote(ep.feed(), epoch, 1)
+    with pytest.raises(ray.exceptions.RayTaskError):
+        ray.get(broken.remote(ep.feed(), epoch))
+    ray.get(ok)
+    with pytest.raises(EpochFailedError, match="the source went away"):
+        ep.commit(timeout=60)
+    assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    assert_exactly(path, [epoch], ROWS, before=before)
 
 
-def test_a_feed_whose_close_failed_fails_the_commit_at_once(tmp_path: Path,
-                                                           name: str) -> None:
+def test_a_feed_whose_close_failed_fails_the_commit_at_once(
+        shared: tuple[SinkRuntime, Path]) -> None:
     """A producer's ``close()`` that raised (here at ``feed.before_close``; in a chaos run
     a writer lost as a feed task closed) gave the feed up: the commit fails at once,
     naming it, instead of waiting ``commit_timeout`` for a feed whose heartbeat went on
@@ -214,74 +247,82 @@ def test_a_feed_whose_close_failed_fails_the_commit_at_once(tmp_path: Path,
     from raysink._faults import InjectedFault
     from raysink.testing import arm_fault
 
-    with _runtime(tmp_path, name, commit_timeout=40) as rt:
-        ep = rt.open_epoch()
-        ok = produce.remote(ep.feed(), 1, 1)
-        feed = ep.feed()
-        feed.write(_part(1, 0))
-        arm_fault(name, "feed.before_close", action="raise")
-        with pytest.raises(InjectedFault):
-            feed.close()
-        with pytest.raises(EpochFailedError, match=r"failed \(.*\) and cannot close"):
-            feed.close()
-        with pytest.raises(EpochFailedError, match="takes no more data"):
-            feed.write(_part(1, 0))
-        ray.get(ok)
-        with pytest.raises(EpochFailedError, match="its close failed: InjectedFault"):
-            ep.commit()
-        assert rt.write_arrow(epoch_table(1, ROWS), epoch=1).committed
-    assert_exactly(tmp_path / "table", [1], ROWS)
-
-
-def test_abort_leaves_nothing_and_the_epoch_can_be_fed_again(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "feeds-abort") as rt:
-        with pytest.raises(KeyError), rt.open_epoch() as ep:
-            ray.get([produce.remote(ep.feed(), 1, part) for part in range(PARTS)])
-            raise KeyError("the job changed its mind")  # the with block aborts
-        assert read_ids(tmp_path / "table") == []
-        with rt.open_epoch() as again:  # commits at the end of the block
-            assert again.epoch == 1
-            ray.get([produce.remote(again.feed(), 1, part) for part in range(PARTS)])
-    assert_exactly(tmp_path / "table", [1], ROWS)
-
-
-def test_a_committed_epoch_opens_skipped_and_feeds_write_nothing(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "feeds-skip") as rt:
-        first = rt.open_epoch(1)
-        ray.get([produce.remote(first.feed(), 1, part) for part in range(PARTS)])
-        first.commit()
-        rerun = rt.open_epoch(1)
-        assert rerun.skipped
-        assert ray.get([produce.remote(rerun.feed(), 1, p) for p in range(PARTS)]) == [
-            ROWS // PARTS] * PARTS
-        report = rerun.commit()
-        assert report.skipped and report.rows == 0
-    assert_exactly(tmp_path / "table", [1], ROWS)
-
-
-def test_mixed_schemas_across_feeds_are_refused_and_nothing_is_written(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "feeds-schema") as rt:
-        ep = rt.open_epoch()
-        ray.get(produce.remote(ep.feed(), 1, 0))
-        odd = _part(1, 1).append_column("extra", pa.array(["x"] * (ROWS // PARTS)))
-        feed = ep.feed()
-        feed.write(odd)
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    ep = rt.open_epoch()
+    ok = produce.remote(ep.feed(), epoch, 1)
+    feed = ep.feed()
+    feed.write(_part(epoch, 0))
+    arm_fault(rt.name, "feed.before_close", action="raise")
+    with pytest.raises(InjectedFault):
         feed.close()
-        with pytest.raises(SchemaMismatchError):
-            ep.commit()
-        with pytest.raises(ConfigError, match="closed"):
-            feed.write(_part(1, 1))
-    assert read_ids(tmp_path / "table") == []
+    with pytest.raises(EpochFailedError, match=r"failed \(.*\) and cannot close"):
+        feed.close()
+    with pytest.raises(EpochFailedError, match="takes no more data"):
+        feed.write(_part(epoch, 0))
+    ray.get(ok)
+    with pytest.raises(EpochFailedError, match="its close failed: InjectedFault"):
+        ep.commit()
+    assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    assert_exactly(path, [epoch], ROWS, before=before)
 
 
-def test_only_one_epoch_is_open_for_producers(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "feeds-one") as rt:
-        ep = rt.open_epoch()
-        with pytest.raises(ConfigError, match="still open"):
-            rt.write_arrow(epoch_table(2))
-        with pytest.raises(ConfigError, match="still open"):
-            rt.open_epoch()
-        ep.abort()
-        assert rt.write_arrow(epoch_table(1, 10)).epoch == 1
-    assert Counter(read_ids(tmp_path / "table")) == Counter(
-        1_000_000 + i for i in range(10))
+def test_abort_leaves_nothing_and_the_epoch_can_be_fed_again(
+        shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    with pytest.raises(KeyError), rt.open_epoch() as ep:
+        ray.get([produce.remote(ep.feed(), epoch, part) for part in range(PARTS)])
+        raise KeyError("the job changed its mind")  # the with block aborts
+    assert sorted(read_ids(path)) == sorted(before)
+    with rt.open_epoch() as again:  # commits at the end of the block
+        assert again.epoch == epoch
+        ray.get([produce.remote(again.feed(), epoch, part) for part in range(PARTS)])
+    assert_exactly(path, [epoch], ROWS, before=before)
+
+
+def test_a_committed_epoch_opens_skipped_and_feeds_write_nothing(
+        shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    first = rt.open_epoch(epoch)
+    ray.get([produce.remote(first.feed(), epoch, part) for part in range(PARTS)])
+    first.commit()
+    rerun = rt.open_epoch(epoch)
+    assert rerun.skipped
+    assert ray.get([produce.remote(rerun.feed(), epoch, p) for p in range(PARTS)]) == [
+        ROWS // PARTS] * PARTS
+    report = rerun.commit()
+    assert report.skipped and report.rows == 0
+    assert_exactly(path, [epoch], ROWS, before=before)
+
+
+def test_mixed_schemas_across_feeds_are_refused_and_nothing_is_written(
+        shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    ep = rt.open_epoch()
+    ray.get(produce.remote(ep.feed(), epoch, 0))
+    odd = _part(epoch, 1).append_column("extra", pa.array(["x"] * (ROWS // PARTS)))
+    feed = ep.feed()
+    feed.write(odd)
+    feed.close()
+    with pytest.raises(SchemaMismatchError):
+        ep.commit()
+    with pytest.raises(ConfigError, match="closed"):
+        feed.write(_part(epoch, 1))
+    assert sorted(read_ids(path)) == sorted(before)
+
+
+def test_only_one_epoch_is_open_for_producers(shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    ep = rt.open_epoch()
+    with pytest.raises(ConfigError, match="still open"):
+        rt.write_arrow(epoch_table(epoch + 1))
+    with pytest.raises(ConfigError, match="still open"):
+        rt.open_epoch()
+    ep.abort()
+    assert rt.write_arrow(epoch_table(epoch, 10)).epoch == epoch
+    assert Counter(read_ids(path)) == Counter(before) + Counter(
+        epoch * 1_000_000 + i for i in range(10))

@@ -148,12 +148,27 @@ def _commit_elsewhere(target: Target, name: str, epoch: int, table: pa.Table,
         sink.close()
 
 
+def _two_decisions(rt: SinkRuntime, target: Target, epoch: int, point: str,
+                   options: dict[str, Any]) -> bool:
+    """``epoch`` decided by ``rt`` and, with other rows (ids of ``epoch * 10``), by another
+    driver that commits while ``rt``'s coordinator is held at ``point``: only the driver
+    whose rows landed says so. Whether the other driver's rows landed."""
+    arm_fault(rt.name, point, action="sleep", seconds=PAUSE, when={"epoch": epoch})
+    thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(epoch, ROWS)))
+    wait_fired(rt.name, point)
+    result = _commit_elsewhere(target, rt.name, epoch, epoch_table(epoch * 10, ROWS), options)
+    thread.join(120)
+    report = box["result"]
+    assert result in (CommitResult.COMMITTED, CommitResult.ALREADY)
+    elsewhere = result is CommitResult.COMMITTED  # whose rows the epoch holds
+    assert report.epoch == epoch and report.committed
+    assert (report.skipped, report.rows, report.skipped_sinks) == (
+        (True, 0, ("main",)) if elsewhere else (False, ROWS, ()))
+    return elsewhere
+
+
 # (target kind, sink options, where this runtime's coordinator is held for epoch 2)
 CASES = [
-    # held before its commit: the other commits first, this one is skipped by the marker
-    ("parquet", {}, "coordinator.after_pending"),
-    # held inside its commit (files moved, commit log entry not written): one must win
-    ("parquet", {}, "sink.mid_commit"),
     # held inside its commit (before the Delta commit): the app transaction decides
     ("delta", {}, "sink.mid_commit"),
     # held inside its commit (before the snapshot): the catalog's compare-and-swap decides
@@ -175,21 +190,30 @@ def test_two_decisions_of_one_epoch(kind: str, options: dict[str, Any], point: s
     """Epoch 2 is decided by this runtime and, with other rows, by another driver with a
     meta store of its own; the other commits while this runtime's coordinator is held at
     ``point``. The target holds exactly one of the two, and only the driver whose rows
-    landed says so: the other reports the epoch skipped, with no rows."""
+    landed says so: the other reports the epoch skipped, with no rows. (Parquet:
+    ``test_two_decisions_of_one_epoch_in_parquet``.)"""
     target = make_target(kind, tmp_path, request, monkeypatch)
     with SinkRuntime(name, target.sink(**options), writers=1, metastore=meta,
                      progress=False, retry_cap=0.5) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        arm_fault(name, point, action="sleep", seconds=PAUSE, when={"epoch": 2})
-        thread, box = run_in_thread(lambda: rt.write_arrow(epoch_table(2, ROWS)))
-        wait_fired(name, point)
-        result = _commit_elsewhere(target, name, 2, epoch_table(20, ROWS), options)
-        thread.join(120)
-        report = box["result"]
-    assert result in (CommitResult.COMMITTED, CommitResult.ALREADY)
-    elsewhere = result is CommitResult.COMMITTED  # whose rows epoch 2 holds
+        elsewhere = _two_decisions(rt, target, 2, point, options)
     assert_ids_exact(target.ids(), [1, 20] if elsewhere else [1, 2], ROWS)
     assert target.commit_epochs(name) == [1, 2]
-    assert report.epoch == 2 and report.committed
-    assert (report.skipped, report.rows, report.skipped_sinks) == (
-        (True, 0, ("main",)) if elsewhere else (False, ROWS, ()))
+
+
+def test_two_decisions_of_one_epoch_in_parquet(name: str, meta: str, tmp_path: Path,
+                                               request: pytest.FixtureRequest,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """``test_two_decisions_of_one_epoch`` for Parquet, both cases in one runtime: epoch 2
+    held before its commit (the other commits first, this one is skipped by the marker),
+    epoch 3 held inside it (files moved, commit log entry not written: one must win)."""
+    target = make_target("parquet", tmp_path, request, monkeypatch)
+    with SinkRuntime(name, target.sink(), writers=1, metastore=meta, progress=False,
+                     retry_cap=0.5) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        landed = [1]
+        for epoch, point in ((2, "coordinator.after_pending"), (3, "sink.mid_commit")):
+            elsewhere = _two_decisions(rt, target, epoch, point, {})
+            landed.append(epoch * 10 if elsewhere else epoch)
+            assert_ids_exact(target.ids(), landed, ROWS)
+            assert target.commit_epochs(name) == list(range(1, epoch + 1))

@@ -3,7 +3,8 @@
 The default meta store, ``sqlite:///<cwd>/.raysink/<name>.db``, is fresh whenever a job
 starts from another directory. Its targets still hold the markers of the epochs the same
 runtime committed before. Each case writes epochs 1-3 with one meta store, then opens the
-same runtime name and sinks with an empty one:
+same runtime name and sinks with an empty one (one runtime holds a sink of every kind, so
+each kind's marker is read where it counts):
 
 * an implicit epoch (``write_arrow(t)``) is refused with a ``RaySinkError`` naming both
   the meta store and the target, before anything is written;
@@ -40,9 +41,19 @@ ROWS = 200
 KINDS = ["parquet", "delta", "iceberg", "postgres"]
 
 
-def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
-            monkeypatch: pytest.MonkeyPatch) -> Target:
-    return make_target(kind, tmp_path, request, monkeypatch)
+def _targets(kinds: list[str], request: pytest.FixtureRequest, tmp_path: Path,
+             monkeypatch: pytest.MonkeyPatch) -> dict[str, Target]:
+    """A target of each kind, by the name of its sink in one runtime."""
+    return {kind: make_target(kind, tmp_path, request, monkeypatch) for kind in kinds}
+
+
+def _sinks(targets: dict[str, Target]) -> dict[str, Sink]:
+    return {kind: target.sink() for kind, target in targets.items()}
+
+
+def _assert_ids(targets: dict[str, Target], epochs: list[int]) -> None:
+    for target in targets.values():
+        assert_ids_exact(target.ids(), epochs, ROWS)
 
 
 def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any) -> SinkRuntime:
@@ -56,48 +67,52 @@ def _three_epochs(name: str, sinks: Sink | dict[str, Sink], meta: str) -> None:
             assert (report.epoch, report.committed) == (epoch, True)
 
 
-@pytest.mark.parametrize("kind", KINDS)
-def test_fresh_metastore(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
+@pytest.mark.timeout(600)  # four sinks' work of 240 s each, at most
+def test_fresh_metastore(request: pytest.FixtureRequest, tmp_path: Path,
                          monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Epochs 1-3 with one meta store, then the same runtime with fresh ones.
+    """Epochs 1-3 with one meta store, then the same runtime with fresh ones, into a sink
+    of every kind at once.
 
     Today's silent loss: a fresh store made the next write epoch 1, which the target's
     marker already holds: reported committed, and the rows were in no table. Now the
-    implicit write is refused, names both sides and says what to do, and writes nothing;
-    explicit replays are skipped (never doubled); an explicit new epoch is written, after
-    which implicit numbering follows it. With another fresh store, ``epoch_offset=`` below
-    the marker is refused and above it numbers implicit epochs after it."""
-    target = _target(kind, request, tmp_path, monkeypatch)
-    _three_epochs(name, target.sink(), f"sqlite:///{tmp_path / 'original.db'}")
+    implicit write is refused, names both sides (every sink, with the epoch its target
+    holds) and says what to do, and writes nothing; explicit replays are skipped by every
+    sink (never doubled); an explicit new epoch is written, after which implicit numbering
+    follows it. With another fresh store, ``epoch_offset=`` below the marker is refused
+    and above it numbers implicit epochs after it."""
+    targets = _targets(KINDS, request, tmp_path, monkeypatch)
+    _three_epochs(name, _sinks(targets), f"sqlite:///{tmp_path / 'original.db'}")
 
     fresh = f"sqlite:///{tmp_path / 'elsewhere' / 'fresh.db'}"
-    with _runtime(name, target.sink(), fresh) as rt:
+    with _runtime(name, _sinks(targets), fresh) as rt:
         with pytest.raises(RaySinkError) as refused:
             rt.write_arrow(epoch_table(4, ROWS))
         message = str(refused.value)
-        assert "fresh.db" in message and "'main'" in message, message
-        assert "epoch 3" in message, message
+        assert "fresh.db" in message, message
+        for kind in KINDS:
+            assert f"sink {kind!r} (" in message, message
+        assert message.count("holds epoch 3") == len(KINDS), message
         assert "metastore=" in message and "epoch_offset=" in message, message
-        assert_ids_exact(target.ids(), [1, 2, 3], ROWS)  # nothing of the refused write
+        _assert_ids(targets, [1, 2, 3])  # nothing of the refused write
         assert rt.status().last_committed_epoch is None
         for replay in (1, 3):
             report = rt.write_arrow(epoch_table(replay, ROWS), epoch=replay)
             assert (report.epoch, report.skipped, report.committed) == (replay, True, True)
-            assert report.skipped_sinks == ("main",)
+            assert sorted(report.skipped_sinks) == sorted(KINDS)
         fourth = rt.write_arrow(epoch_table(4, ROWS), epoch=4)
         assert (fourth.epoch, fourth.committed, fourth.skipped) == (4, True, False)
         fifth = rt.write_arrow(epoch_table(5, ROWS))
         assert (fifth.epoch, fifth.committed) == (5, True)
-    assert_ids_exact(target.ids(), [1, 2, 3, 4, 5], ROWS)
+    _assert_ids(targets, [1, 2, 3, 4, 5])
 
     another = f"sqlite:///{tmp_path / 'another.db'}"
-    with (_runtime(name, target.sink(), another, epoch_offset=4) as rt,
+    with (_runtime(name, _sinks(targets), another, epoch_offset=4) as rt,
           pytest.raises(ConfigError, match="epoch_offset=4 is below epoch 5")):
         rt.write_arrow(epoch_table(6, ROWS))
-    with _runtime(name, target.sink(), another, epoch_offset=6) as rt:
+    with _runtime(name, _sinks(targets), another, epoch_offset=6) as rt:
         report = rt.write_arrow(epoch_table(7, ROWS))
         assert (report.epoch, report.committed, report.skipped) == (7, True, False)
-    assert_ids_exact(target.ids(), [1, 2, 3, 4, 5, 7], ROWS)
+    _assert_ids(targets, [1, 2, 3, 4, 5, 7])
 
 
 def test_parquet_and_delta_fresh_default_metastore(tmp_path: Path,
@@ -182,23 +197,25 @@ def test_a_lagging_sink_over_a_fresh_metastore_is_named(tmp_path: Path, name: st
     assert_ids_exact(lake.ids(), [1, 2], ROWS)
 
 
-@pytest.mark.parametrize("kind", ["delta", "iceberg"])
 def test_a_fresh_metastore_keeps_what_older_versions_reference(
-        kind: str, request: pytest.FixtureRequest, tmp_path: Path,
-        monkeypatch: pytest.MonkeyPatch, name: str) -> None:
-    """Epochs 1-2 committed, then the table rewritten by another writer (a delete): the
-    current version no longer references epoch 1's files, older versions still do. A
-    runtime opened with a fresh meta store sweeps, at its start, the staging of the
-    epochs it does not know: it used to delete epoch 1's files, and time travel to the
-    version holding epoch 1 failed. An epoch the target's marker holds is not swept."""
-    target = make_target(kind, tmp_path, request, monkeypatch)
-    _three_epochs(name, target.sink(), f"sqlite:///{tmp_path / 'original.db'}")
-    old_version = _rewrite_without_epoch_1(kind, target)
+        request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        name: str) -> None:
+    """Epochs 1-2 committed, then each table (Delta and Iceberg, two sinks of one runtime)
+    rewritten by another writer (a delete): the current version no longer references
+    epoch 1's files, older versions still do. A runtime opened with a fresh meta store
+    sweeps, at its start, the staging of the epochs it does not know: it used to delete
+    epoch 1's files, and time travel to the version holding epoch 1 failed. An epoch the
+    target's marker holds is not swept."""
+    targets = _targets(["delta", "iceberg"], request, tmp_path, monkeypatch)
+    _three_epochs(name, _sinks(targets), f"sqlite:///{tmp_path / 'original.db'}")
+    old_versions = {kind: _rewrite_without_epoch_1(kind, target)
+                    for kind, target in targets.items()}
     fresh = f"sqlite:///{tmp_path / 'fresh.db'}"
-    with _runtime(name, target.sink(), fresh, epoch_offset=3) as rt:
+    with _runtime(name, _sinks(targets), fresh, epoch_offset=3) as rt:
         assert rt.write_arrow(epoch_table(4, ROWS)).committed
-    assert_ids_exact(target.ids(), [2, 3, 4], ROWS)
-    assert_ids_exact(_ids_at(kind, target, old_version), [1, 2, 3], ROWS)
+    for kind, target in targets.items():
+        assert_ids_exact(target.ids(), [2, 3, 4], ROWS)
+        assert_ids_exact(_ids_at(kind, target, old_versions[kind]), [1, 2, 3], ROWS)
 
 
 def _rewrite_without_epoch_1(kind: str, target: Target) -> int:

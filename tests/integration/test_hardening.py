@@ -74,15 +74,32 @@ def _actor_log(pid: int) -> str:
 # ----------------------------------------------------------------------------- close
 
 
-def test_close_sends_drain_and_each_writer_closes_its_sink_writer(tmp_path: Path, name: str,
-                                                                  meta: str) -> None:
-    """Today's close killed the actors: ``SinkWriter.close()`` never ran."""
-    sink = FailingSink(ParquetSink(str(tmp_path / "pq")), state_dir=tmp_path / "state")
-    with _runtime(name, sink, meta, writers=3) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        bound = rt.sinks["main"]
+def test_close_drains_each_writer_closes_its_sink_writer_and_disconnects_from_postgres(
+        pg_server: PostgresServer, schema: str, tmp_path: Path, name: str, meta: str) -> None:
+    """Today's close killed the actors: ``SinkWriter.close()`` never ran (the Parquet
+    sink's writers count their closes), and connections ended with the process rather
+    than with a proper goodbye: PostgreSQL logs an "unexpected EOF" for every client that
+    died without closing."""
+    target = PostgresTarget(pg_server, schema)
+    sinks: dict[str, Sink] = {
+        "main": FailingSink(ParquetSink(str(tmp_path / "pq")), state_dir=tmp_path / "state"),
+        "db": target.sink()}
+    # an idle client's EOF is logged at DEBUG1 only: log it, or this cannot fail
+    pg_server.execute("ALTER ROLE raysink SET log_min_messages = 'debug1'")
+    log_file = Path(pg_server.log_file)
+    before = log_file.read_text(errors="replace").count("unexpected EOF")
+    try:
+        with _runtime(name, sinks, meta, writers=3) as rt:
+            assert rt.write_arrow(epoch_table(1, ROWS)).committed
+            bound = rt.sinks["main"]
+        time.sleep(1.0)  # let the server log what it saw
+        after = log_file.read_text(errors="replace").count("unexpected EOF")
+    finally:
+        pg_server.execute("ALTER ROLE raysink RESET log_min_messages")
     assert bound.counts().get("close") == 3  # type: ignore[attr-defined]
+    assert after == before, log_file.read_text(errors="replace")[-2000:]
     assert_exactly(tmp_path / "pq", [1], ROWS)
+    assert_ids_exact(target.ids(), [1], ROWS)
 
 
 def test_close_drops_what_an_undecided_attempt_staged(tmp_path: Path, name: str,
@@ -106,26 +123,6 @@ def test_close_drops_what_an_undecided_attempt_staged(tmp_path: Path, name: str,
     with _runtime(name, ParquetSink(str(path)), meta, writers=1) as rt:
         assert rt.write_arrow(epoch_table(2, ROWS)).epoch == 2
     assert_exactly(path, [1, 2], ROWS)
-
-
-def test_close_disconnects_from_postgres(pg_server: PostgresServer, schema: str, name: str,
-                                         meta: str) -> None:
-    """Connections end with a proper goodbye, not with the process: PostgreSQL logs an
-    "unexpected EOF" for every client that died without closing."""
-    target = PostgresTarget(pg_server, schema)
-    # an idle client's EOF is logged at DEBUG1 only: log it, or this cannot fail
-    pg_server.execute("ALTER ROLE raysink SET log_min_messages = 'debug1'")
-    log_file = Path(pg_server.log_file)
-    before = log_file.read_text(errors="replace").count("unexpected EOF")
-    try:
-        with _runtime(name, target.sink(), meta, writers=2) as rt:
-            assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        time.sleep(1.0)  # let the server log what it saw
-        after = log_file.read_text(errors="replace").count("unexpected EOF")
-    finally:
-        pg_server.execute("ALTER ROLE raysink RESET log_min_messages")
-    assert after == before, log_file.read_text(errors="replace")[-2000:]
-    assert_ids_exact(target.ids(), [1], ROWS)
 
 
 # ----------------------------------------------------------------------------- per-sink commits
@@ -219,27 +216,24 @@ def test_a_writer_that_cannot_reach_its_target_marks_the_sink_stalled(
     assert_ids_exact(target.ids(), [1, 2], ROWS)
 
 
-def test_a_slow_commit_keeps_logging_that_it_is_still_committing(tmp_path: Path, name: str,
-                                                                 meta: str) -> None:
+def test_a_slow_commit_and_a_hanging_flush_keep_warning(tmp_path: Path, name: str,
+                                                        meta: str) -> None:
+    """Epoch 1's flush in the writer and its commit in the coordinator each hang for 3 s:
+    both keep logging that they still run, every ``warn_interval``."""
     sink = FailingSink(ParquetSink(str(tmp_path / "pq")), state_dir=tmp_path / "state",
-                       stall_commit_seconds=3.0, stall_commit_times=1)
-    with _runtime(name, sink, meta, warn_interval=0.5) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        text = _actor_log(actor_pid(rt))
-    assert text.count("still committing epoch 1 to sink main") >= 3, text[-3000:]
-    assert_exactly(tmp_path / "pq", [1], ROWS)
-
-
-def test_a_hanging_flush_keeps_warning(tmp_path: Path, name: str, meta: str) -> None:
-    sink = FailingSink(ParquetSink(str(tmp_path / "pq")), state_dir=tmp_path / "state",
+                       stall_commit_seconds=3.0, stall_commit_times=1,
                        stall_flush_seconds=3.0, stall_flush_times=1)
     with _runtime(name, sink, meta, writers=1, warn_interval=0.5, flush_interval=60) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        coordinator_log = _actor_log(actor_pid(rt))
         writer = actor_process(rt, "writer")
         assert writer.pid is not None and writer.mailbox is not None
-        status, text = writer.mailbox, _actor_log(writer.pid)
+        status, writer_log = writer.mailbox, _actor_log(writer.pid)
+    assert coordinator_log.count("still committing epoch 1 to sink main") >= 3, \
+        coordinator_log[-3000:]
     assert status.slow_warnings >= 3, status
-    assert text.count("flush has been running for") >= 3, text[-3000:]
+    assert writer_log.count("flush has been running for") >= 3, writer_log[-3000:]
+    assert_exactly(tmp_path / "pq", [1], ROWS)
 
 
 # ----------------------------------------------------------------------------- errors

@@ -4,12 +4,14 @@ The Spark handoff sends ``ExecutorPartition`` pulls; here a small pull of an Arr
 held in a file stands in for it (pyspark-free), so the runtime's side of the contract is
 proven on its own: exact contents, a failing pull retried as a new attempt, and keyed
 routing that puts a key on the same writer whether its rows came by pull or by
-``write_arrow``.
+``write_arrow``. The unkeyed cases share one runtime, each numbering its epochs after the
+last one the runtime committed and checking its own rows over what the table held.
 """
 
 from __future__ import annotations
 
 from collections import Counter
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +24,13 @@ from raysink import SinkRuntime
 from raysink.errors import SinkUnavailableError
 from raysink.protocol.pull import Pull, resolve
 from raysink.sinks import ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table, writer_owners
+from tests.integration.helpers import (
+    assert_exactly,
+    epoch_table,
+    read_ids,
+    unique_name,
+    writer_owners,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -68,6 +76,19 @@ def _runtime(tmp_path: Path, name: str, **options: Any) -> SinkRuntime:
                        metastore=f"sqlite:///{tmp_path / 'meta.db'}", **options)
 
 
+@pytest.fixture(scope="module")
+def shared(ray_session: None, tmp_path_factory: pytest.TempPathFactory
+           ) -> Iterator[tuple[SinkRuntime, Path]]:
+    """A started runtime (two writers) the unkeyed cases share, with its table's path."""
+    root = tmp_path_factory.mktemp("pull")
+    with _runtime(root, unique_name("pull-shared"), writers=2) as rt:
+        yield rt, root / "table"
+
+
+def _next(rt: SinkRuntime) -> int:
+    return (rt.status().last_committed_epoch or 0) + 1
+
+
 def test_resolve_passes_tables_through_and_pulls_pulls(tmp_path: Path) -> None:
     table = epoch_table(1, 10)
     [pull] = _pulls(tmp_path, table, 1)
@@ -75,24 +96,29 @@ def test_resolve_passes_tables_through_and_pulls_pulls(tmp_path: Path) -> None:
     assert resolve(pull).equals(table)
 
 
-def test_pulled_epochs_hold_exactly_their_rows(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "pull-exact", writers=2) as rt:
-        for epoch in (1, 2):
-            pulls = _pulls(tmp_path / f"e{epoch}", epoch_table(epoch, 5000), 5)
-            report = rt._write_refs(pulls, None)
-            assert (report.epoch, report.rows, report.committed) == (epoch, 5000, True)
-            assert report.attempts == 1
-    assert_exactly(tmp_path / "table", [1, 2], 5000)
+def test_pulled_epochs_hold_exactly_their_rows(tmp_path: Path,
+                                               shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    first, before = _next(rt), read_ids(path)
+    for epoch in (first, first + 1):
+        pulls = _pulls(tmp_path / f"e{epoch}", epoch_table(epoch, 5000), 5)
+        report = rt._write_refs(pulls, None)
+        assert (report.epoch, report.rows, report.committed) == (epoch, 5000, True)
+        assert report.attempts == 1
+    assert_exactly(path, [first, first + 1], 5000, before=before)
 
 
-def test_a_failing_pull_fails_the_attempt_and_the_retry_is_exact(tmp_path: Path) -> None:
+def test_a_failing_pull_fails_the_attempt_and_the_retry_is_exact(
+        tmp_path: Path, shared: tuple[SinkRuntime, Path]) -> None:
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
     flag = tmp_path / "fail-once"
     flag.touch()
-    with _runtime(tmp_path, "pull-retry", writers=2) as rt:
-        report = rt._write_refs(_pulls(tmp_path / "e1", epoch_table(1, 4000), 4, flag), None)
+    report = rt._write_refs(_pulls(tmp_path / "e1", epoch_table(epoch, 4000), 4, flag), None)
     assert not flag.exists()  # the failure happened
     assert report.committed and report.attempts == 2 and report.rows == 4000
-    assert_exactly(tmp_path / "table", [1], 4000)
+    assert report.epoch == epoch
+    assert_exactly(path, [epoch], 4000, before=before)
 
 
 def test_keyed_pulls_route_like_write_arrow(tmp_path: Path) -> None:

@@ -32,6 +32,7 @@ import raysink
 from raysink import MetaStoreError, SinkRuntime, SinkUnavailableError
 from raysink.coordinator.metastore import open_metastore
 from raysink.sinks import DeltaSink, ParquetSink, PostgresSink
+from raysink.sinks.base import Sink
 from raysink.testing import arm_fault
 from tests.integration.helpers import read_ids, run_in_thread, wait_fired
 from tests.support.postgres import PostgresServer
@@ -127,22 +128,24 @@ HOSTILE_COLUMNS = ["a\"b", "x'); DROP TABLE sec_victim; --", "semi;colon", "back
 
 def test_hostile_identifiers_and_values_through_the_runtime(
         pg_server: PostgresServer, tmp_path: Path) -> None:
+    """A table of each commit method (two sinks of one runtime) with hostile names and
+    values."""
     pg_server.execute("CREATE TABLE IF NOT EXISTS public.sec_victim (x int)", dbname="raysink")
     pg_server.execute("GRANT ALL ON public.sec_victim TO raysink", dbname="raysink")
     values = ["'; DROP TABLE sec_victim; --", 'q"uote', "new\nline", "tab\tback\\slash"]
     data = pa.table({"id": pa.array(range(4), pa.int64()),
                      **{c: pa.array(values) for c in HOSTILE_COLUMNS}})
-    for method in ("prepared", "staging"):
-        table = f"{HOSTILE_TABLE} {method}"
-        with SinkRuntime(f"sec-hostile-{method}", PostgresSink(pg_server.dsn(), table,
-                                                              method=method),
-                         metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
-            assert rt.write_arrow(data).committed
+    tables = {method: f"{HOSTILE_TABLE} {method}" for method in ("prepared", "staging")}
+    sinks = {method: PostgresSink(pg_server.dsn(), table, method=method)
+             for method, table in tables.items()}
+    with SinkRuntime("sec-hostile", sinks, metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        assert rt.write_arrow(data).committed
+    for table in tables.values():
         query = sql.SQL("SELECT {} FROM public.{} ORDER BY id").format(
             sql.SQL(", ").join(sql.Identifier(c) for c in ["id", *HOSTILE_COLUMNS]),
             sql.Identifier(table)).as_string(None)
         got = pg_server.execute(query, dbname="raysink")
-        assert got == [(i, *([values[i]] * len(HOSTILE_COLUMNS))) for i in range(4)]
+        assert got == [(i, *([values[i]] * len(HOSTILE_COLUMNS))) for i in range(4)], table
     assert pg_server.execute("SELECT count(*) FROM public.sec_victim", dbname="raysink") == [(0,)]
 
 
@@ -151,32 +154,6 @@ _JSON_COLUMNS = {
     "raysink_epochs": ("layout", "manifests"),
     "raysink_sink_status": ("history",),
 }
-
-
-def test_metastore_holds_json_only(tmp_path: Path) -> None:
-    """Every stored value is a number, plain text or JSON text: no pickle, no blobs. The
-    PENDING row (with its manifests) is read while the epoch is held at a fault point."""
-    name, db = "sec-json", tmp_path / "meta.db"
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")),
-                     metastore=f"sqlite:///{db}") as rt:
-        rt.write_arrow(_table(1))
-        arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
-                  when={"epoch": 2})
-        thread, box = run_in_thread(lambda: rt.write_arrow(_table(2)))
-        wait_fired(name, "coordinator.after_pending")
-        rows = _sqlite_rows(db)
-        thread.join(timeout=60)
-        assert box["result"].committed
-    states = {r["state"] for r in rows["raysink_epochs"]}
-    assert "PENDING" in states
-    pending = [r for r in rows["raysink_epochs"] if r["state"] == "PENDING"]
-    assert any(m["files"] for m in json.loads(pending[0]["manifests"]))
-    for table, table_rows in rows.items():
-        for row in table_rows:
-            for column, value in row.items():
-                assert value is None or isinstance(value, (int, float, str)), (table, column)
-                if column in _JSON_COLUMNS.get(table, ()) and value is not None:
-                    json.loads(str(value))
 
 
 def _sqlite_rows(db: Path) -> dict[str, list[dict[str, Any]]]:
@@ -218,48 +195,88 @@ def test_ray_token_authentication_stays_on(tmp_path: Path) -> None:
     assert "InvalidAuthToken" in result.stderr, result.stdout + result.stderr[-2000:]
 
 
-def _forge_pending(db: Path, runtime: str, epoch: int, manifest_path: str) -> None:
-    """A PENDING record whose manifest names ``manifest_path``, as an attacker with write
-    access to the meta store would leave it."""
+def _forge_pending(db: Path, runtime: str, epoch: int, paths: dict[str, str]) -> None:
+    """A PENDING record whose manifest for each sink names its path in ``paths``, as an
+    attacker with write access to the meta store would leave it."""
     store = open_metastore(f"sqlite:///{db}", runtime)
     try:
         record = store.load(runtime)
         assert record is not None
-        store.put_open(runtime, record.generation, epoch, 1, ["main"], {})
-        manifest = {"writer": 0, "epoch": epoch, "attempt": 1, "rows": 1, "bytes": 8,
-                    "schema": None,
-                    "files": [{"path": manifest_path, "rows": 1, "bytes": 8, "size": 8}]}
-        store.put_pending(runtime, record.generation, epoch, 1, {"main": [manifest]})
+        store.put_open(runtime, record.generation, epoch, 1, list(paths), {})
+        manifests = {sink: [{"writer": 0, "epoch": epoch, "attempt": 1, "rows": 1, "bytes": 8,
+                             "schema": None,
+                             "files": [{"path": path, "rows": 1, "bytes": 8, "size": 8}]}]
+                     for sink, path in paths.items()}
+        store.put_pending(runtime, record.generation, epoch, 1, manifests)
     finally:
         store.close()
 
 
-@pytest.mark.parametrize("escape", [
-    "../../etc/x",                      # up and out of the sink directory
-    "_raysink/staging/000000000002/0001/../../../../../etc/x",  # dots inside a staged path
-    "/etc/x",                           # absolute
-])
-def test_manifest_paths_cannot_escape_on_recovery(tmp_path: Path, escape: str) -> None:
-    root = tmp_path / "deep" / "sink"
-    bait = tmp_path / "etc" / "x"  # where "../../etc/x" from the sink directory points
+ESCAPES = {
+    "up": "../../etc/x",  # up and out of the sink directory
+    "dots": "_raysink/staging/000000000002/0001/../../../../../etc/x",  # dots in a staged path
+    "absolute": "/etc/x",
+}
+
+
+def test_metastore_holds_json_only_and_manifest_paths_cannot_escape_on_recovery(
+        tmp_path: Path) -> None:
+    """A sink per way out of its directory, in one runtime.
+
+    Every stored value is a number, plain text or JSON text: no pickle, no blobs. The
+    PENDING rows (with their manifests) are read while epoch 2 is held at a fault point.
+    Then a forged PENDING record names a manifest path out of each sink's directory: each
+    sink refuses its own, stalls with ``MetaStoreError``, and nothing is followed."""
+    roots = {sink: tmp_path / "deep" / sink for sink in ESCAPES}
+    bait = tmp_path / "etc" / "x"  # where "../../etc/x" from a sink directory points
     bait.parent.mkdir(parents=True, exist_ok=True)
     bait.write_text("bait")
     name, db = "sec-escape", tmp_path / "meta.db"
-    with SinkRuntime(name, ParquetSink(str(root)), metastore=f"sqlite:///{db}") as rt:
+
+    def sinks() -> dict[str, Sink]:
+        return {sink: ParquetSink(str(root)) for sink, root in roots.items()}
+
+    with SinkRuntime(name, sinks(), metastore=f"sqlite:///{db}") as rt:
         assert rt.write_arrow(_table(1)).committed
-    _forge_pending(db, name, 2, escape)
-    before = sorted(p.name for p in root.iterdir())
-    with SinkRuntime(name, ParquetSink(str(root)), metastore=f"sqlite:///{db}",
-                     commit_timeout=2, retry_cap=0.2) as rt:
+        arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
+                  when={"epoch": 2})
+        thread, box = run_in_thread(lambda: rt.write_arrow(_table(2)))
+        wait_fired(name, "coordinator.after_pending")
+        rows = _sqlite_rows(db)
+        thread.join(timeout=60)
+        assert box["result"].committed
+    _assert_json_only(rows)
+
+    _forge_pending(db, name, 3, ESCAPES)
+    before = {sink: sorted(p.name for p in root.iterdir()) for sink, root in roots.items()}
+    with SinkRuntime(name, sinks(), metastore=f"sqlite:///{db}", commit_timeout=2,
+                     retry_cap=0.2) as rt:
         deadline = time.monotonic() + 30
-        while rt.status().sinks["main"].last_error is None and time.monotonic() < deadline:
+        while (any(s.last_error is None for s in rt.status().sinks.values())
+               and time.monotonic() < deadline):
             time.sleep(0.1)
         status = rt.status()
-    error = status.sinks["main"].last_error or ""
-    assert status.sinks["main"].state == "stalled" and error.startswith("MetaStoreError"), error
+    written = sorted(_table(1).column("id").to_pylist() + _table(2).column("id").to_pylist())
+    for sink, root in roots.items():
+        error = status.sinks[sink].last_error or ""
+        assert status.sinks[sink].state == "stalled", (sink, status.sinks[sink])
+        assert error.startswith("MetaStoreError"), (sink, error)
+        assert sorted(p.name for p in root.iterdir()) == before[sink]
+        assert sorted(read_ids(root)) == written
     assert bait.read_text() == "bait"
-    assert sorted(p.name for p in root.iterdir()) == before
-    assert sorted(read_ids(root)) == sorted(_table(1).column("id").to_pylist())
+
+
+def _assert_json_only(rows: dict[str, list[dict[str, Any]]]) -> None:
+    states = {r["state"] for r in rows["raysink_epochs"]}
+    assert "PENDING" in states
+    pending = [r for r in rows["raysink_epochs"] if r["state"] == "PENDING"]
+    assert any(m["files"] for m in json.loads(pending[0]["manifests"]))
+    for table, table_rows in rows.items():
+        for row in table_rows:
+            for column, value in row.items():
+                assert value is None or isinstance(value, (int, float, str)), (table, column)
+                if column in _JSON_COLUMNS.get(table, ()) and value is not None:
+                    json.loads(str(value))
 
 
 @pytest.mark.parametrize("kind", ["parquet", "delta"])

@@ -45,12 +45,6 @@ def _target(kind: str, request: pytest.FixtureRequest, tmp_path: Path,
                           request.getfixturevalue("schema"))
 
 
-@pytest.fixture(params=KINDS)
-def target(request: pytest.FixtureRequest, tmp_path: Path,
-           monkeypatch: pytest.MonkeyPatch) -> Target:
-    return _target(request.param, request, tmp_path, monkeypatch)
-
-
 def _runtime(name: str, sinks: Sink | dict[str, Sink], meta: str, **options: Any) -> SinkRuntime:
     options.setdefault("retry_cap", 0.5)
     options.setdefault("commit_timeout", 60)
@@ -66,42 +60,85 @@ def _commit_again(sink: Sink, epoch: int) -> None:
 # ----------------------------------------------------------------------------- exactly once
 
 
-def test_epochs_replays_and_coordinator_crashes(target: Target, name: str, meta: str) -> None:
-    """Epochs 1-2; a replay and a repeated commit change nothing; the coordinator is
-    SIGKILLed after PENDING of epoch 3 (before any sink commit) and after the target commit
-    of epoch 4 (before COMMITTED): each epoch is in the target once, by one commit."""
-    with _runtime(name, target.sink(), meta) as rt:
+@pytest.mark.timeout(480)  # five earlier cases' work, of 180 s each at most
+def test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped(
+        request: pytest.FixtureRequest, tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+        name: str, meta: str) -> None:
+    """One runtime, a sink of every kind. Epochs 1-2; a replay and a repeated commit change
+    nothing; the coordinator is SIGKILLed after PENDING of epoch 3 (before any sink
+    commit), after one sink's target commit of epochs 4-6 (before COMMITTED: Delta's in
+    epoch 4, Iceberg's in 5, PostgreSQL's in 6; the other sinks' commits of the epoch may or
+    may not have landed), and once one sink recorded epoch 7 committed and the others had
+    not (sinks commit on their own: whichever recorded first). Each epoch is in every
+    target once, by one commit.
+
+    The status: every sink running while open; PAUSED in the meta store after close; a
+    sink dropped on purpose (Iceberg) shows as dropped and the others carry on."""
+    targets = {kind: _target(kind, request, tmp_path, monkeypatch) for kind in KINDS}
+    with _runtime(name, {kind: t.sink() for kind, t in targets.items()}, meta) as rt:
         for epoch in (1, 2):
             assert rt.write_arrow(epoch_table(epoch, ROWS)).committed
         replay = rt.write_arrow(epoch_table(2, ROWS), epoch=2)
-        assert replay.skipped and replay.skipped_sinks == ("main",)
-        _commit_again(rt.sinks["main"], 2)
-        assert target.commit_epochs(name) == [1, 2]
+        assert replay.skipped and sorted(replay.skipped_sinks) == sorted(KINDS)
+        for kind, target in targets.items():
+            _commit_again(rt.sinks[kind], 2)
+            assert target.commit_epochs(name, kind) == [1, 2], kind
 
         arm_fault(name, "coordinator.after_pending", action="kill", when={"epoch": 3})
         third = rt.write_arrow(epoch_table(3, ROWS))
         assert (third.epoch, third.committed) == (3, True)
         assert third.attempts == 1  # decided before the crash: rolled forward, not re-fed
 
-        arm_fault(name, "coordinator.after_commit", action="kill", when={"epoch": 4})
-        fourth = rt.write_arrow(epoch_table(4, ROWS))
-        assert (fourth.epoch, fourth.committed) == (4, True)
-        # recovery saw the marker, of this very decision (``holds_decision``): no second commit
-        # (commit_epochs below), and the rows are reported written, not skipped
-        assert (fourth.skipped, fourth.skipped_sinks, fourth.rows) == (False, (), ROWS)
+        for epoch, kind in zip((4, 5, 6), KINDS, strict=True):
+            arm_fault(name, "coordinator.after_commit", action="kill",
+                      when={"epoch": epoch, "sink": kind})
+            report = rt.write_arrow(epoch_table(epoch, ROWS))
+            assert fired(name, "coordinator.after_commit"), kind
+            assert (report.epoch, report.committed) == (epoch, True)
+            # recovery saw the marker, of this very decision (``holds_decision``): no second
+            # commit (commit_epochs below), and the rows are reported written, not skipped
+            assert (report.skipped, report.skipped_sinks, report.rows) == (False, (), ROWS)
 
-        assert rt.write_arrow(epoch_table(5, ROWS)).committed
+        arm_fault(name, "coordinator.mid_commit", action="kill", when={"epoch": 7})
+        seventh = rt.write_arrow(epoch_table(7, ROWS))
+        assert fired(name, "coordinator.mid_commit")
+        assert (seventh.epoch, seventh.committed) == (7, True)
+
+        assert rt.write_arrow(epoch_table(8, ROWS)).committed
         status = rt.status()
-    assert status.last_committed_epoch == 5 and status.pending_epochs == []
-    assert status.sinks["main"].state == "running"
-    assert_ids_exact(target.ids(), [1, 2, 3, 4, 5], ROWS)
-    assert target.commit_epochs(name) == [1, 2, 3, 4, 5]
+    epochs = list(range(1, 9))
+    assert status.last_committed_epoch == 8 and status.pending_epochs == []
+    for kind, target in targets.items():
+        assert status.sinks[kind].state == "running", kind
+        assert status.sinks[kind].last_committed_epoch == 8, kind
+        assert_ids_exact(target.ids(), epochs, ROWS)
+        assert target.commit_epochs(name, kind) == epochs, kind
+
+    store = open_metastore(meta, name)
+    try:
+        paused = store.sink_statuses(name)
+    finally:
+        store.close()
+    assert {n: s.state for n, s in paused.items()} == dict.fromkeys(KINDS, "paused")
+
+    kept = {kind: target for kind, target in targets.items() if kind != "iceberg"}
+    with _runtime(name, {kind: t.sink() for kind, t in kept.items()}, meta,
+                  drop_sinks=["iceberg"]) as rt:
+        assert rt.write_arrow(epoch_table(9, ROWS)).committed
+        after = rt.status()
+    assert after.sinks["iceberg"].state == "dropped"
+    for kind, target in kept.items():
+        assert after.sinks[kind].state == "running", kind
+        assert "paused" in [h["state"] for h in after.sinks[kind].history], kind
+        assert_ids_exact(target.ids(), [*epochs, 9], ROWS)
+    assert_ids_exact(targets["iceberg"].ids(), epochs, ROWS)
 
 
 # The default run proves this on PostgreSQL; what Delta and Iceberg add (a commit from the
 # meta store's manifests by a sink that did not stage them) is the contract's
 # (test_sink_contract.py, manifests through JSON into a fresh sink), and a new coordinator
-# committing a pending epoch is test_epochs_replays_and_coordinator_crashes for every sink.
+# committing a pending epoch is the first test of this module (a sink of each kind in one
+# runtime).
 @pytest.mark.parametrize("kind", ["postgres", pytest.param("delta", marks=pytest.mark.slow),
                                   pytest.param("iceberg", marks=pytest.mark.slow)])
 def test_fresh_runtime_recovers_a_pending_epoch(kind: str, name: str, meta: str,
@@ -160,22 +197,21 @@ def _last_values(epochs: list[list[pa.Table]]) -> dict[int, str]:
     return expected
 
 
-@pytest.mark.parametrize("kind", ["delta", "postgres"])
-def test_upsert_keeps_the_last_value_per_key(kind: str, request: pytest.FixtureRequest,
-                                             tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
-                                             name: str, meta: str) -> None:
-    """Three epochs of five batches with repeated keys, two writers routed by the sink's key
-    (the default routing key): the table holds the last value of every key."""
-    target = _target(kind, request, tmp_path, monkeypatch)
-    sink = (target.sink(mode="upsert", key=["id"]) if kind == "delta"
-            else target.sink(key=["id"]))
+def test_upsert_keeps_the_last_value_per_key(pg_server: PostgresServer, schema: str,
+                                             tmp_path: Path, name: str, meta: str) -> None:
+    """Three epochs of five batches with repeated keys, two writers routed by the sinks' key
+    (the default routing key), into a Delta and a PostgreSQL upsert sink of one runtime:
+    each table holds the last value of every key, each epoch by one commit."""
+    delta, pg = DeltaTarget(tmp_path / "delta"), PostgresTarget(pg_server, schema)
+    sinks = {"lake": delta.sink(mode="upsert", key=["id"]), "db": pg.sink(key=["id"])}
     epochs = [_upsert_batches(e) for e in (1, 2, 3)]
-    with _runtime(name, sink, meta, writers=2) as rt:
+    with _runtime(name, sinks, meta, writers=2) as rt:
         assert rt.key == ("id",)
         for tables in epochs:
             assert rt.write_arrow(tables).committed
-    assert target.values() == _last_values(epochs)
-    assert target.commit_epochs(name) == [1, 2, 3]
+    for target, sink in ((delta, "lake"), (pg, "db")):
+        assert target.values() == _last_values(epochs), sink
+        assert target.commit_epochs(name, sink) == [1, 2, 3]
 
 
 @pytest.mark.parametrize(("point", "action"), [
@@ -212,20 +248,24 @@ def test_postgres_upserts_at_each_crash_point(pg_server: PostgresServer, schema:
 # ----------------------------------------------------------------------------- PostgreSQL
 
 
-@pytest.mark.parametrize(("method", "key"), [
-    ("prepared", None),
-    ("staging", None),
+# each PostgreSQL sink's way of staging an epoch, one table each in one runtime
+_METHODS: dict[str, dict[str, Any]] = {
+    "prepared": {"method": "prepared"},
+    "staging": {"method": "staging"},
     # upserts: the writers' UNLOGGED stages are emptied by the crash, the prepared
     # transactions are not
-    ("prepared", ["id"]),
-])
+    "upsert": {"method": "prepared", "key": ["id"]},
+}
+
+
 def test_postgres_restart_between_pre_commit_and_commit(
-        pg_server: PostgresServer, schema: str, name: str, meta: str, method: str,
-        key: list[str] | None) -> None:
+        pg_server: PostgresServer, schema: str, name: str, meta: str) -> None:
     """PostgreSQL crash-restarts (``-m immediate``) while epoch 2 is PENDING and not yet
-    committed: the prepared or staged rows survive and commit once."""
-    target = PostgresTarget(pg_server, schema)
-    with _runtime(name, target.sink(method=method, key=key), meta) as rt:
+    committed: the prepared, staged and prepared upsert rows of the runtime's three
+    PostgreSQL sinks survive and commit once."""
+    targets = {sink: PostgresTarget(pg_server, schema, f"events_{sink}") for sink in _METHODS}
+    sinks = {sink: targets[sink].sink(**options) for sink, options in _METHODS.items()}
+    with _runtime(name, sinks, meta) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
                   when={"epoch": 2})
@@ -236,56 +276,6 @@ def test_postgres_restart_between_pre_commit_and_commit(
         assert not thread.is_alive() and "error" not in box, box.get("error")
         assert box["result"].committed
         assert rt.write_arrow(epoch_table(3, ROWS)).committed  # writers reconnect
-    assert_ids_exact(target.ids(), [1, 2, 3], ROWS)
-    assert target.commit_epochs(name) == [1, 2, 3]
-
-
-def test_coordinator_killed_between_delta_and_postgres_commits(
-        pg_server: PostgresServer, schema: str, tmp_path: Path, name: str, meta: str) -> None:
-    """One runtime, two sinks: the coordinator dies once one of them committed epoch 3 and
-    the other had not (sinks commit on their own: whichever recorded first). After
-    recovery both hold epochs 1-4, each once."""
-    delta, pg = DeltaTarget(tmp_path / "delta"), PostgresTarget(pg_server, schema)
-    sinks = {"lake": delta.sink(), "db": pg.sink()}
-    with _runtime(name, sinks, meta) as rt:
-        for epoch in (1, 2):
-            assert rt.write_arrow(epoch_table(epoch, ROWS)).committed
-        arm_fault(name, "coordinator.mid_commit", action="kill", when={"epoch": 3})
-        third = rt.write_arrow(epoch_table(3, ROWS))
-        assert (third.epoch, third.committed) == (3, True)
-        assert rt.write_arrow(epoch_table(4, ROWS)).committed
-    for target, sink in ((delta, "lake"), (pg, "db")):
-        assert_ids_exact(target.ids(), [1, 2, 3, 4], ROWS)
-        assert target.commit_epochs(name, sink) == [1, 2, 3, 4]
-
-
-# ----------------------------------------------------------------------------- status
-
-
-def test_status_running_paused_and_dropped(tmp_path: Path, name: str, meta: str) -> None:
-    """Running while open; PAUSED in the meta store after close; a sink dropped on purpose
-    shows as dropped and the others carry on."""
-    lake, other = DeltaTarget(tmp_path / "lake"), DeltaTarget(tmp_path / "other")
-    with _runtime(name, {"lake": lake.sink(), "other": other.sink()}, meta) as rt:
-        assert rt.write_arrow(epoch_table(1, ROWS)).committed
-        running = rt.status()
-    assert {n: s.state for n, s in running.sinks.items()} == {"lake": "running",
-                                                               "other": "running"}
-    assert running.sinks["lake"].last_committed_epoch == 1
-
-    store = open_metastore(meta, name)
-    try:
-        paused = store.sink_statuses(name)
-    finally:
-        store.close()
-    assert {n: s.state for n, s in paused.items()} == {"lake": "paused", "other": "paused"}
-
-    with _runtime(name, {"lake": lake.sink()}, meta, drop_sinks=["other"]) as rt:
-        assert rt.write_arrow(epoch_table(2, ROWS)).committed
-        after = rt.status()
-    assert after.sinks["other"].state == "dropped"
-    assert after.sinks["lake"].state == "running"
-    assert "paused" in [h["state"] for h in after.sinks["lake"].history]
-    assert_ids_exact(lake.ids(), [1, 2], ROWS)
-    assert_ids_exact(other.ids(), [1], ROWS)
-
+    for sink, target in targets.items():
+        assert_ids_exact(target.ids(), [1, 2, 3], ROWS)
+        assert target.commit_epochs(name, sink) == [1, 2, 3], sink
