@@ -39,8 +39,9 @@ import time
 from pathlib import Path
 from typing import Any
 
-__all__ = ["ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS", "LIFECYCLE_POINTS", "POINTS",
-           "SINK_POINTS", "InjectedFault", "enabled", "fault_dir", "hit"]
+__all__ = ["ALL_POINTS", "APPLY_POINTS", "ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS",
+           "LIFECYCLE_POINTS", "POINTS", "SINK_POINTS", "InjectedFault", "enabled",
+           "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -70,6 +71,15 @@ starting it (its constructor, before anything; context ``writer``, ``sink``). A 
 there holds a writer that Ray restarts, or the runtime replaces, in its (re)start."""
 
 
+APPLY_POINTS = (
+    "writer.before_apply",
+)
+"""Points of a writer's apply, apart from the protocol's: ``writer.before_apply``, a
+writer took a run of the current attempt's messages from its mailbox and has not applied
+them to its sink writer (context ``epoch``, ``attempt``, ``writer``, ``sink``). A
+``sleep`` there holds the run while the attempt is given up (``cancel``) meanwhile."""
+
+
 FEED_POINTS = (
     "feed.before_close",
 )
@@ -85,6 +95,11 @@ SINK_POINTS = (
 to commit the transaction it holds (context ``sink``, ``epoch``). Unlike
 ``coordinator.after_pending``, whose ``sleep`` lets the commit run meanwhile, a ``sleep``
 here holds the epoch decided and uncommitted."""
+
+
+ALL_POINTS = (POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS
+              + APPLY_POINTS)
+"""Every point a fault can be armed at."""
 
 
 class InjectedFault(RuntimeError):

@@ -62,3 +62,8 @@ bash scripts/kafka/fetch.sh >/dev/null
 # The Spark packages (Delta's, Iceberg's connectors...) the spark tests load, from Maven
 # Central into raysink's cache (~/.cache/raysink/ivy); a no-op once they are there.
 "$VENV/bin/python" scripts/fetch_spark_packages.py
+
+# Bytecode of the project's own modules (an editable install has none): with
+# PYTHONDONTWRITEBYTECODE set, as on this kind of machine, every Ray worker would compile
+# raysink from source again at each start. Quick, and a no-op for files already compiled.
+"$VENV/bin/python" -m compileall -q raysink tests bench examples >/dev/null

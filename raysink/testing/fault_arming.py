@@ -8,15 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any, Literal
 
-from raysink._faults import (
-    FEED_POINTS,
-    HANDOFF_POINTS,
-    LIFECYCLE_POINTS,
-    POINTS,
-    SINK_POINTS,
-    _arm_path,
-    enabled,
-)
+from raysink._faults import ALL_POINTS, _arm_path, enabled
 from raysink.errors import (
     ConfigError,
 )
@@ -41,9 +33,8 @@ def arm_fault(
     Only a process started with ``RAYSINK_FAULT_DIR`` set (the test fixtures set it before
     Ray starts) can arm points, and only actors started with it fire them: elsewhere this
     is a ``ConfigError``."""
-    points = POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS
-    if point not in points:
-        raise ConfigError(f"unknown fault point {point!r}; one of {points}")
+    if point not in ALL_POINTS:
+        raise ConfigError(f"unknown fault point {point!r}; one of {ALL_POINTS}")
     if action not in ("kill", "raise", "sleep"):
         raise ConfigError(f"fault action must be 'kill', 'raise' or 'sleep', got {action!r}")
     if times < 1:
@@ -61,7 +52,7 @@ def disarm_faults(runtime: str) -> None:
     fault injection is off."""
     if not enabled():
         return
-    for point in POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS:
+    for point in ALL_POINTS:
         path = _arm_path(runtime, point)
         path.unlink(missing_ok=True)
         path.with_suffix(".fired").unlink(missing_ok=True)

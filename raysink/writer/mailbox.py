@@ -191,6 +191,13 @@ class Mailbox(Generic[T]):
             waiting = {f"{s.epoch}/{s.attempt}": s.waiting_for() for s in self._slots.values()}
         return {key: feeds for key, feeds in waiting.items() if feeds}
 
+    def live_slot(self, epoch: int, attempt: int) -> EpochSlot[T] | None:
+        """The slot of ``(epoch, attempt)`` while it is here and not cancelled; ``None``
+        once the attempt was given up or replaced (its slot forgotten)."""
+        with self._cond:
+            slot = self._slots.get((epoch, attempt))
+            return None if slot is None or slot.cancelled else slot
+
     def is_stale(self, epoch: int, attempt: int) -> bool:
         """At or below what is done, an attempt given up (a stream's rewind gives up an
         epoch after one it then writes again), or one a newer attempt replaced."""

@@ -209,7 +209,11 @@ class SinkWriterActor:
             self._rollback_writer(epoch, attempt)
 
     def _drain(self) -> None:
-        """Apply what the current epoch can take now, in order (one thread at a time)."""
+        """Apply what the current epoch can take now, in order (one thread at a time).
+        A run whose attempt was given up or replaced after it was taken is dropped: the
+        slot is looked up under the lock a rollback takes, so the run is either applied
+        before the attempt's rollback or not at all (applied after it, its rows would
+        stay in the sink writer for the next attempt's pre-commit)."""
         while True:
             claimed = self._mailbox.take_ready()
             if claimed is None:
@@ -217,10 +221,13 @@ class SinkWriterActor:
                                       self._mailbox.waiting_bytes)
                 return
             (epoch, attempt), run = claimed
-            slot = next((s for s in self._mailbox.slots() if s.key == (epoch, attempt)), None)
+            _faults.hit("writer.before_apply", runtime=self._config.runtime, epoch=epoch,
+                        attempt=attempt, writer=self._config.writer_id,
+                        sink=self._config.sink_name)
             rows = nbytes = 0
             try:
                 with self._lock:
+                    slot = self._mailbox.live_slot(epoch, attempt)
                     for _, table in run:
                         if slot is not None:
                             self._apply(slot, table)

@@ -29,6 +29,7 @@ from tests.integration.helpers import (
     epoch_table,
     read_ids,
     unique_name,
+    wait_fired,
     writer_owners,
 )
 
@@ -264,6 +265,31 @@ def test_a_feed_whose_close_failed_fails_the_commit_at_once(
     with pytest.raises(EpochFailedError, match="its close failed: InjectedFault"):
         ep.commit()
     assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    assert_exactly(path, [epoch], ROWS, before=before)
+
+
+def test_a_run_held_as_its_attempt_was_aborted_is_not_applied_after_the_rollback(
+        shared: tuple[SinkRuntime, Path]) -> None:
+    """A writer took a run of the epoch's messages from its mailbox and was held there
+    (``writer.before_apply``, 4 s) while the attempt was aborted: the run is dropped, not
+    applied after the attempt's rollback. Applied after it, its rows stayed in the sink
+    writer and the epoch fed again committed them twice (chaos seed 1126, t0037: a
+    stream's second sink showed 28 rows of an aborted attempt beside their replay)."""
+    from raysink.testing import arm_fault
+
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    arm_fault(rt.name, "writer.before_apply", action="sleep", seconds=4.0,
+              when={"epoch": epoch})
+    ep = rt.open_epoch()
+    task = produce.remote(ep.feed(), epoch, 0)
+    wait_fired(rt.name, "writer.before_apply")
+    ep.abort()
+    ray.wait([task], timeout=60)  # its close waited for the held run to go on
+    assert sorted(read_ids(path)) == sorted(before)
+    again = rt.open_epoch(epoch)
+    ray.get([produce.remote(again.feed(), epoch, part) for part in range(PARTS)])
+    assert again.commit().committed
     assert_exactly(path, [epoch], ROWS, before=before)
 
 

@@ -86,6 +86,24 @@ def test_a_seal_is_not_lost_while_its_messages_are_being_applied() -> None:
     assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
 
 
+def test_a_run_claimed_before_its_attempt_was_given_up_finds_no_live_slot() -> None:
+    """The writer looks its claimed run's slot up again under the lock a rollback takes:
+    once the attempt was cancelled, or replaced by a newer one, there is none, and the run
+    is dropped rather than applied after the rollback."""
+    box: Mailbox[str] = Mailbox()
+    box.offer(1, 0, "a", 0, "a0")
+    claimed = box.take_ready()
+    assert claimed is not None and box.live_slot(1, 0) is not None
+    box.cancel(1, 0)
+    assert box.live_slot(*claimed[0]) is None
+    box.applied(claimed[0], ["a"], 0)
+    box.offer(2, 0, "a", 0, "b0")
+    claimed = box.take_ready()
+    assert claimed is not None
+    box.offer(2, 1, "a", 0, "b0 again")  # a newer attempt replaces it
+    assert box.live_slot(*claimed[0]) is None and box.live_slot(2, 1) is not None
+
+
 def test_a_feed_closing_twice_changes_nothing() -> None:
     """A producer retried by Ray closes again, with the same count: ignored."""
     box: Mailbox[str] = Mailbox()
