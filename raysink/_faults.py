@@ -73,11 +73,14 @@ there holds a writer that Ray restarts, or the runtime replaces, in its (re)star
 
 APPLY_POINTS = (
     "writer.before_apply",
+    "writer.before_pre_commit",
 )
-"""Points of a writer's apply, apart from the protocol's: ``writer.before_apply``, a
-writer took a run of the current attempt's messages from its mailbox and has not applied
-them to its sink writer (context ``epoch``, ``attempt``, ``writer``, ``sink``). A
-``sleep`` there holds the run while the attempt is given up (``cancel``) meanwhile."""
+"""Points of a writer's apply and seal, apart from the protocol's (context ``epoch``,
+``attempt``, ``writer``, ``sink``): ``writer.before_apply``, a writer took a run of the
+current attempt's messages from its mailbox and has not applied them to its sink writer;
+``writer.before_pre_commit``, a seal found the attempt's data aligned and applied and has
+not pre-committed it. A ``sleep`` at either holds the writer there while the attempt is
+given up (``cancel``) or replaced meanwhile."""
 
 
 FEED_POINTS = (

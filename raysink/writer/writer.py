@@ -315,7 +315,12 @@ class SinkWriterActor:
         schema = None if slot is None or slot.schema is None else _schema.encode(slot.schema)
         if self._config.sink.holds_transactions:
             self._await_earlier_commits(epoch)
+        _faults.hit("writer.before_pre_commit", runtime=self._config.runtime, epoch=epoch,
+                    attempt=attempt, writer=self._config.writer_id,
+                    sink=self._config.sink_name)
         with self._lock:
+            if self._mailbox.live_slot(epoch, attempt) is None:
+                raise self._given_up_while_sealing(epoch, attempt)
             spoiled, self._flush_failed = self._flush_failed, None
             if spoiled is None:
                 self._open_writer()
@@ -350,6 +355,15 @@ class SinkWriterActor:
             "attempt is given up (nothing of it is visible) and the epoch must be written "
             "again", runtime=self._config.runtime, sink=self._config.sink_name,
             epoch=epoch) from error
+
+    def _given_up_while_sealing(self, epoch: int, attempt: int) -> EpochFailedError:
+        """The attempt was given up (cancelled, or replaced by a newer one) after its seal
+        was ready: its rollback ran, and the sink writer may hold the next attempt's rows
+        by now, which a pre-commit of this attempt would take."""
+        return EpochFailedError(
+            f"writer {self._config.writer_id}: attempt {attempt} of epoch {epoch} was given "
+            "up while it was sealed here; nothing of it is pre-committed",
+            runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
 
     def _await_feeds(self, barrier: CheckpointBarrier, attempt: int) -> None:
         """Wait until the epoch's feeds are aligned and applied; else roll the attempt

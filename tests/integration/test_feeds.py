@@ -293,6 +293,37 @@ def test_a_run_held_as_its_attempt_was_aborted_is_not_applied_after_the_rollback
     assert_exactly(path, [epoch], ROWS, before=before)
 
 
+def test_an_attempt_given_up_while_its_seal_waited_is_not_pre_committed(
+        shared: tuple[SinkRuntime, Path]) -> None:
+    """Writer 0's seal found the attempt's data applied and was held before its pre-commit
+    (``writer.before_pre_commit``, 5 s) while the attempt was given up there (its CANCEL
+    rolled the sink writer back, as a stream's recovery does). The seal refuses: its
+    pre-commit would have staged what the sink writer held by then (nothing, or the next
+    attempt's rows) as this attempt's part, and the commit went through without writer 0's
+    rows. The commit fails, nothing is visible, and the epoch fed again is exact."""
+    from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+    from raysink.testing import arm_fault
+    from tests.integration.helpers import run_in_thread
+
+    rt, path = shared
+    epoch, before = _next(rt), read_ids(path)
+    arm_fault(rt.name, "writer.before_pre_commit", action="sleep", seconds=5.0,
+              when={"epoch": epoch, "writer": 0})
+    ep = rt.open_epoch()
+    ray.get([produce.remote(ep.feed(), epoch, part) for part in range(PARTS)])
+    thread, box = run_in_thread(ep.commit)
+    wait_fired(rt.name, "writer.before_pre_commit")
+    writer = rt._require_started().writers["main"][0]
+    cancel = CheckpointBarrier(rt._epochs.next_checkpoint(), epoch, BarrierFlags.CANCEL)
+    ray.get(writer.cancel.remote(cancel, ep.attempt))
+    thread.join(timeout=120)
+    assert isinstance(box.get("error"), EpochFailedError), box
+    assert "given up while it was sealed" in str(box["error"])
+    assert sorted(read_ids(path)) == sorted(before)
+    assert rt.write_arrow(epoch_table(epoch, ROWS), epoch=epoch).committed
+    assert_exactly(path, [epoch], ROWS, before=before)
+
+
 def test_abort_leaves_nothing_and_the_epoch_can_be_fed_again(
         shared: tuple[SinkRuntime, Path]) -> None:
     rt, path = shared
