@@ -95,11 +95,22 @@ class Head:
             assert time.monotonic() < deadline, f"the job server never answered\n{self._tail()}"
             time.sleep(2)
 
-    def submit(self, *args: str) -> subprocess.CompletedProcess[str]:
-        return subprocess.run(
-            [str(_BIN / "ray"), "job", "submit", "--address", self.address,
-             "--working-dir", str(_REPO), "--", "python", "examples/cluster_job.py", *args],
-            env=self.env, capture_output=True, text=True, check=False, timeout=360)
+    def submit(self, *args: str, agent_wait: float = 120.0) -> subprocess.CompletedProcess[str]:
+        """``ray job submit`` of the example job. The head's job agent may register after
+        the job server answers: a submit refused with "No available agent" (nothing was
+        submitted; Ray says to try again later) is sent again, up to ``agent_wait`` s
+        (CI at 7db1514, load 25)."""
+        deadline = time.monotonic() + agent_wait
+        while True:
+            done = subprocess.run(
+                [str(_BIN / "ray"), "job", "submit", "--address", self.address,
+                 "--working-dir", str(_REPO), "--", "python", "examples/cluster_job.py",
+                 *args], env=self.env, capture_output=True, text=True, check=False,
+                timeout=360)
+            if ("No available agent to submit job" not in done.stdout + done.stderr
+                    or time.monotonic() > deadline):
+                return done
+            time.sleep(3)
 
     def _tail(self) -> str:
         return (self.root / "head.log").read_text(errors="replace")[-3000:]
