@@ -339,7 +339,8 @@ class ActorSet:
         answer a moment longer, but it is doomed). An actor Ray's GCS says it is
         (re)starting is not pinged (the ping would come back only once it is up); it, and
         a silent one on a node that answers, are left alone (busy, or restarted by Ray).
-        A result is reused for ``ping_timeout`` seconds."""
+        A result is reused for ``ping_timeout`` seconds, unless ``check_calls`` saw an
+        actor lost since."""
         now = time.monotonic()
         if self._probed is not None and now - self._probed[0] < self.ping_timeout:
             return list(self._probed[1])
@@ -390,7 +391,8 @@ class ActorSet:
         ``RuntimeUnavailableError`` once an actor they went to is being restarted by Ray
         (the call is lost: Ray fails it only after gathering the details of the death),
         sits on a node whose raylet refuses connections, or is the coordinator and dead.
-        One or two GCS requests, a connection to each node's raylet."""
+        One or two GCS requests, a connection to each node's raylet. A probe result
+        kept from before is dropped then: the heal that follows must see the loss."""
         handles = self._handles()
         keys = raystate.targeted(handles, refs)
         if not keys:
@@ -403,6 +405,7 @@ class ActorSet:
         if COORDINATOR in keys and raystate.state_of(self.coordinator) == "DEAD":
             restarting.append(COORDINATOR)  # Ray does not restart it: the driver replaces it
         if lost or restarting:
+            self._probed = None  # older than this news: the heal after it probes afresh
             names = [self._names.get(k, str(k)) for k in lost + restarting]
             raise RuntimeUnavailableError(
                 f"{', '.join(names)} lost its process (restarting, or its node is gone) "
