@@ -158,6 +158,8 @@ class EpochDriver:
                 last_error = exc
                 log.warning("%s: epoch %s attempt %s failed: %s", self.name, epoch, attempt,
                             short(exc))
+                log.debug("%s: epoch %s attempt %s failed", self.name, epoch, attempt,
+                          exc_info=exc)
                 if self._recover_epoch(actors, epoch, attempt):
                     outcome = self._committed(actors, epoch)
                     return self._visible(epoch, plan.rows or 0, attempt_no, started, outcome)

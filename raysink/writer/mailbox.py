@@ -200,10 +200,13 @@ class Mailbox(Generic[T]):
 
     def is_stale(self, epoch: int, attempt: int) -> bool:
         """At or below what is done, an attempt given up (a stream's rewind gives up an
-        epoch after one it then writes again), or one a newer attempt replaced."""
-        key = (epoch, attempt)
-        return key <= self._done or attempt <= self._cancelled.get(epoch, -1) or any(
-            k[0] == epoch and k[1] > attempt for k in self._slots)
+        epoch after one it then writes again), or one a newer attempt replaced. Under
+        the lock: a writer asks before it fetches a message, while its other threads add
+        and drop slots."""
+        with self._cond:
+            key = (epoch, attempt)
+            return key <= self._done or attempt <= self._cancelled.get(epoch, -1) or any(
+                k[0] == epoch and k[1] > attempt for k in self._slots)
 
     def _slot(self, epoch: int, attempt: int) -> tuple[EpochSlot[T] | None, list[Key]]:
         """The slot of ``(epoch, attempt)``, made when new; an older attempt of the epoch

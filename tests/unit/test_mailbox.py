@@ -195,3 +195,43 @@ def test_depth_and_status_while_messages_of_new_feeds_arrive() -> None:
         thread.join()
     assert not errors, errors
     assert box.depth() > 0
+
+
+def test_is_stale_is_asked_safely_while_other_threads_file_and_cancel_attempts() -> None:
+    """A writer asks ``is_stale`` before it fetches a message's data, outside its lock,
+    while its other data thread files messages of new attempts and its barrier thread
+    cancels old ones. Asked without the mailbox's lock, its look over the slots raised
+    ``RuntimeError: dictionary changed size during iteration`` when a slot came or went
+    meanwhile, and the write failed its attempt (the cluster layer's node-loss test:
+    "epoch 6 attempt 1 failed: RuntimeError: dictionary changed size during iteration")."""
+    import sys
+
+    box: Mailbox[str] = Mailbox()
+    for epoch in range(1, 400):  # many slots in flight: each look over them is long
+        box.offer(epoch, 0, 0, 0, "m")
+    errors: list[BaseException] = []
+    stop = threading.Event()
+
+    def churn() -> None:
+        attempt = 1
+        while not stop.is_set():
+            box.offer(1000, attempt, 0, 0, "m")  # a new slot (replacing the previous one)
+            box.cancel(1000, attempt)
+            attempt += 1
+
+    interval = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    thread = threading.Thread(target=churn, daemon=True)
+    thread.start()
+    try:
+        for _ in range(3000):
+            try:
+                box.is_stale(500, 0)
+            except RuntimeError as exc:
+                errors.append(exc)
+                break
+    finally:
+        stop.set()
+        thread.join()
+        sys.setswitchinterval(interval)
+    assert errors == []
