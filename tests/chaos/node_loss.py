@@ -10,10 +10,15 @@ writer on a worker that does not host the coordinator, or the coordinator) is re
 while the victim is held at the trial's protocol point, or after a random delay. The
 cluster is closed whatever happens; the parent then checks the targets row by row.
 
-The child prints one line per event: ``DONE <epoch> <committed>``, ``ERROR <name>
-<message>`` (a driver call failed; it is retried with a new feed), ``LOST <node>
-<seconds into the epoch>``, ``RECOVERED <seconds>`` (from the removal to the next epoch
-committed) and ``ALL DONE``.
+The child prints one line per event: ``CLUSTER UP`` (its cluster started), ``DONE
+<epoch> <committed>``, ``ERROR <name> <message>`` (a driver call failed; it is retried
+with a new feed), ``LOST <node> <seconds into the epoch>``, ``RECOVERED <seconds>`` (from
+the removal to the next epoch committed) and ``ALL DONE``.
+
+A child whose cluster could not start (no ``CLUSTER UP``: Ray's "The current node timed
+out during startup" on a machine loaded by other work) ran nothing of the trial: it is
+started again, up to ``_CLUSTER_TRIES`` times, and the trial's notes say so. Any failure
+after its cluster was up fails the trial.
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ __all__ = ["run"]
 _REPO = Path(__file__).resolve().parents[2]
 LABELS = {"raysink": "coordinator"}
 _CHILD_SECONDS = 420.0
+_CLUSTER_TRIES = 3
 
 
 def run(spec: Any, specs: dict[str, Any], metastore: str, directory: Path,
@@ -45,9 +51,15 @@ def run(spec: Any, specs: dict[str, Any], metastore: str, directory: Path,
               "fault_epoch": spec.fault_epoch, "victim": spec.victim, "point": spec.point,
               "delay": spec.delay, "flush_interval": spec.flush_interval}
     stderr = directory / "node_loss.stderr"
-    with open(stderr, "wb") as err:
-        stdout, returncode = _child(config, err)
-    lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+    for attempt in range(1, _CLUSTER_TRIES + 1):
+        with open(stderr, "wb") as err:
+            stdout, returncode = _child(config, err)
+        lines = [line.strip() for line in stdout.splitlines() if line.strip()]
+        if "CLUSTER UP" in lines or returncode == 0 or attempt == _CLUSTER_TRIES:
+            break
+        cause = _last_line(stderr.read_text(errors="replace"))
+        result.notes.append(f"the trial's cluster did not start (try {attempt}: {cause}); "
+                            "the child was started again")
     for line in lines:
         word, _, rest = line.partition(" ")
         if word == "ERROR":
@@ -62,6 +74,11 @@ def run(spec: Any, specs: dict[str, Any], metastore: str, directory: Path,
         tail = stderr.read_text(errors="replace")[-2000:]
         raise AssertionError(f"the node-loss child did not finish (exit {returncode}): "
                              f"{lines[-8:]}\n{tail}")
+
+
+def _last_line(text: str) -> str:
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    return lines[-1][:200] if lines else "no output"
 
 
 def _child(config: dict[str, Any], err: IO[bytes]) -> tuple[str, int]:
@@ -184,17 +201,19 @@ def main(config: dict[str, Any]) -> None:
     from tests.chaos.targets import build_sinks
     from tests.support.cluster import LocalCluster
 
-    with LocalCluster(3, labels=[LABELS, LABELS, {}]) as cluster, SinkRuntime(
-            config["name"], build_sinks(config["sinks"]), writers=3,
-            metastore=config["metastore"], placement=Placement(coordinator=LABELS),
-            flush_interval=float(config["flush_interval"]), retry_cap=0.5,
-            max_attempts=3, progress=False) as rt:
-        child = _Child(config, cluster, rt)
-        for epoch in range(1, int(config["epochs"]) + 1):
-            if epoch == config["fault_epoch"]:
-                child.faulted(epoch)
-            else:
-                child.write(epoch)
+    with LocalCluster(3, labels=[LABELS, LABELS, {}]) as cluster:
+        _say("CLUSTER UP")
+        with SinkRuntime(config["name"], build_sinks(config["sinks"]), writers=3,
+                         metastore=config["metastore"],
+                         placement=Placement(coordinator=LABELS),
+                         flush_interval=float(config["flush_interval"]), retry_cap=0.5,
+                         max_attempts=3, progress=False) as rt:
+            child = _Child(config, cluster, rt)
+            for epoch in range(1, int(config["epochs"]) + 1):
+                if epoch == config["fault_epoch"]:
+                    child.faulted(epoch)
+                else:
+                    child.write(epoch)
     _say("ALL DONE")
 
 
