@@ -113,6 +113,29 @@ def test_writers_and_coordinator_killed(kafka_broker: KafkaBroker, topic: str, n
     assert sorted(set(epochs)) == list(range(1, 8))
 
 
+def test_a_restarted_writer_ends_the_transaction_it_lost(kafka_broker: KafkaBroker,
+                                                         topic: str, name: str,
+                                                         meta: str) -> None:
+    """Writer 0 dies after its pre-commit of epoch 2 (its records in an open transaction,
+    its ack not sent); Ray's restart of it is slow, so the retry goes around it, and it
+    gets no rows after. Its restart takes the transactional id over at once, which aborts
+    the transaction it left. Before: nothing did until ``transaction_timeout`` (15 min),
+    so ``read_committed`` readers stopped at that transaction's first record and epoch 2's
+    committed records stayed out of sight (chaos seed 1126 t0164)."""
+    with _runtime(name, kafka_broker, topic, meta) as rt:
+        assert rt.write_arrow(halves(1)).committed
+        arm_fault(name, "writer.start", action="sleep", seconds=6.0,
+                  when={"writer": 0, "sink": "main"})
+        arm_fault(name, "writer.after_pre_commit", action="kill",
+                  when={"epoch": 2, "writer": 0, "sink": "main"})
+        report = rt.write_arrow(halves(2))
+        assert fired(name, "writer.after_pre_commit") and report.committed
+        _writer_pid(rt)  # writer 0 is back, with no epoch to write
+        Records(kafka_broker, topic).assert_exactly([1, 2])  # seen while it runs
+    Records(kafka_broker, topic).assert_exactly([1, 2])
+    assert_aborted_reached_log(kafka_broker, topic, 2)
+
+
 def test_transaction_timeout_is_replayed(kafka_broker: KafkaBroker, topic: str, name: str,
                                          meta: str) -> None:
     """A writer's transaction outlives ``transaction_timeout`` while its epoch is PENDING:

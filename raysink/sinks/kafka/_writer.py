@@ -1,17 +1,23 @@
 """``KafkaWriter``: one writer slot's transactional producer, inside its writer actor.
 
-The first ``pre_commit`` of a process makes the slot's producer (transactional id
-``<prefix>.<runtime>.<sink>.w<k>``) and runs ``init_transactions``: the broker then fences
-every earlier producer of the slot (a dead incarnation, or a zombie still running on a
-lost node) and aborts the transaction it left open (not at ``open``: an actor restarted
-after a crash must answer at once, and taking an id over waits for that abort). ``write``
-encodes each batch (``_encode``) and keeps the records until the
-epoch ends. ``pre_commit`` begins a transaction, produces them, flushes, and keeps the
-transaction open: the records are durable in the data topic, invisible to
-``read_committed`` readers. Its manifest names the transactional id, this actor, and per
-partition the runs of offsets the records got (from the delivery reports: ``[first,
-count]`` per run, one run per batch the client sent; other producers' records may lie
-between runs), which is what a replay reads back.
+``open`` (each start of the writer actor's process) makes the slot's producer
+(transactional id ``<prefix>.<runtime>.<sink>.w<k>``) and runs ``init_transactions`` in a
+thread of its own (``_TakeOver``): the broker then fences every earlier producer of the
+slot (a dead incarnation, or a zombie still running on a lost node) and aborts the
+transaction it left open. Not in ``open`` itself: an actor restarted after a crash must
+answer at once, and taking an id over waits for that abort. Nor later, at the first
+``pre_commit`` with records: until the abort, ``read_committed`` readers of every
+partition the lost transaction wrote stop at its first record, and a writer may get no
+records for long (an unkeyed retry goes around a restarting writer). The calls that need
+the producer wait for the thread.
+
+``write`` encodes each batch (``_encode``) and keeps the records until the epoch ends.
+``pre_commit`` begins a transaction, produces them, flushes, and keeps the transaction
+open: the records are durable in the data topic, invisible to ``read_committed`` readers.
+Its manifest names the transactional id, this actor, and per partition the runs of
+offsets the records got (from the delivery reports: ``[first, count]`` per run, one run
+per batch the client sent; other producers' records may lie between runs), which is what
+a replay reads back.
 
 ``finish`` is the coordinator's call (through the actor) once the epoch is decided: it adds
 the slot's progress record to the held transaction and commits it (or aborts it). Its
@@ -86,6 +92,37 @@ class _Deliveries:
         return {str(p): runs for p, runs in sorted(self.runs.items())}
 
 
+class _TakeOver:
+    """``init_transactions`` of a new producer for ``txn_id``, in a thread: ``result()``
+    waits for it and gives the producer and its error watch, or raises what it raised."""
+
+    def __init__(self, make: Callable[[], tuple[Any, Any]], txn_id: str) -> None:
+        self._make = make
+        self._outcome: tuple[Any, Any] | BaseException | None = None
+        self._thread = threading.Thread(target=self._run, daemon=True,
+                                        name=f"raysink-kafka-takeover-{txn_id}")
+        self._thread.start()
+
+    def _run(self) -> None:
+        try:
+            self._outcome = self._make()
+        except BaseException as exc:  # handed to the caller of result()
+            self._outcome = exc
+
+    def done(self) -> bool:
+        return not self._thread.is_alive()
+
+    def result(self, timeout: float) -> tuple[Any, Any]:
+        self._thread.join(timeout)
+        outcome = self._outcome
+        if outcome is None:
+            raise SinkUnavailableError(f"taking a transactional id over did not end in "
+                                       f"{timeout:g} s")
+        if isinstance(outcome, BaseException):
+            raise outcome
+        return outcome
+
+
 class KafkaWriter(SinkWriter):
     """See the module docstring. Calls arrive one at a time (the actor's lock)."""
 
@@ -104,24 +141,61 @@ class KafkaWriter(SinkWriter):
         self._topic_checked = False
         self._state = threading.Lock()
         self._watch: Any = None
+        self._takeover: _TakeOver | None = None
+        self._takeover_failed = False
 
     # -- the producer ------------------------------------------------------------------
 
-    def _ensure_producer(self) -> Any:
-        if self._producer is not None:
-            return self._producer
+    def open(self) -> None:
+        """Start taking the transactional id over (see the module docstring)."""
+        if self._producer is None and self._takeover is None:
+            self._takeover = _TakeOver(self._new_producer, self.txn_id)
+
+    def _new_producer(self) -> tuple[Any, Any]:
+        """A producer that owns the transactional id (``init_transactions`` done), and the
+        watch of its fatal errors."""
         from raysink.sinks.kafka._config import FatalWatch, kafka_module
 
         ck = kafka_module()
-        self._watch = FatalWatch()
+        watch = FatalWatch()
         producer = ck.Producer({**self.settings.producer_config(self.txn_id),
-                                "error_cb": self._watch})
+                                "error_cb": watch})
         try:
             producer.init_transactions(self.settings.timeout)
         except ck.KafkaException as exc:
             raise self._error("could not take transactional id over", exc) from exc
-        self._producer = producer
-        return producer
+        return producer, watch
+
+    def _settle_takeover(self) -> None:
+        """The producer of the take-over ``open`` started, once it ends; a take-over
+        that failed leaves none (the next use makes one, and raises if it cannot)."""
+        takeover, self._takeover = self._takeover, None
+        if takeover is None:
+            return
+        try:
+            self._producer, self._watch = takeover.result(2 * self.settings.timeout)
+        except RaySinkError as exc:
+            self._takeover_failed = True
+            log.warning("writer %s: %s; trying again at the next pre-commit",
+                        self.writer_id, exc)
+
+    def _retry_failed_takeover(self) -> None:
+        """A take-over that ended without a producer (the brokers unreachable at the
+        writer's start) starts again, without waiting: a writer that gets no records
+        must still end what an earlier incarnation left open."""
+        takeover = self._takeover
+        if takeover is not None and takeover.done():
+            self._settle_takeover()
+        if self._takeover_failed and self._takeover is None:
+            self._takeover_failed = False
+            self.open()
+
+    def _ensure_producer(self) -> Any:
+        self._settle_takeover()
+        if self._producer is None:
+            self._producer, self._watch = self._new_producer()
+            self._takeover_failed = False
+        return self._producer
 
     def _drop_producer(self) -> None:
         """After a fatal error: this producer is done; the next use makes a new one."""
@@ -157,6 +231,7 @@ class KafkaWriter(SinkWriter):
         manifest: KafkaManifest = {"writer": self.writer_id, "rows": rows, "epoch": epoch,
                               "attempt": attempt}
         if not rows:
+            self._retry_failed_takeover()
             return manifest
         self._ensure_topic(epoch)
         producer = self._ensure_producer()
@@ -245,6 +320,7 @@ class KafkaWriter(SinkWriter):
 
     def finish(self, epoch: int, attempt: int, *, commit: bool) -> Held:
         """Commit (or abort) the held transaction of ``(epoch, attempt)``: see ``Held``."""
+        self._settle_takeover()
         with self._state:
             if (epoch, attempt) in self._committed:
                 return Held.COMMITTED
@@ -287,6 +363,7 @@ class KafkaWriter(SinkWriter):
     def close(self) -> None:
         """Abort a transaction still held (its epoch, if decided, is replayed by the
         coordinator), then let the producer go."""
+        self._settle_takeover()
         producer = self._producer
         if producer is None:
             return
