@@ -56,6 +56,10 @@ __all__ = ["ActorProcess", "EpochReport", "RuntimeOptions", "RuntimeStatus", "Si
 
 R = TypeVar("R")
 
+QUERY_SECONDS = 30.0
+"""The least a query of the runtime's actors (``status()``, the committed epochs, the
+close's look at outstanding epochs) waits for an answer, whatever ``commit_timeout``."""
+
 
 class SinkRuntime:
     """Exactly-once writes of Arrow data and Spark DataFrames into one or more sinks.
@@ -80,7 +84,8 @@ class SinkRuntime:
     it, ``start()`` raises ``RuntimeInUseError`` naming that driver and until when.
 
     Every failure of a public method is a ``RaySinkError``; a Ray error behind it is its
-    cause. Actors that are restarting are waited for, up to ``commit_timeout``.
+    cause. Actors that are restarting are waited for, up to ``commit_timeout`` (a query
+    such as ``status()`` at least ``QUERY_SECONDS``, 30 s).
     """
 
     @rejects_unknown_options("SinkRuntime")
@@ -350,10 +355,13 @@ class SinkRuntime:
         return self._actors
 
     def _ask(self, actors: ActorSet, what: str, call: Call[R]) -> R:
-        """An idempotent call to the runtime's actors, waiting while they restart (up to
-        ``commit_timeout``) and re-creating one that is gone."""
+        """An idempotent query of the runtime's actors, waiting while they restart (up to
+        ``commit_timeout``, and at least ``QUERY_SECONDS``: a short ``commit_timeout``
+        says how long a write waits for its commit, not that a query may fail while the
+        coordinator restarts or a loaded machine answers slowly) and re-creating one
+        that is gone."""
         return ask(call, what=what, runtime=self.name, heal=actors.heal,
-                   timeout=self._options.commit_timeout)
+                   timeout=max(self._options.commit_timeout, QUERY_SECONDS))
 
     def _ask_started(self, what: str, call: Call[R]) -> R:
         """``_ask`` of the runtime's current actors (it is started, or closing)."""

@@ -252,6 +252,21 @@ def test_a_restarting_coordinator_is_waited_for(tmp_path: Path, name: str, meta:
     assert_exactly(tmp_path / "pq", [1, 2], ROWS)
 
 
+def test_a_short_commit_timeout_does_not_cut_a_status_query_short(
+        tmp_path: Path, name: str, meta: str) -> None:
+    """``commit_timeout`` bounds how long a write waits for its commit, not a query: with
+    ``commit_timeout=0.5``, ``status()`` right after the coordinator died raised
+    ``RuntimeUnavailableError`` ("still restarting after 0s") while Ray restarted it, and
+    on a loaded machine a live coordinator's answer could miss it too ("no answer within
+    0s": chaos seed 1126 t0039 at 54fb157). A query now waits at least 30 s."""
+    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, commit_timeout=0.5) as rt:
+        rt.write_arrow(epoch_table(1, ROWS))
+        _until(lambda: rt.status().last_committed_epoch == 1, 60, "epoch 1 committed")
+        sigkill(actor_pid(rt))
+        assert rt.status().last_committed_epoch == 1
+    assert_exactly(tmp_path / "pq", [1], ROWS)
+
+
 # ----------------------------------------------------------------------------- fault hooks
 
 
