@@ -68,6 +68,7 @@ from raysink.protocol.pull import resolve
 from raysink.protocol.results import WriterStatus
 from raysink.reports import ActorProcess, RuntimeStatus
 from raysink.sinks.base import Held, Sink
+from raysink.writer.held import HeldRows, Key
 from raysink.writer.mailbox import EpochSlot, FeedId, Mailbox, Verdict
 from raysink.writer.watchdog import Watchdog
 
@@ -77,7 +78,6 @@ log = logging.getLogger(__name__)
 T = TypeVar("T")
 
 NAMESPACE = "raysink"
-_REMEMBERED = 64  # attempts a writer remembers it pre-committed (see _roll_back_held)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -108,10 +108,7 @@ class SinkWriterActor:
         self._closed = threading.Event()
         # a periodic flush that failed since the last pre-commit or rollback (under _lock)
         self._flush_failed: BaseException | None = None
-        # the attempt whose rows the sink writer holds since its last pre-commit or
-        # rollback, and the attempts it pre-committed since (under _lock): see _hold
-        self._held: tuple[int, int] | None = None
-        self._pre_committed: list[tuple[int, int]] = []
+        self._books = HeldRows()  # whose rows the sink writer holds (under _lock)
         self._coordinator_handle: Any = None
         self._watchdog = Watchdog(self._name, config.warn_interval)
         self._open_writer(deferrable=True)
@@ -335,8 +332,7 @@ class SinkWriterActor:
                 self._sink_call("flush", self._writer.flush)
                 manifest = self._sink_call(
                     "pre_commit", functools.partial(self._writer.pre_commit, epoch, attempt))
-                self._held = None
-                self._pre_committed = [*self._pre_committed[-_REMEMBERED:], (epoch, attempt)]
+                self._books.pre_commit((epoch, attempt))
         if spoiled is not None:
             self._refuse_spoiled(epoch, attempt, spoiled)
         self._reachable()
@@ -466,47 +462,33 @@ class SinkWriterActor:
         with self._lock:
             self._roll_back_held(epoch, attempt)
 
-    # ------------------------------------------------------------------ what the sink writer holds
+    # ------------------------------------------------------------------ held rows
 
     def _hold(self, epoch: int, attempt: int) -> None:
-        """Rows of ``(epoch, attempt)`` go into the sink writer now, or it pre-commits
-        that attempt (under ``_lock``). A sink writer keeps the rows written since its
-        last pre-commit without knowing their attempt, and its pre-commit stages all of
-        them: rows another attempt left there are rolled back first, and that attempt is
-        poisoned (its seal fails and its epoch is written again), so no pre-commit ever
-        stages another attempt's rows. It happens when an epoch's data reached this
-        writer before an earlier epoch's slot here (a stream's next epoch before the
-        seal of one this writer got no rows of; chaos seed 1126 t0054: the replay of an
-        epoch after the next epoch's data), never on the way of one epoch at a time."""
-        held = self._held
-        if held is not None and held != (epoch, attempt):
+        """Rows of ``(epoch, attempt)`` go into the sink writer, or it pre-commits that
+        attempt (under ``_lock``): another attempt's rows are rolled back first, and that
+        attempt poisoned (``raysink.writer.held``)."""
+        other = self._books.other_than((epoch, attempt))
+        if other is not None:
             log.warning("%s: the sink writer holds rows of epoch %s attempt %s when epoch %s "
                         "attempt %s needs it: they are rolled back and that attempt fails",
-                        self._name, held[0], held[1], epoch, attempt)
-            self._roll_back_held(*held)
-            self._set_aside(held, (epoch, attempt))
-        self._held = (epoch, attempt)
+                        self._name, other[0], other[1], epoch, attempt)
+            self._roll_back_held(*other)
+            self._set_aside(other, (epoch, attempt))
+        self._books.held = (epoch, attempt)
 
     def _roll_back_held(self, epoch: int, attempt: int) -> None:
-        """Roll ``(epoch, attempt)`` back in the sink writer (under ``_lock``). A sink
-        writer's rollback also drops the rows it holds: when they are another attempt's
-        and this one has nothing here (no rows since the last pre-commit, no
-        pre-commit by this process), nothing is called; an earlier process's staging
-        of it is the coordinator's to sweep. Otherwise the holder of the rows is
-        poisoned, as they may be gone."""
-        key, held = (epoch, attempt), self._held
-        if held is not None and held != key and key not in self._pre_committed:
+        """Roll ``(epoch, attempt)`` back in the sink writer, if it has anything of it
+        (under ``_lock``); another attempt whose rows that dropped is poisoned."""
+        if not self._books.needs_rollback((epoch, attempt)):
             return
         self._flush_failed = None  # what it may have dropped is rolled back too
         self._sink_call("rollback", functools.partial(self._writer.rollback, epoch, attempt))
-        if key in self._pre_committed:
-            self._pre_committed.remove(key)
-        if held == key:
-            self._held = None
-        elif held is not None:
-            self._set_aside(held, key)
+        other = self._books.rolled_back((epoch, attempt))
+        if other is not None:
+            self._set_aside(other, (epoch, attempt))
 
-    def _set_aside(self, held: tuple[int, int], by: tuple[int, int]) -> None:
+    def _set_aside(self, held: Key, by: Key) -> None:
         """Poison ``held``: the rollback ``by`` needed dropped its rows from the sink
         writer (a no-op once its slot is gone)."""
         self._mailbox.poison(held, EpochFailedError(
