@@ -214,7 +214,8 @@ class EpochDriver:
         return self._visible(epoch, rows, 1, started, outcome)
 
     def give_up(self, actors: ActorSet, epoch: int, attempt: int) -> None:
-        """Abort an attempt its producers fed: nothing of it becomes visible."""
+        """Abort an attempt its producers fed: nothing of it becomes visible (unless the
+        coordinator decided it meanwhile: see ``_abandon``)."""
         self._abandon(actors, epoch, attempt)
 
     def open(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
@@ -381,12 +382,20 @@ class EpochDriver:
                 log.debug("%s: barrier of the failed attempt: %s", self.name, short(exc))
 
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
-        """Bad data: abort the attempt everywhere; nothing of it is written."""
+        """Abort the attempt everywhere (bad data, a feed or a stream given up): nothing
+        of it is written. An epoch the coordinator decided meanwhile (a stream's lost
+        coordinator may have committed the attempt its driver still holds open) is left
+        as decided: its writers are not told to roll back, since what they pre-committed
+        is what the decision commits (a Delta or Iceberg table points at those files)."""
         actors.metrics.attempt_failed()
         self._predicted = None
-        self._ask(actors, f"resolving epoch {epoch}",
-                  actors.coordinator_client.resolve(epoch, attempt))
-        self._rollback_writers(actors, epoch, attempt)
+        resolution = self._ask(actors, f"resolving epoch {epoch}",
+                               actors.coordinator_client.resolve(epoch, attempt))
+        if resolution in ("COMMITTED", "ROLLING_FORWARD"):
+            log.info("%s: epoch %s was decided before attempt %s could be given up; it "
+                     "stays decided", self.name, epoch, attempt)
+        else:
+            self._rollback_writers(actors, epoch, attempt)
         self._settle_inflight(actors)
 
     def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:

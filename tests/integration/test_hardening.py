@@ -267,6 +267,27 @@ def test_a_short_commit_timeout_does_not_cut_a_status_query_short(
     assert_exactly(tmp_path / "pq", [1], ROWS)
 
 
+def test_giving_up_an_attempt_the_coordinator_committed_keeps_its_files(
+        tmp_path: Path, name: str, meta: str) -> None:
+    """A stream that lost its coordinator gives up the attempt it believes open; the lost
+    coordinator may have committed it already (it ticks and commits on its own). The
+    give-up resolved the attempt (COMMITTED) and still sent its CANCEL: every writer
+    rolled back what it had pre-committed, deleting the staged files the committed Delta
+    version points at; the table could not be read (chaos seed 1126 t0304 at b3d1e52:
+    epoch 2's files gone). A decided attempt is never rolled back at the writers."""
+    delta = DeltaTarget(tmp_path / "lake")
+    with _runtime(name, delta.sink(), meta, writers=2) as rt:
+        rt.write_arrow(epoch_table(1, ROWS))
+        staged = sorted((tmp_path / "lake" / "raysink").rglob("*.parquet"))
+        attempts = {int(path.name.split("-")[1].removeprefix("a")) for path in staged}
+        assert staged and len(attempts) == 1, staged
+        assert rt._actors is not None
+        rt._epochs.give_up(rt._actors, 1, attempts.pop())  # the stream's give-up, as then
+        assert all(path.exists() for path in staged), "a committed file was deleted"
+        rt.write_arrow(epoch_table(2, ROWS))
+    assert_ids_exact(delta.ids(), [1, 2], ROWS)
+
+
 # ----------------------------------------------------------------------------- fault hooks
 
 
