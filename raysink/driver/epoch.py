@@ -348,18 +348,24 @@ class EpochDriver:
         it may be fed again."""
         actors.metrics.attempt_failed()
         actors.heal()
+        return self._resolve(actors, epoch, attempt)
+
+    def _resolve(self, actors: ActorSet, epoch: int, attempt: int) -> bool:
+        """Resolve the attempt at the coordinator. Decided (COMMITTED or ROLLING_FORWARD):
+        True, and the writers keep what they pre-committed, since the decision commits it
+        (a Delta or Iceberg table points at those files). Else it was aborted and swept
+        there, and its CANCEL goes to every writer: False."""
         resolution = self._ask(actors, f"resolving epoch {epoch}",
                                actors.coordinator_client.resolve(epoch, attempt))
         log.debug("%s: epoch %s attempt %s resolved %s", self.name, epoch, attempt,
                   resolution)
-        if resolution in ("COMMITTED", "ROLLING_FORWARD"):
-            self._settle_inflight(actors)
-            return True
-        self._rollback_writers(actors, epoch, attempt)
+        decided = resolution in ("COMMITTED", "ROLLING_FORWARD")
+        if not decided:
+            self._rollback_writers(actors, epoch, attempt)
+            log.debug("%s: epoch %s attempt %s given up at every writer", self.name, epoch,
+                      attempt)
         self._settle_inflight(actors)
-        log.debug("%s: epoch %s attempt %s given up at every writer", self.name, epoch,
-                  attempt)
-        return False
+        return decided
 
     def _settle_inflight(self, actors: ActorSet, timeout: float = 2.0) -> None:
         """Collect the failed attempt's barrier calls (cancelled, they end at once), so no
@@ -384,19 +390,13 @@ class EpochDriver:
     def _abandon(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """Abort the attempt everywhere (bad data, a feed or a stream given up): nothing
         of it is written. An epoch the coordinator decided meanwhile (a stream's lost
-        coordinator may have committed the attempt its driver still holds open) is left
-        as decided: its writers are not told to roll back, since what they pre-committed
-        is what the decision commits (a Delta or Iceberg table points at those files)."""
+        coordinator may have committed the attempt its driver still holds open) stays
+        decided (``_resolve``)."""
         actors.metrics.attempt_failed()
         self._predicted = None
-        resolution = self._ask(actors, f"resolving epoch {epoch}",
-                               actors.coordinator_client.resolve(epoch, attempt))
-        if resolution in ("COMMITTED", "ROLLING_FORWARD"):
+        if self._resolve(actors, epoch, attempt):
             log.info("%s: epoch %s was decided before attempt %s could be given up; it "
                      "stays decided", self.name, epoch, attempt)
-        else:
-            self._rollback_writers(actors, epoch, attempt)
-        self._settle_inflight(actors)
 
     def _rollback_writers(self, actors: ActorSet, epoch: int, attempt: int) -> None:
         """The abandoned attempt's CANCEL barrier to every writer: each stops waiting for
