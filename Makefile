@@ -17,13 +17,15 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 setup:
 	@bash scripts/setup.sh
 
+# In three phases (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
+# then kafka, spark, chaos and cluster in one process. One table of the layers at the end.
 test: setup
-	$(PY) -m pytest $(PYTEST_ARGS) -p no:cacheprovider --durations=25
+	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
 # The loop before every commit (at most 4 minutes): lint, types, unit tests, then one short
 # runtime test per sink.
 check: setup
-	$(VENV)/bin/ruff check raysink tests bench examples
+	$(VENV)/bin/ruff check raysink tests bench examples scripts
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not slow" -p no:cacheprovider -q tests/unit $(CHECK_TESTS)
 
@@ -49,7 +51,7 @@ dashboards: setup
 	$(PY) -m raysink.dashboards
 
 lint: setup
-	$(VENV)/bin/ruff check raysink tests bench examples
+	$(VENV)/bin/ruff check raysink tests bench examples scripts
 	$(VENV)/bin/mypy
 
 typecheck: lint

@@ -1,6 +1,7 @@
-"""Shared fixtures: one local Ray per test session.
+"""Shared fixtures: one local Ray per test session (per worker, when pytest-xdist runs a
+layer on parallel workers: ``scripts/run_tests.py`` does for the integration layer).
 
-Layers (pytest markers) and their budgets in the default run:
+Layers (pytest markers) and their budgets in the default run (``tests.support.layers``):
 unit (no Ray) 1 min, integration (real ray.init) 13 min, kafka (a real Kafka broker,
 one per session) 5 min, spark (RayDP) 8 min, chaos sample 3 min, cluster (a multi-node Ray
 on this machine) 5 min. Modules under
@@ -21,11 +22,17 @@ from typing import Any
 
 import pytest
 
+from tests.support.layers import LAYERS, LayerBook, table
+
 # Spark's Python workers must run this interpreter; set before any Ray starts.
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
 os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Fault hooks work only in processes started with this set (raysink._faults reads it once,
 # at import): a private directory of this test session, inherited by Ray and its actors.
+# Each pytest-xdist worker has its own (its Ray and its faults are its own).
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ["RAYSINK_FAULT_DIR"] = tempfile.mkdtemp(
+        prefix=f"raysink-faults-{os.environ['PYTEST_XDIST_WORKER']}-")
 os.environ.setdefault("RAYSINK_FAULT_DIR", tempfile.mkdtemp(prefix="raysink-faults-"))
 
 # Hypothesis checks no per-example deadline: a timing is no pass/fail criterion on this
@@ -38,35 +45,28 @@ else:
     _hypothesis_settings.register_profile("raysink", deadline=None)
     _hypothesis_settings.load_profile("raysink")
 
-_LAYERS = ("unit", "integration", "kafka", "spark", "chaos", "cluster")
-# Seconds each layer may take in the default run; the summary flags a layer over budget.
-BUDGETS = {"unit": 60.0, "integration": 780.0, "kafka": 300.0, "spark": 480.0,
-           "chaos": 180.0, "cluster": 300.0}
-_SPENT: dict[str, float] = dict.fromkeys(_LAYERS, 0.0)
 # Idle Ray workers started after each test for the next one (``_warm_workers``).
 _WARM_WORKERS = int(os.environ.get("RAYSINK_TEST_WARM_WORKERS", "3"))
 _WARMED_LAYERS = ("integration", "kafka", "spark")  # the chaos trials stay as they were
 
-
-# Runtimes started per layer (``ActorSet.start`` in this process: a test's driver-side
-# runtime starts, the suite's main cost besides Spark's) and each test's seconds and starts,
-# written to ``TIMES_FILE`` at the end of the session for whoever makes the suite faster.
-_STARTS: dict[str, int] = dict.fromkeys(_LAYERS, 0)
-_TESTS: dict[str, dict[str, Any]] = {}
+# What each layer cost (``tests.support.layers``): seconds, and runtimes started
+# (``ActorSet.start`` in this process: a test's driver-side runtime starts, the suite's main
+# cost besides Spark's), with each test's seconds and starts written to ``TIMES_FILE``
+# (or ``RAYSINK_TEST_TIMES``) at the end of the session for whoever makes the suite faster.
+# A worker of pytest-xdist counts its tests' starts and sends them in the test reports
+# (``user_properties``); the process that prints the summary adds them up.
+_BOOK = LayerBook()
+_STARTS_NOW: dict[str, int] = {}  # runtime starts of the running test's current phase
 _CURRENT: dict[str, str] = {}
-TIMES_FILE = Path(__file__).resolve().parents[1] / "bench" / "out" / "test-times.json"
-
-
-def _layer_of(keywords: Any) -> str:
-    return next((layer for layer in _LAYERS if layer in keywords), "other")
+TIMES_FILE = Path(os.environ.get("RAYSINK_TEST_TIMES") or
+                  Path(__file__).resolve().parents[1] / "bench" / "out" / "test-times.json")
 
 
 def _counting(start: Callable[..., None]) -> Callable[..., None]:
     def counted(self: Any, *args: Any, **kwargs: Any) -> None:
-        test = _TESTS.get(_CURRENT.get("test", ""))
+        test = _CURRENT.get("test")
         if test is not None:
-            test["runtime_starts"] += 1
-            _STARTS[test["layer"]] = _STARTS.get(test["layer"], 0) + 1
+            _STARTS_NOW[test] = _STARTS_NOW.get(test, 0) + 1
         start(self, *args, **kwargs)
 
     return counted
@@ -75,6 +75,7 @@ def _counting(start: Callable[..., None]) -> Callable[..., None]:
 def pytest_configure(config: pytest.Config) -> None:
     from raysink.driver.lifecycle import ActorSet
 
+    _BOOK.parallel = str(getattr(config.option, "dist", "no") or "no") != "no"
     if not getattr(ActorSet.start, "_counted", False):
         ActorSet.start = _counting(ActorSet.start)  # type: ignore[method-assign]
         ActorSet.start._counted = True  # type: ignore[attr-defined]
@@ -84,45 +85,39 @@ def pytest_runtest_logstart(nodeid: str, location: Any) -> None:
     _CURRENT["test"] = nodeid
 
 
-def pytest_runtest_setup(item: pytest.Item) -> None:
-    _TESTS.setdefault(item.nodeid, {"layer": _layer_of(item.keywords), "seconds": 0.0,
-                                    "runtime_starts": 0})
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: pytest.CallInfo[None]
+                              ) -> Iterator[None]:
+    """The runtimes started in this phase of the test travel in its report."""
+    outcome = yield
+    starts = _STARTS_NOW.pop(item.nodeid, 0)
+    if starts:
+        outcome.get_result().user_properties.append(("runtime_starts", starts))  # type: ignore[attr-defined]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    for layer in _LAYERS:
-        if layer in report.keywords:
-            _SPENT[layer] += report.duration
-    test = _TESTS.get(report.nodeid)
-    if test is not None:
-        test["seconds"] = round(test["seconds"] + report.duration, 3)
-
-
-# A layer should stay this far under its budget: the margin a loaded machine eats.
-MARGIN = 0.15
+    starts = sum(v for k, v in report.user_properties
+                 if k == "runtime_starts" and isinstance(v, int))
+    _BOOK.record(report.nodeid, report.keywords, report.duration, report.start,
+                 report.stop, starts)
 
 
 def pytest_terminal_summary(terminalreporter: Any) -> None:
-    lines = []
-    for layer in _LAYERS:
-        spent, budget = _SPENT[layer], BUDGETS[layer]
-        flag = ("  OVER BUDGET" if spent > budget else
-                f"  within {MARGIN:.0%} of budget" if spent > budget * (1 - MARGIN) else "")
-        lines.append(f"{layer:<12} {spent:7.1f} s of {budget:5.0f} s "
-                     f"({spent / budget:4.0%}), {_STARTS[layer]:4d} runtime starts{flag}")
     terminalreporter.write_sep("-", "time per test layer")
-    for line in lines:
+    for line in table(_BOOK.layers):
         terminalreporter.write_line(line)
-    if _TESTS:
+    if os.environ.get("RAYSINK_TEST_LAYERS"):
+        _BOOK.save(Path(os.environ["RAYSINK_TEST_LAYERS"]))
+    if _BOOK.tests:
         TIMES_FILE.parent.mkdir(parents=True, exist_ok=True)
-        TIMES_FILE.write_text(json.dumps(_TESTS, indent=1, sort_keys=True) + "\n")
+        TIMES_FILE.write_text(json.dumps(_BOOK.tests, indent=1, sort_keys=True) + "\n")
         terminalreporter.write_line(f"each test's seconds and runtime starts: {TIMES_FILE}")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     for item in items:
         parts = Path(str(item.fspath)).parts
-        for layer in _LAYERS:
+        for layer in LAYERS:
             if layer in parts:
                 item.add_marker(getattr(pytest.mark, layer))
     # the cluster layer last (stable: the others keep their order): its fixture ends the

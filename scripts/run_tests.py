@@ -1,0 +1,113 @@
+"""The default test run (``make test``): the layers in three phases, each one pytest process.
+
+1. ``unit``: no Ray, one process.
+2. ``integration``: its modules spread over ``RAYSINK_TEST_WORKERS`` (default 2) pytest-xdist
+   workers, a module's tests on one worker (``--dist loadfile``: a module's shared runtime
+   stays in one process). Each worker has its own Ray, PostgreSQL and fault directory. Its
+   tests wait on kills, restarts and timeouts more than they compute, so two overlap well.
+3. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
+   start (a broker, a RayDP session, a multi-node Ray) across the layer, and a second RayDP
+   or cluster beside them would only slow both.
+
+Then one table of every layer's time against its budget (``tests.support.layers``), the
+slowest tests of the whole run, and the total. Arguments go to every phase's pytest
+(``make test PYTEST_ARGS='-m "not slow" -x'``); arguments that name tests (a path or a
+``::`` node id) make it one plain pytest run over just those.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+
+from tests.support.layers import LayerBook, LayerCost, table  # noqa: E402
+
+TIMES = REPO / "bench" / "out" / "test-times.json"
+SLOWEST = 25
+NO_TESTS = 5  # pytest's exit code when a phase's selection holds no test
+
+
+@dataclass(frozen=True)
+class Phase:
+    name: str
+    paths: tuple[str, ...]
+    options: tuple[str, ...] = ()
+
+
+def phases(workers: int) -> list[Phase]:
+    parallel = ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
+    return [Phase("unit", ("tests/unit",)),
+            Phase("integration", ("tests/integration",), parallel),
+            Phase("kafka, spark, chaos, cluster",
+                  ("tests/kafka", "tests/spark", "tests/chaos", "tests/cluster"))]
+
+
+def names_tests(args: Sequence[str]) -> bool:
+    """Whether ``args`` select tests by path or node id (then no phases)."""
+    return any("::" in arg or (not arg.startswith("-") and (REPO / arg).exists())
+               for arg in args)
+
+
+def run_phase(phase: Phase, args: Sequence[str], work: Path) -> tuple[int, Path, Path]:
+    """Run one phase; its exit code and the files its layer book and times went to."""
+    stem = Path(phase.paths[0]).name
+    layers, times = work / f"{stem}-layers.json", work / f"{stem}-times.json"
+    env = {**os.environ, "RAYSINK_TEST_LAYERS": str(layers), "RAYSINK_TEST_TIMES": str(times)}
+    command = [sys.executable, "-m", "pytest", *phase.paths, *phase.options, *args,
+               "-p", "no:cacheprovider", f"--durations={SLOWEST}"]
+    print(f"\n=== phase: {phase.name} ({' '.join(command[3:])})", flush=True)
+    started = time.monotonic()
+    code = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
+    print(f"=== phase {phase.name}: exit {code} after {time.monotonic() - started:.0f} s",
+          flush=True)
+    return (0 if code == NO_TESTS else code), layers, times
+
+
+def summary(results: list[tuple[int, Path, Path]], seconds: float) -> None:
+    layers: dict[str, LayerCost] = {}
+    tests: dict[str, dict[str, float]] = {}
+    for _, layer_file, times_file in results:
+        if layer_file.exists():
+            layers.update(LayerBook.load(layer_file))
+        if times_file.exists():
+            tests.update(json.loads(times_file.read_text()))
+    print("\n" + " time per test layer, all phases ".center(88, "-"))
+    for line in table(layers):
+        print(line)
+    print(f"the whole run: {seconds:.0f} s ({seconds / 60:.1f} min)")
+    if tests:
+        TIMES.parent.mkdir(parents=True, exist_ok=True)
+        TIMES.write_text(json.dumps(tests, indent=1, sort_keys=True) + "\n")
+        print(f"each test's seconds and runtime starts: {TIMES}")
+        print(f"the slowest {SLOWEST} tests of the run:")
+        slowest = sorted(tests.items(), key=lambda kv: -kv[1]["seconds"])[:SLOWEST]
+        for nodeid, test in slowest:
+            print(f"{test['seconds']:8.1f} s  {nodeid}")
+
+
+def main(args: Sequence[str]) -> int:
+    if names_tests(args):
+        return subprocess.run([sys.executable, "-m", "pytest", *args, "-p",
+                               "no:cacheprovider", f"--durations={SLOWEST}"],
+                              cwd=REPO, check=False).returncode
+    workers = int(os.environ.get("RAYSINK_TEST_WORKERS", "2"))
+    started = time.monotonic()
+    with tempfile.TemporaryDirectory(prefix="raysink-test-run-") as work:
+        results = [run_phase(phase, args, Path(work)) for phase in phases(workers)]
+        summary(results, time.monotonic() - started)
+    failed = [code for code, _, _ in results if code]
+    return failed[0] if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
