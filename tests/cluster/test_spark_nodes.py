@@ -12,10 +12,11 @@ Streaming query (a Parquet file source, one file per micro-batch), each losing a
 its own.
 
 After each test Spark stops, Ray declares the removed node dead, and only then a worker
-is added back. Measured here: when Ray declared a node dead (15-20 s after its loss, once
-the test had passed), every other executor of the session was lost with it, so a session
-shared with the next test had none left. A worker added while Spark runs lets RayDP
-restart the lost executor there under an id Spark may schedule to and never start.
+is added back (unless no later test of the session uses the cluster). Measured here:
+when Ray declared a node dead (15-20 s after its loss, once the test had passed), every
+other executor of the session was lost with it, so a session shared with the next test
+had none left. A worker added while Spark runs lets RayDP restart the lost executor there
+under an id Spark may schedule to and never start.
 """
 
 from __future__ import annotations
@@ -56,13 +57,22 @@ def _executors(nodes: Nodes) -> dict[str, str]:
     return {name: node for name, node in found.items() if node in workers}
 
 
+def _cluster_used_later(request: pytest.FixtureRequest) -> bool:
+    """Whether a test after this one in the session uses the cluster."""
+    items = request.session.items
+    later = items[items.index(request.node) + 1:] if request.node in items else items
+    return any("cluster" in getattr(item, "fixturenames", ()) for item in later)
+
+
 @pytest.fixture
-def nodes(cluster: Nodes) -> Iterator[Nodes]:
+def nodes(cluster: Nodes, request: pytest.FixtureRequest) -> Iterator[Nodes]:
     """The cluster, restored after the test's Spark stopped and Ray declared the removed
-    node dead (see the module's docstring)."""
+    node dead (see the module's docstring); left as it is when no later test uses it
+    (the session closes it next: no 15-20 s wait for Ray's verdict)."""
     yield cluster
-    cluster.wait_lost_declared_dead()
-    cluster.restore()
+    if _cluster_used_later(request):
+        cluster.wait_lost_declared_dead()
+        cluster.restore()
 
 
 @pytest.fixture
