@@ -138,11 +138,19 @@ def ray_session() -> Iterator[None]:
     ray.shutdown()
 
 
-def _idle() -> None:
-    """A task that does nothing: running it leaves a started worker in Ray's idle pool."""
+def _idle_task() -> Callable[[], None]:
+    """A function that does nothing: running it as a Ray task leaves a started worker in
+    Ray's idle pool. Made inside a function so that Ray ships it by value: a module-level
+    function travels by reference, and every worker that ran it imported this module and
+    with it pytest, hypothesis and psycopg (0.2 s of CPU each, hundreds of workers a run)."""
+
+    def idle() -> None:
+        return None
+
+    return idle
 
 
-_IDLE: dict[str, Any] = {}  # ``_idle`` as a Ray task, made once
+_IDLE: dict[str, Any] = {}  # ``_idle_task()`` as a Ray task, made once
 
 
 @pytest.fixture(autouse=True)
@@ -158,7 +166,7 @@ def _warm_workers(request: pytest.FixtureRequest) -> Iterator[None]:
     import ray
 
     if ray.is_initialized() and _WARM_WORKERS:
-        idle = _IDLE.setdefault("task", ray.remote(num_cpus=0)(_idle))
+        idle = _IDLE.get("task") or _IDLE.setdefault("task", ray.remote(num_cpus=0)(_idle_task()))
         for _ in range(_WARM_WORKERS):
             idle.remote()
 
