@@ -99,3 +99,12 @@ def test_kafka_targets_come_under_other_faults_too() -> None:
     kinds = {t.fault for t in later if t.sink == "kafka"}
     assert kinds > {"broker_restart"}, kinds
     assert not kinds & {"stall_commit", "node_loss", "pg_restart", "fs_full", "fs_readonly"}
+
+
+@pytest.mark.parametrize("seed", (*SEEDS, 1126))
+def test_a_datasink_fault_epoch_carries_rows(seed: int) -> None:
+    """A Ray Data write of an empty dataset stages nothing and its epoch commits without
+    the sinks, so a fault at a commit point of it would never fire (seed 1126, trial 218)."""
+    trials = [t for t in make_plan(seed, 700) if t.via == "datasink"]
+    assert trials
+    assert all(t.rows[t.fault_epoch - 1] >= 1 for t in trials)
