@@ -59,6 +59,13 @@ def names_tests(args: Sequence[str]) -> bool:
                for arg in args)
 
 
+def pytest_command(*args: str) -> list[str]:
+    """One pytest process over ``args``: no cache directory left in the tree, the slowest
+    tests listed at its end."""
+    return [sys.executable, "-m", "pytest", *args, "-p", "no:cacheprovider",
+            f"--durations={SLOWEST}"]
+
+
 def busy_seconds() -> float | None:
     """CPU seconds the whole machine has been busy since boot (``/proc/stat``), or None."""
     try:
@@ -75,8 +82,7 @@ def run_phase(phase: Phase, args: Sequence[str], work: Path) -> tuple[int, Path,
     stem = Path(phase.paths[0]).name
     layers, times = work / f"{stem}-layers.json", work / f"{stem}-times.json"
     env = {**os.environ, "RAYSINK_TEST_LAYERS": str(layers), "RAYSINK_TEST_TIMES": str(times)}
-    command = [sys.executable, "-m", "pytest", *phase.paths, *phase.options, *args,
-               "-p", "no:cacheprovider", f"--durations={SLOWEST}"]
+    command = pytest_command(*phase.paths, *phase.options, *args)
     print(f"\n=== phase: {phase.name} ({' '.join(command[3:])})", flush=True)
     started, busy = time.monotonic(), busy_seconds()
     code = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
@@ -111,9 +117,7 @@ def summary(results: list[tuple[int, Path, Path]], seconds: float) -> None:
 
 def main(args: Sequence[str]) -> int:
     if names_tests(args):
-        return subprocess.run([sys.executable, "-m", "pytest", *args, "-p",
-                               "no:cacheprovider", f"--durations={SLOWEST}"],
-                              cwd=REPO, check=False).returncode
+        return subprocess.run(pytest_command(*args), cwd=REPO, check=False).returncode
     workers = int(os.environ.get("RAYSINK_TEST_WORKERS", "2"))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="raysink-test-run-") as work:
