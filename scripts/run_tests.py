@@ -1,11 +1,12 @@
-"""The default test run (``make test``): the layers in three phases, each one pytest process.
+"""The default test run (``make test``): the layers in two phases, each one pytest process.
 
-1. ``unit``: no Ray, one process.
-2. ``integration``: its modules spread over ``RAYSINK_TEST_WORKERS`` (default 2) pytest-xdist
-   workers, a module's tests on one worker (``--dist loadfile``: a module's shared runtime
-   stays in one process). Each worker has its own Ray, PostgreSQL and fault directory. Its
-   tests wait on kills, restarts and timeouts more than they compute, so two overlap well.
-3. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
+1. ``unit`` and ``integration``, spread over ``RAYSINK_TEST_WORKERS`` (default 2)
+   pytest-xdist workers a module at a time (``--dist loadfile``: a module's shared runtime
+   stays in one process), the unit modules first, then the integration modules costliest
+   first when their costs are stored (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
+   directory. The unit tests, which need no Ray, fill the other core while a worker starts
+   its Ray; on their own they kept the machine's 2 cores 0.9 busy for 28 s.
+2. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
    start (a broker, a RayDP session, a multi-node Ray) across the layer, and they compute
    more than they wait: the spark layer on one worker beside kafka and chaos on another
    took 546 s against 553 s in one process, with the machine's 2 cores 1.86 busy.
@@ -32,8 +33,10 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tests.support.layers import LayerBook, LayerCost, table  # noqa: E402
+from tests.support.schedule import MODULE_SECONDS, module_seconds  # noqa: E402
 
 TIMES = REPO / "bench" / "out" / "test-times.json"
+MODULES = REPO / "bench" / "out" / "module-seconds.json"
 SLOWEST = 25
 NO_TESTS = 5  # pytest's exit code when a phase's selection holds no test
 
@@ -46,9 +49,11 @@ class Phase:
 
 
 def phases(workers: int) -> list[Phase]:
-    parallel = ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
-    return [Phase("unit", ("tests/unit",)),
-            Phase("integration", ("tests/integration",), parallel),
+    # with the modules' stored costs, the order of collection (costliest first, see
+    # tests.support.schedule); without, pytest-xdist's (the most tests first)
+    ordered = ("--no-loadscope-reorder",) if MODULE_SECONDS.exists() else ()
+    parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
+    return [Phase("unit, integration", ("tests/unit", "tests/integration"), parallel),
             Phase("kafka, spark, chaos, cluster",
                   ("tests/kafka", "tests/spark", "tests/chaos", "tests/cluster"))]
 
@@ -109,6 +114,10 @@ def summary(results: list[tuple[int, Path, Path]], seconds: float) -> None:
         TIMES.parent.mkdir(parents=True, exist_ok=True)
         TIMES.write_text(json.dumps(tests, indent=1, sort_keys=True) + "\n")
         print(f"each test's seconds and runtime starts: {TIMES}")
+        modules = module_seconds(tests, "integration")
+        if modules:
+            MODULES.write_text(json.dumps(modules, indent=1) + "\n")
+            print(f"each integration module's seconds (its workers' order): {MODULES}")
         print(f"the slowest {SLOWEST} tests of the run:")
         slowest = sorted(tests.items(), key=lambda kv: -kv[1]["seconds"])[:SLOWEST]
         for nodeid, test in slowest:
