@@ -3,9 +3,10 @@
 1. ``unit`` and ``integration``, spread over ``RAYSINK_TEST_WORKERS`` (default 2)
    pytest-xdist workers a module at a time (``--dist loadfile``: a module's shared runtime
    stays in one process), the unit modules first, then the integration modules costliest
-   first when their costs are stored (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
-   directory. The unit tests, which need no Ray, fill the other core while a worker starts
-   its Ray; on their own they kept the machine's 2 cores 0.9 busy for 28 s.
+   first when their costs are stored (``tests.support.schedule``). Each worker has its
+   own Ray, PostgreSQL and fault directory. The unit tests, which need no Ray, fill the
+   other core while a worker starts its Ray; on their own they kept the machine's 2 cores
+   0.9 busy for 28 s.
 2. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
    start (a broker, a RayDP session, a multi-node Ray) across the layer, and they compute
    more than they wait: the spark layer on one worker beside kafka and chaos on another

@@ -220,9 +220,10 @@ class EpochDriver:
 
     def open(self, actors: ActorSet, epoch: int | None) -> OpenedEpoch:
         """Open an epoch for producers (``EpochHandle``): always opened first, once
-        every writer Ray is restarting answers (the producers' calls would fail)."""
+        every writer Ray is restarting answers and one ended for good is replaced (the
+        producers' calls would fail)."""
         self._predicted = None
-        actors.await_restarting_writers(timeout=self._options.commit_timeout)
+        actors.ready_for_producers(timeout=self._options.commit_timeout)
         return self._open_epoch(actors, epoch)
 
     def skipped(self, epoch: int, skipped_sinks: tuple[str, ...],

@@ -371,10 +371,13 @@ class ActorSet:
         self._starting &= now
         return frozenset(index for key in self._starting - {COORDINATOR} for _, index in [key])
 
-    def await_restarting_writers(self, timeout: float) -> None:
+    def ready_for_producers(self, timeout: float) -> None:
         """Wait (up to ``timeout``) for the writers Ray is (re)starting now, asking the
         GCS afresh: one killed while a producer fed it (the driver saw nothing) would
-        fail the first call of the next epoch's producers."""
+        fail the first call of the next epoch's producers. An actor ended for good is
+        replaced first: Ray starts no other, and every epoch's producers would fail."""
+        if raystate.keys_in(self._handles(), raystate.DEAD):
+            self.heal(timeout, writers=True, fresh=True)
         self._starting.update(raystate.keys_in(self._handles(), raystate.STARTING))
         self.await_writers(self.starting_writers(), timeout=timeout)
 
@@ -436,13 +439,16 @@ class ActorSet:
         as soon as an actor stops answering (see ``raysink.driver.calls.watched``)."""
         return watched(self.check_responsive, self.check_calls)
 
-    def heal(self, timeout: float = 60.0, *, writers: bool = False) -> list[str]:
+    def heal(self, timeout: float = 60.0, *, writers: bool = False,
+             fresh: bool = False) -> list[str]:
         """Replace every dead actor, and every actor of a lost node, by a new incarnation
         (the standby takes a coordinator's place), and wait (up to ``timeout``) until a
         new coordinator answers; new writers too with ``writers`` (else the epoch driver
         goes around a writer still starting, or waits for it). Returns what was replaced.
-        One heal at a time (a second one probes again)."""
+        One heal at a time (a second one probes again); ``fresh``: probe anew."""
         with self._healing:
+            if fresh:
+                self._probed = None
             return self._heal(timeout, writers)
 
     def _heal(self, timeout: float, writers: bool) -> list[str]:

@@ -19,8 +19,8 @@ import logging
 from collections.abc import Iterable, Mapping
 from typing import Any, TypeVar
 
-__all__ = ["RESTARTING", "STARTING", "actors_in", "keys_in", "split_calls", "state_of",
-           "target_of", "targeted"]
+__all__ = ["DEAD", "RESTARTING", "STARTING", "actors_in", "keys_in", "split_calls",
+           "state_of", "target_of", "targeted"]
 
 K = TypeVar("K")
 
@@ -30,6 +30,8 @@ RESTARTING = frozenset({"RESTARTING"})
 """An actor whose process ended; calls in flight to it are lost."""
 STARTING = frozenset({"RESTARTING", "PENDING_CREATION"})
 """An actor not answering yet: being restarted, or a new one being started."""
+DEAD = frozenset({"DEAD"})
+"""An actor ended for good (``ray.kill``, or its restarts ran out): Ray starts no other."""
 
 
 def actors_in(states: Iterable[str]) -> set[bytes]:

@@ -126,3 +126,19 @@ def unique_name(prefix: str) -> str:
     """A runtime name no other test or session uses, for a runtime a module's tests share
     (the ``name`` fixture is one test's)."""
     return f"{prefix[:20]}-{uuid.uuid4().hex[:8]}"
+
+
+def end_for_good(rt: Any, *, sink: str = "main", writer: int = 0, wait: float = 30.0) -> None:
+    """End writer ``writer`` of ``sink`` with ``ray.kill``: Ray does not restart it (as
+    when an actor's restarts ran out). Returns once Ray's GCS lists it dead."""
+    import ray
+
+    from raysink.driver import raystate
+
+    handle = rt._actors.writers[sink][writer]
+    ray.kill(handle)
+    deadline = time.monotonic() + wait
+    while raystate.state_of(handle) != "DEAD":
+        if time.monotonic() > deadline:
+            raise AssertionError(f"writer {writer} of {sink} not dead {wait:g} s after ray.kill")
+        time.sleep(0.05)

@@ -21,7 +21,7 @@ from ray.data.block import BlockAccessor
 
 from raysink import SinkRuntime
 from raysink.driver.datasink import EpochDatasink
-from tests.integration.helpers import epoch_table, unique_name
+from tests.integration.helpers import end_for_good, epoch_table, unique_name
 from tests.integration.real_targets import (
     ParquetTarget,
     Target,
@@ -184,3 +184,22 @@ def test_a_writer_lost_during_the_write_says_to_run_it_again(tmp_path: Path,
         _dataset(1).write_datasink(sink)
         assert sink.report is not None and sink.report.committed
     assert_ids_exact(_ids(target), [1], ROWS)
+
+
+def test_a_writer_ended_for_good_is_replaced_by_the_next_write(tmp_path: Path,
+                                                               name: str) -> None:
+    """Writer 1 ended for good between two writes (``ray.kill``: Ray starts no other, as
+    when an actor's restarts ran out). The next ``rt.datasink()`` replaces it before its
+    write tasks feed, and the write commits exactly once. Before, nothing replaced it on
+    this path: every write task that fed it failed, and every write run again after it
+    (chaos seed 1126, trial 499: six calls in a row failed with ``EpochFailedError``)."""
+    target = ParquetTarget(tmp_path / "table")
+    meta = f"sqlite:///{tmp_path / 'meta.db'}"
+    with SinkRuntime(name, target.sink(), writers=2, metastore=meta, progress=False) as rt:
+        _dataset(1).write_datasink(rt.datasink(epoch=1))
+        end_for_good(rt, writer=1)
+        sink = rt.datasink(epoch=2)
+        _dataset(2).write_datasink(sink)
+        assert sink.report is not None and sink.report.committed
+        assert sum(p.role == "writer" and p.answered for p in rt.processes()) == 2
+    assert_ids_exact(_ids(target), [1, 2], ROWS)

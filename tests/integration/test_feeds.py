@@ -26,6 +26,7 @@ from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
 from tests.integration.helpers import (
     assert_exactly,
+    end_for_good,
     epoch_table,
     read_ids,
     unique_name,
@@ -383,3 +384,18 @@ def test_only_one_epoch_is_open_for_producers(shared: tuple[SinkRuntime, Path]) 
     assert rt.write_arrow(epoch_table(epoch, 10)).epoch == epoch
     assert Counter(read_ids(path)) == Counter(before) + Counter(
         epoch * 1_000_000 + i for i in range(10))
+
+
+def test_a_writer_ended_for_good_is_replaced_when_the_next_epoch_opens(tmp_path: Path,
+                                                                      name: str) -> None:
+    """Writer 1 ended for good between two epochs (``ray.kill``: Ray starts no other, as
+    when an actor's restarts ran out). ``open_epoch`` replaces it before handing out
+    feeds, and the next epoch's producers commit exactly once. Before, nothing replaced
+    it on this path: every feed that wrote to it failed, in every later epoch."""
+    with _runtime(tmp_path, name) as rt:
+        for epoch in (1, 2):
+            with rt.open_epoch() as ep:
+                ray.get([produce.remote(ep.feed(), epoch, part) for part in range(PARTS)])
+            if epoch == 1:
+                end_for_good(rt, writer=1)
+    assert_exactly(tmp_path / "table", [1, 2], ROWS)
