@@ -7,12 +7,15 @@ for the end, where one worker runs it while the other core sits idle). So the ru
 collects the costliest modules first: the longest-processing-time-first rule, which ends
 a run of two workers within a third of the optimum at worst.
 
-A module's cost is the seconds its tests took in a recent run of the default suite
-(``MODULE_SECONDS``, ``tests/integration/module-seconds.json``; ``scripts/run_tests.py``
-writes a fresh one to ``bench/out/module-seconds.json`` after each run: copy it over when
-modules were added or changed much). A module the file does not know costs the median of
-those it knows, so it neither jumps the queue nor waits to the end. Without the file the
-runner leaves the order to pytest-xdist.
+A module's cost is in ``MODULE_SECONDS`` (``tests/integration/module-seconds.json``). As
+first committed it holds the CPU seconds each module took run alone on the 2-core
+machine (its pytest, Ray and PostgreSQL included, read from a cgroup's ``cpuacct``): the
+layer is CPU-bound on two workers, so CPU time is what a module costs them.
+``scripts/run_tests.py`` writes the seconds each module's tests took in a run to
+``bench/out/module-seconds.json``, in the same form: copy it over when modules were added
+or changed much. A module the file does not know costs the median of those it knows, so
+it neither jumps the queue nor waits to the end. Without the file the runner leaves the
+order to pytest-xdist.
 """
 
 from __future__ import annotations
