@@ -1,7 +1,10 @@
 """Writers and the coordinator killed at each named protocol point; the result is exact.
 
-Each case writes epochs 1 and 2, kills its victim at one protocol point of epoch 3, then
-writes epoch 4, and compares the Parquet table with the input row by row.
+The cases share one runtime (``shared``), in turn, as a job's runtime lives through one
+fault after another: each writes an epoch, kills its victim at its protocol point of the
+next one, writes one more, and compares both Parquet tables with every epoch written so
+far, row by row. So each case also shows the runtime healed from every kill before it
+(24 in a row), and none pays a runtime's start.
 
 Two ways to kill: ``sigkill`` is a real SIGKILL of the victim's process (Ray restarts the
 actor; the point fires inside the victim, or the victim's pid is signalled while the point
@@ -12,6 +15,8 @@ epoch still (the runtime re-creates it).
 from __future__ import annotations
 
 import time
+from collections.abc import Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,13 +25,14 @@ import ray
 
 from raysink import SinkRuntime
 from raysink.sinks import ParquetSink
-from raysink.testing import arm_fault, fired
+from raysink.testing import arm_fault, disarm_faults, fired
 from tests.integration.helpers import (
     actor_pid,
     assert_exactly,
     epoch_table,
     run_in_thread,
     sigkill,
+    unique_name,
     wait_fired,
 )
 
@@ -84,23 +90,41 @@ def _halves(epoch: int) -> list[Any]:
     return [table.slice(0, ROWS // 2), table.slice(ROWS // 2)]
 
 
-def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
-              how: str) -> None:
-    when: dict[str, Any] = {"epoch": 3}
+@dataclass(frozen=True)
+class Shared:
+    rt: SinkRuntime
+    root: Path  # the tables are ``root / "main"`` and ``root / "copy"``
+
+
+@pytest.fixture(scope="module")
+def shared(ray_session: None, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Shared]:
+    """The kill cases' runtime: two Parquet sinks, two writers each."""
+    root = tmp_path_factory.mktemp("faults")
+    with SinkRuntime(unique_name("faults"), _sinks(root), writers=2, commit_timeout=60,
+                     metastore=f"sqlite:///{root / 'meta.db'}", retry_cap=0.5) as rt:
+        yield Shared(rt, root)
+        disarm_faults(rt.name)
+
+
+def _run_case(shared: Shared, victim: str, point: str, where: str, how: str) -> None:
+    """Epoch E, then the kill at ``point`` of epoch E+1, then epoch E+2: each committed,
+    and the tables hold epochs 1..E+2 exactly once."""
+    rt, name = shared.rt, shared.rt.name
+    first = (rt.status().last_committed_epoch or 0) + 1
+    faulted = first + 1
+    when: dict[str, Any] = {"epoch": faulted}
     if where == "writer":
         when.update({"writer": 0, "sink": "main"})
-    with SinkRuntime(name, _sinks(tmp_path), writers=2, commit_timeout=60,
-                     metastore=f"sqlite:///{tmp_path / 'meta.db'}", retry_cap=0.5) as rt:
-        for epoch in (1, 2):
-            rt.write_arrow(_halves(epoch))
-        victim_pid = _pid(rt, victim)
+    assert rt.write_arrow(_halves(first)).committed
+    victim_pid = _pid(rt, victim)
+    try:
         if how == "sigkill" and victim == where:
             arm_fault(name, point, action="kill", when=when)
-            report = rt.write_arrow(_halves(3))
+            report = rt.write_arrow(_halves(faulted))
             assert fired(name, point), f"{point} never fired: nothing was killed"
         else:
             arm_fault(name, point, action="sleep", seconds=2.0, when=when)
-            thread, box = run_in_thread(lambda: rt.write_arrow(_halves(3)))
+            thread, box = run_in_thread(lambda: rt.write_arrow(_halves(faulted)))
             wait_fired(name, point)
             _kill(rt, victim, how)
             thread.join(timeout=180)
@@ -108,27 +132,27 @@ def _run_case(tmp_path: Path, name: str, victim: str, point: str, where: str,
             if "error" in box:
                 raise box["error"]
             report = box["result"]
-        assert report.epoch == 3 and report.committed
-        fourth = rt.write_arrow(_halves(4))
-        assert fourth.epoch == 4 and fourth.committed
-        # (a writer ended by ray.kill after its part is re-created by the next epoch)
-        assert _pid(rt, victim) != victim_pid, f"the {victim} (pid {victim_pid}) never died"
+    finally:
+        disarm_faults(name)
+    assert report.epoch == faulted and report.committed
+    after = rt.write_arrow(_halves(faulted + 1))
+    assert after.epoch == faulted + 1 and after.committed
+    # (a writer ended by ray.kill after its part is re-created by the next epoch)
+    assert _pid(rt, victim) != victim_pid, f"the {victim} (pid {victim_pid}) never died"
     for sink in ("main", "copy"):
-        assert_exactly(tmp_path / sink, [1, 2, 3, 4], ROWS)
+        assert_exactly(shared.root / sink, list(range(1, faulted + 2)), ROWS)
 
 
 @pytest.mark.parametrize("how", ["sigkill", "ray.kill"])
 @pytest.mark.parametrize(("point", "where"), WRITER_POINTS)
-def test_writer_killed(tmp_path: Path, point: str, where: str, how: str) -> None:
-    name = f"wk-{point.replace('.', '-').replace('_', '')}-{how.replace('.', '')}"
-    _run_case(tmp_path, name, "writer", point, where, how)
+def test_writer_killed(shared: Shared, point: str, where: str, how: str) -> None:
+    _run_case(shared, "writer", point, where, how)
 
 
 @pytest.mark.parametrize("how", ["sigkill", "ray.kill"])
 @pytest.mark.parametrize(("point", "where"), COORDINATOR_POINTS)
-def test_coordinator_killed(tmp_path: Path, point: str, where: str, how: str) -> None:
-    name = f"ck-{point.replace('.', '-').replace('_', '')}-{how.replace('.', '')}"
-    _run_case(tmp_path, name, "coordinator", point, where, how)
+def test_coordinator_killed(shared: Shared, point: str, where: str, how: str) -> None:
+    _run_case(shared, "coordinator", point, where, how)
 
 
 def test_attempts_are_bounded(tmp_path: Path) -> None:
