@@ -446,8 +446,8 @@ class ActorSet:
         new coordinator answers; new writers too with ``writers`` (else the epoch driver
         goes around a writer still starting, or waits for it). Returns what was replaced.
         One heal at a time (a second one probes again); ``fresh``: probe anew."""
-        with self._healing:
-            if fresh:
+        with self._healing:  # a kept "all well" predates the failure this heal follows
+            if fresh or not (self._probed and self._probed[1]):
                 self._probed = None
             return self._heal(timeout, writers)
 

@@ -29,6 +29,7 @@ from raysink.testing import arm_fault, disarm_faults, fired
 from tests.integration.helpers import (
     actor_pid,
     assert_exactly,
+    end_for_good,
     epoch_table,
     run_in_thread,
     sigkill,
@@ -172,3 +173,23 @@ def test_attempts_are_bounded(tmp_path: Path) -> None:
         assert info.value.attempts == 2 and info.value.epoch == 2
         assert time.monotonic() - started < 120
     assert_exactly(tmp_path / "main", [1], ROWS)
+
+
+def test_a_heal_after_a_failed_attempt_probes_again(tmp_path: Path) -> None:
+    """The runtime probed its actors (all well) and keeps that answer ``ping_timeout``
+    seconds; then writer 0 is ended for good (``ray.kill``: Ray starts no other) and the
+    next ``write_arrow`` fails on it. The heal after that attempt must probe again, find
+    the dead writer and replace it, so a later attempt commits. It used to reuse the kept
+    "all well": no heal, and every attempt failed on the dead writer within a second
+    (three cases of this module, in a CI run at b462ba7)."""
+    name = unique_name("heal-probe")
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "main")), writers=2, max_attempts=3,
+                     ping_timeout=30.0, metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        assert rt.write_arrow(_halves(1)).committed
+        actors = rt._actors
+        assert actors is not None
+        actors.check_responsive()  # a probe: every actor answers, and the answer is kept
+        end_for_good(rt, writer=0)
+        report = rt.write_arrow(_halves(2))
+        assert report.committed and report.attempts == 2
+    assert_exactly(tmp_path / "main", [1, 2], ROWS)
