@@ -1,13 +1,14 @@
-"""The default test run (``make test``): the layers in two phases, each one pytest process.
+"""The default test run (``make test``): the layers in three phases, each one pytest process.
 
-1. ``unit`` and ``integration``, spread over ``RAYSINK_TEST_WORKERS`` (default 2)
+1. ``unit``: no Ray, one process. (Not beside the integration layer on its workers: some
+   unit tests switch process-wide state, the fault hooks among them, that the integration
+   tests of the same worker then miss.)
+2. ``integration``: its modules spread over ``RAYSINK_TEST_WORKERS`` (default 2)
    pytest-xdist workers a module at a time (``--dist loadfile``: a module's shared runtime
-   stays in one process), the unit modules first, then the integration modules costliest
-   first when their costs are stored (``tests.support.schedule``). Each worker has its
-   own Ray, PostgreSQL and fault directory. The unit tests, which need no Ray, fill the
-   other core while a worker starts its Ray; on their own they kept the machine's 2 cores
-   0.9 busy for 28 s.
-2. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
+   stays in one process), costliest first when their costs are stored
+   (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
+   directory.
+3. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
    start (a broker, a RayDP session, a multi-node Ray) across the layer, and they compute
    more than they wait: the spark layer on one worker beside kafka and chaos on another
    took 546 s against 553 s in one process, with the machine's 2 cores 1.86 busy.
@@ -54,7 +55,8 @@ def phases(workers: int) -> list[Phase]:
     # tests.support.schedule); without, pytest-xdist's (the most tests first)
     ordered = ("--no-loadscope-reorder",) if MODULE_SECONDS.exists() else ()
     parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
-    return [Phase("unit, integration", ("tests/unit", "tests/integration"), parallel),
+    return [Phase("unit", ("tests/unit",)),
+            Phase("integration", ("tests/integration",), parallel),
             Phase("kafka, spark, chaos, cluster",
                   ("tests/kafka", "tests/spark", "tests/chaos", "tests/cluster"))]
 

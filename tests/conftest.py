@@ -1,6 +1,5 @@
 """Shared fixtures: one local Ray per test session (per worker, when pytest-xdist runs
-layers on parallel workers: ``scripts/run_tests.py`` does for the unit and integration
-layers).
+layers on parallel workers: ``scripts/run_tests.py`` does for the integration layer).
 
 Layers (pytest markers) and their budgets in the default run (``tests.support.layers``):
 unit (no Ray) 1 min, integration (real ray.init) 13 min, kafka (a real Kafka broker,
