@@ -152,7 +152,10 @@ def test_writers_killed_or_replaced_mid_stream_rewind_it_and_producers_follow(
     """SIGKILL of writer 0 (Ray restarts it, empty), then, once the stream went on, writer 1
     killed for good (the runtime replaces it under a new handle): each time the epochs the
     writer held data of fail and the stream rewinds; the producers get ``StreamRewind``,
-    never Ray's error, replay, and send to the writers as they are now."""
+    never Ray's error, replay, and send to the writers as they are now. Writer 1 is killed
+    just after a probe found every actor well and kept the answer: the stream must not
+    heal by it (it passes before 94f0600 too: the stream's own probe finds the dead
+    writer, which ``write_arrow``'s and ``write(df)``'s retries did not)."""
     target = ParquetTarget(tmp_path / "table")
     rt = _runtime(tmp_path, name).start()
     producers: list[Any] = []
@@ -166,6 +169,8 @@ def test_writers_killed_or_replaced_mid_stream_rewind_it_and_producers_follow(
             assert stream is not None
             _await(lambda: bool(stream.failures), "the stream saw the writer killed")
             _await_epochs(rt, (rt.status().last_committed_epoch or 0) + 1)
+            assert rt._actors is not None
+            rt._actors.check_responsive()  # all well, and the answer is kept (see below)
             ray.kill(old, no_restart=True)
 
         producers = _run_through(rt, tmp_path, faults, batches=LONG_BATCHES)

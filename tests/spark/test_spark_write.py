@@ -26,7 +26,7 @@ from raysink import SinkRuntime
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks import ParquetSink
 from raysink.testing import arm_fault, disarm_faults, fired
-from tests.integration.helpers import writer_owners
+from tests.integration.helpers import end_for_good, writer_owners
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -204,6 +204,44 @@ def test_writer_killed_mid_epoch_is_refed(spark: SparkSession, tmp_path: Path) -
         disarm_faults(name)
     assert_same_rows(first.union(second).union(first.selectExpr("id + 20000 AS id", "s")),
                      tmp_path / "table")
+
+
+def test_a_writer_ended_for_good_after_a_probe_is_replaced(spark: SparkSession,
+                                                           tmp_path: Path) -> None:
+    """``write(df)`` and ``foreach_batch``: the runtime probed its actors (all well; the
+    answer is kept ``ping_timeout`` seconds), then a writer is ended for good
+    (``ray.kill``: Ray starts no other). The failed attempt's heal must probe again and
+    replace it, so the write commits at its second attempt, and so does the query's first
+    micro-batch. Before 94f0600 the heal reused the kept answer: every attempt failed on
+    the dead writer (as ``write_arrow`` did in test_faults)."""
+    first = spark.range(0, 3000, 1, 3).selectExpr("id", "CAST(id AS STRING) AS s")
+    second = spark.range(3000, 6000, 1, 3).selectExpr("id", "CAST(id AS STRING) AS s")
+    options: dict[str, Any] = {"writers": 2, "ping_timeout": 30.0, "max_attempts": 3}
+    for part in ("df", "query"):
+        (tmp_path / part).mkdir()
+    with _runtime(tmp_path / "df", "sw-df-endforgood", **options) as rt:
+        assert rt.write(first).committed
+        _probe_then_end_for_good(rt, writer=0)
+        report = rt.write(second)
+        assert report.committed and report.attempts == 2
+    assert_same_rows(first.union(second), tmp_path / "df" / "table")
+
+    source = tmp_path / "in"
+    for index in range(2):
+        _feed_file(source, index, 100)
+    with _runtime(tmp_path / "query", "sw-fb-endforgood", **options) as rt:
+        _probe_then_end_for_good(rt, writer=1)
+        query = _run_query(spark, rt, source, tmp_path / "checkpoint")
+        assert query.exception() is None
+        assert rt.status().last_committed_epoch == 2
+    got = ds.dataset(str(tmp_path / "query" / "table")).to_table()
+    assert sorted(got["id"].to_pylist()) == [*range(0, 100), *range(1000, 1100)]
+
+
+def _probe_then_end_for_good(rt: SinkRuntime, *, writer: int) -> None:
+    assert rt._actors is not None
+    rt._actors.check_responsive()  # every actor answers, and the answer is kept
+    end_for_good(rt, writer=writer)
 
 
 # --- bad input ------------------------------------------------------------------------
