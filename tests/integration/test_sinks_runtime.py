@@ -197,24 +197,8 @@ def _last_values(epochs: list[list[pa.Table]]) -> dict[int, str]:
     return expected
 
 
-def test_upsert_keeps_the_last_value_per_key(pg_server: PostgresServer, schema: str,
-                                             tmp_path: Path, name: str, meta: str) -> None:
-    """Three epochs of five batches with repeated keys, two writers routed by the sinks' key
-    (the default routing key), into a Delta and a PostgreSQL upsert sink of one runtime:
-    each table holds the last value of every key, each epoch by one commit."""
-    delta, pg = DeltaTarget(tmp_path / "delta"), PostgresTarget(pg_server, schema)
-    sinks = {"lake": delta.sink(mode="upsert", key=["id"]), "db": pg.sink(key=["id"])}
-    epochs = [_upsert_batches(e) for e in (1, 2, 3)]
-    with _runtime(name, sinks, meta, writers=2) as rt:
-        assert rt.key == ("id",)
-        for tables in epochs:
-            assert rt.write_arrow(tables).committed
-    for target, sink in ((delta, "lake"), (pg, "db")):
-        assert target.values() == _last_values(epochs), sink
-        assert target.commit_epochs(name, sink) == [1, 2, 3]
-
-
-@pytest.mark.parametrize(("point", "action"), [
+# a crash in each of epochs 2-5, one point each, on one runtime that survived the ones before
+_UPSERT_CRASHES: list[tuple[str, str]] = [
     # a writer dies while its upsert transaction is open, nothing prepared
     ("writer.during_write", "kill"),
     # a writer dies after PREPARE, before its commit request: the attempt is aborted and
@@ -224,25 +208,36 @@ def test_upsert_keeps_the_last_value_per_key(pg_server: PostgresServer, schema: 
     ("coordinator.after_pending", "kill"),
     # the commit fails between COMMIT PREPARED and the epoch row: retried, counted once
     ("sink.mid_commit", "raise"),
-])
-def test_postgres_upserts_at_each_crash_point(pg_server: PostgresServer, schema: str,
-                                              name: str, meta: str, point: str,
-                                              action: str) -> None:
-    """Prepared upserts (two writers routed by key, keys repeated within and across epochs)
-    with a crash in epoch 2: every key holds its last value and each epoch committed once."""
-    target = PostgresTarget(pg_server, schema)
-    epochs = [_upsert_batches(e) for e in (1, 2, 3)]
-    when: dict[str, Any] = {"epoch": 2}
-    if point.startswith("writer."):
-        when["writer"] = 0
-    with _runtime(name, target.sink(key=["id"]), meta, writers=2) as rt:
+]
+
+
+def test_upserts_keep_the_last_value_per_key_through_each_crash_point(
+        pg_server: PostgresServer, schema: str, tmp_path: Path, name: str, meta: str) -> None:
+    """Six epochs of five batches with repeated keys, within and across batches and epochs,
+    two writers routed by the sinks' key (the default routing key), into a Delta and a
+    PostgreSQL upsert sink of one runtime; epochs 2-5 each crash at one point of the
+    PostgreSQL sink's path (its prepared upserts) or the coordinator's. Each table holds the
+    last value of every key, each epoch by one commit."""
+    delta, pg = DeltaTarget(tmp_path / "delta"), PostgresTarget(pg_server, schema)
+    sinks = {"lake": delta.sink(mode="upsert", key=["id"]), "db": pg.sink(key=["id"])}
+    epochs = [_upsert_batches(e) for e in range(1, len(_UPSERT_CRASHES) + 3)]
+    with _runtime(name, sinks, meta, writers=2) as rt:
+        assert rt.key == ("id",)
         assert rt.write_arrow(epochs[0]).committed
-        arm_fault(name, point, action=action, when=when)  # type: ignore[arg-type]
-        assert rt.write_arrow(epochs[1]).committed
-        assert fired(name, point)
-        assert rt.write_arrow(epochs[2]).committed
-    assert target.values() == _last_values(epochs)
-    assert target.commit_epochs(name) == [1, 2, 3]
+        for epoch, (point, action) in enumerate(_UPSERT_CRASHES, start=2):
+            when: dict[str, Any] = {"epoch": epoch}
+            if not point.startswith("coordinator."):
+                when["sink"] = "db"
+            if point.startswith("writer."):
+                when["writer"] = 0
+            arm_fault(name, point, action=action, when=when)  # type: ignore[arg-type]
+            assert rt.write_arrow(epochs[epoch - 1]).committed, point
+            assert fired(name, point), point
+        assert rt.write_arrow(epochs[-1]).committed
+    numbers = list(range(1, len(epochs) + 1))
+    for target, sink in ((delta, "lake"), (pg, "db")):
+        assert target.values() == _last_values(epochs), sink
+        assert target.commit_epochs(name, sink) == numbers, sink
 
 
 # ----------------------------------------------------------------------------- PostgreSQL
