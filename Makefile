@@ -17,8 +17,8 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 setup:
 	@bash scripts/setup.sh
 
-# In three phases (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
-# then kafka, spark, chaos and cluster in one process. One table of the layers at the end.
+# In four steps (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
+# kafka in one process beside spark then chaos in another; cluster. One table at the end.
 test: setup
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 

@@ -1,4 +1,5 @@
-"""The default test run (``make test``): the layers in three phases, each one pytest process.
+"""The default test run (``make test``): the layers in four steps of
+one or two pytest processes.
 
 1. ``unit``: no Ray, one process. (Not beside the integration layer on its workers: some
    unit tests switch process-wide state, the fault hooks among them, that the integration
@@ -8,10 +9,14 @@
    stays in one process), costliest first when their costs are stored
    (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
    directory.
-3. ``kafka``, ``spark``, ``chaos``, ``cluster``: one process. Each shares one costly
-   start (a broker, a RayDP session, a multi-node Ray) across the layer, and they compute
-   more than they wait: the spark layer on one worker beside kafka and chaos on another
-   took 546 s against 553 s in one process, with the machine's 2 cores 1.86 busy.
+3. ``kafka`` beside ``spark`` then ``chaos``: two processes at once, each sharing its one
+   costly start across its layers (a broker; a RayDP session). With the tests' JVMs on C1
+   (``tests/conftest.py``) these layers wait more than they compute: in one process they
+   kept the machine's 2 cores only 1.33 busy. The kafka layer, the shorter, ends while the
+   spark layer runs, so the chaos sample (the layer closest to its budget, no RayDP in
+   it) runs beside nothing. The side process's output is printed when the step ends.
+4. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
+   to declare lost nodes dead).
 
 Then one table of every layer's time against its budget (``tests.support.layers``), the
 slowest tests of the whole run, and the total. Arguments go to every phase's pytest
@@ -50,15 +55,17 @@ class Phase:
     options: tuple[str, ...] = ()
 
 
-def phases(workers: int) -> list[Phase]:
+def steps(workers: int) -> list[list[Phase]]:
+    """The phases in the order they run; the phases of one step run at once."""
     # with the modules' stored costs, the order of collection (costliest first, see
     # tests.support.schedule); without, pytest-xdist's (the most tests first)
     ordered = ("--no-loadscope-reorder",) if MODULE_SECONDS.exists() else ()
     parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
-    return [Phase("unit", ("tests/unit",)),
-            Phase("integration", ("tests/integration",), parallel),
-            Phase("kafka, spark, chaos, cluster",
-                  ("tests/kafka", "tests/spark", "tests/chaos", "tests/cluster"))]
+    return [[Phase("unit", ("tests/unit",))],
+            [Phase("integration", ("tests/integration",), parallel)],
+            [Phase("kafka", ("tests/kafka",)),
+             Phase("spark, chaos", ("tests/spark", "tests/chaos"))],
+            [Phase("cluster", ("tests/cluster",))]]
 
 
 def names_tests(args: Sequence[str]) -> bool:
@@ -85,20 +92,61 @@ def busy_seconds() -> float | None:
     return (sum(ticks[:8]) - idle) / os.sysconf("SC_CLK_TCK")
 
 
-def run_phase(phase: Phase, args: Sequence[str], work: Path) -> tuple[int, Path, Path]:
-    """Run one phase; its exit code and the files its layer book and times went to."""
+@dataclass
+class Started:
+    """A phase's pytest process, and where its output goes when it is not the terminal."""
+
+    phase: Phase
+    process: subprocess.Popen[bytes]
+    layers: Path
+    times: Path
+    output: Path | None
+    started: float
+
+
+def start_phase(phase: Phase, args: Sequence[str], work: Path, *, aside: bool) -> Started:
+    """Start one phase's pytest; ``aside``: its output to a file (another phase of its step
+    has the terminal)."""
     stem = Path(phase.paths[0]).name
     layers, times = work / f"{stem}-layers.json", work / f"{stem}-times.json"
     env = {**os.environ, "RAYSINK_TEST_LAYERS": str(layers), "RAYSINK_TEST_TIMES": str(times)}
     command = pytest_command(*phase.paths, *phase.options, *args)
-    print(f"\n=== phase: {phase.name} ({' '.join(command[3:])})", flush=True)
-    started, busy = time.monotonic(), busy_seconds()
-    code = subprocess.run(command, cwd=REPO, env=env, check=False).returncode
-    seconds, busy_after = time.monotonic() - started, busy_seconds()
-    cores = ("" if busy is None or busy_after is None else
-             f", the machine's cores {(busy_after - busy) / seconds:.2f} busy on average")
-    print(f"=== phase {phase.name}: exit {code} after {seconds:.0f} s{cores}", flush=True)
-    return (0 if code == NO_TESTS else code), layers, times
+    where = " (its output when the step ends)" if aside else ""
+    print(f"\n=== phase: {phase.name}{where} ({' '.join(command[3:])})", flush=True)
+    output = work / f"{stem}.log" if aside else None
+    with open(output or os.devnull, "wb") as sink:
+        process = subprocess.Popen(command, cwd=REPO, env=env,
+                                   stdout=sink if aside else None,
+                                   stderr=subprocess.STDOUT if aside else None)
+    return Started(phase, process, layers, times, output, time.monotonic())
+
+
+def run_step(step: Sequence[Phase], args: Sequence[str], work: Path
+             ) -> list[tuple[int, Path, Path]]:
+    """Run a step's phases at once (the last one on the terminal); each one's exit code and
+    the files its layer book and times went to."""
+    busy, began = busy_seconds(), time.monotonic()
+    running = [start_phase(phase, args, work, aside=i < len(step) - 1)
+               for i, phase in enumerate(step)]
+    ended: dict[int, tuple[int, float]] = {}  # index in ``running``: exit code, seconds
+    while len(ended) < len(running):
+        for i, run in enumerate(running):
+            code = run.process.poll() if i not in ended else None
+            if code is not None:
+                ended[i] = (code, time.monotonic() - run.started)
+        time.sleep(0.2)
+    seconds, busy_after = time.monotonic() - began, busy_seconds()
+    for i, run in enumerate(running):
+        code, phase_seconds = ended[i]
+        if run.output is not None:
+            print(f"\n=== output of phase {run.phase.name}, run beside the others", flush=True)
+            sys.stdout.write(run.output.read_text(errors="replace"))
+        print(f"=== phase {run.phase.name}: exit {code} after {phase_seconds:.0f} s", flush=True)
+    if busy is not None and busy_after is not None:
+        print(f"=== the step's {seconds:.0f} s: the machine's cores "
+              f"{(busy_after - busy) / seconds:.2f} busy on average", flush=True)
+    return [(0 if ended[i][0] == NO_TESTS else ended[i][0], run.layers, run.times)
+            for i, run in enumerate(running)]
 
 
 def summary(results: list[tuple[int, Path, Path]], seconds: float) -> None:
@@ -133,7 +181,8 @@ def main(args: Sequence[str]) -> int:
     workers = int(os.environ.get("RAYSINK_TEST_WORKERS", "2"))
     started = time.monotonic()
     with tempfile.TemporaryDirectory(prefix="raysink-test-run-") as work:
-        results = [run_phase(phase, args, Path(work)) for phase in phases(workers)]
+        results = [result for step in steps(workers)
+                   for result in run_step(step, args, Path(work))]
         summary(results, time.monotonic() - started)
     failed = [code for code, _, _ in results if code]
     return failed[0] if failed else 0

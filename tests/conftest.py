@@ -30,7 +30,7 @@ os.environ.setdefault("RAY_DEDUP_LOGS", "0")
 # Every JVM the tests start (Spark's driver, RayDP's app master and executors, the Kafka
 # broker, the jobs of the cluster layer) compiles with C1 only and collects with one
 # thread: the tests' JVMs live minutes and never reach the peak C2 would buy. A RayDP
-# start and four 50,000-row writes took 59 CPU-s so against 91 with the defaults
+# start and four 50,000-row writes took 59 CPU-s against 91 with the defaults
 # (two runs each). Benchmarks keep the defaults (they do not load this file).
 os.environ.setdefault("JAVA_TOOL_OPTIONS", "-XX:TieredStopAtLevel=1 -XX:+UseSerialGC")
 # Fault hooks work only in processes started with this set (raysink._faults reads it once,
