@@ -1,0 +1,65 @@
+"""The default run's steps (``scripts/run_tests.py``): the phases of one step run at once,
+each one's exit code is kept in the order of the step, and the output of a phase run
+beside the terminal's comes whole, after the step, never interleaved with it."""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _run_tests() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("run_tests", REPO / "scripts" / "run_tests.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules.setdefault("run_tests", module)
+    spec.loader.exec_module(module)
+    return module
+
+
+def _test_file(root: Path, name: str, other: str, *, passes: bool) -> str:
+    """A test that marks itself started, then waits (60 s at most) for the ``other`` one's
+    mark: it passes the wait only if both run at once."""
+    path = root / f"test_{name}.py"
+    path.write_text(
+        "import pathlib, time\n\n\n"
+        f"def test_{name}():\n"
+        f"    pathlib.Path({str(root / name)!r}).touch()\n"
+        f"    other = pathlib.Path({str(root / other)!r})\n"
+        "    deadline = time.monotonic() + 60\n"
+        "    while not other.exists() and time.monotonic() < deadline:\n"
+        "        time.sleep(0.05)\n"
+        "    assert other.exists(), 'the other phase never ran beside this one'\n"
+        f"    assert {passes}\n")
+    return str(path)
+
+
+def test_a_step_runs_its_phases_at_once_and_keeps_each_exit_code(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    run_tests = _run_tests()
+    tests, work = tmp_path / "tests", tmp_path / "work"
+    tests.mkdir()
+    work.mkdir()
+    side = run_tests.Phase("side", (_test_file(tests, "side", "main", passes=True),))
+    main = run_tests.Phase("main", (_test_file(tests, "main", "side", passes=False),))
+    results = run_tests.run_step([side, main], ["-q"], work)
+    out = capfd.readouterr().out
+    assert "AssertionError: the other phase" not in out, out
+    assert [code for code, _, _ in results] == [0, 1]  # the step's order, not the ends'
+    # the side phase's whole output follows the terminal phase's, with both exit lines
+    assert out.index("1 failed") < out.index("=== output of phase side") < out.index("1 passed")
+    assert "=== phase side: exit 0" in out and "=== phase main: exit 1" in out
+
+
+def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_cluster_alone() -> None:
+    steps = _run_tests().steps(2)
+    layers = [[phase.paths for phase in step] for step in steps]
+    assert layers == [[("tests/unit",)], [("tests/integration",)],
+                      [("tests/kafka",), ("tests/spark", "tests/chaos")],
+                      [("tests/cluster",)]]
