@@ -1,5 +1,8 @@
 """Bugs the chaos suite found, each replayed at the exact point it was found.
 
+Fixed cases, not drawn by a seed, so they are integration tests (real Ray, PostgreSQL and
+targets, the chaos suite's fault helpers): the chaos layer's time is its seeded sample's.
+
 1. ``fs_readonly`` trial (seed 1, trial 2): under a read-only Parquet directory the driver's
    ``EpochFailedError`` quoted only Ray's wrapper (``RayTaskError(OSError): ray::
    SinkWriterActor.barrier() (pid=…)``), not the error itself. Fixed in
