@@ -9,7 +9,7 @@ PYTEST_ARGS ?= -m "not slow"
 # `make check`: one short runtime test per sink (Parquet, Delta, Iceberg, PostgreSQL, Kafka),
 # each through real actors into its real target, after the unit tests.
 CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped \
-	tests/integration/test_sinks_runtime.py::test_epochs_replays_and_coordinator_crashes \
+	tests/integration/test_sinks_runtime.py::test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped \
 	tests/kafka/test_kafka_sink.py::test_epochs_exactly_once
 
 .PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards

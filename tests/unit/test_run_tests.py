@@ -4,6 +4,7 @@ beside the terminal's comes whole, after the step, never interleaved with it."""
 
 from __future__ import annotations
 
+import ast
 import importlib.util
 import sys
 from pathlib import Path
@@ -63,3 +64,28 @@ def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_cluster_alon
     assert layers == [[("tests/unit",)], [("tests/integration",)],
                       [("tests/kafka",), ("tests/spark", "tests/chaos")],
                       [("tests/cluster",)]]
+
+
+def _check_tests() -> list[str]:
+    """The node ids ``make check`` runs (the Makefile's ``CHECK_TESTS``)."""
+    lines = (REPO / "Makefile").read_text().splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("CHECK_TESTS :="))
+    words: list[str] = []
+    for line in lines[start:]:
+        words += line.removeprefix("CHECK_TESTS :=").rstrip("\\").split()
+        if not line.endswith("\\"):
+            break
+    return words
+
+
+def test_make_check_names_tests_that_exist() -> None:
+    """``make check`` once named a test renamed since, and pytest refused the whole run."""
+    ids = _check_tests()
+    assert len(ids) >= 3, ids
+    for nodeid in ids:
+        module, _, name = nodeid.partition("::")
+        path = REPO / module
+        assert path.is_file(), f"make check names {module}, which does not exist"
+        tree = ast.parse(path.read_text())
+        names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
+        assert name in names, f"make check names {nodeid}, not there"
