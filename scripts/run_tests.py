@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -113,12 +114,42 @@ def start_phase(phase: Phase, args: Sequence[str], work: Path, *, aside: bool) -
     command = pytest_command(*phase.paths, *phase.options, *args)
     where = " (its output when the step ends)" if aside else ""
     print(f"\n=== phase: {phase.name}{where} ({' '.join(command[3:])})", flush=True)
-    output = work / f"{stem}.log" if aside else None
-    with open(output or os.devnull, "wb") as sink:
-        process = subprocess.Popen(command, cwd=REPO, env=env,
-                                   stdout=sink if aside else None,
-                                   stderr=subprocess.STDOUT if aside else None)
+    if not aside:
+        process = subprocess.Popen(command, cwd=REPO, env=env)
+        return Started(phase, process, layers, times, None, time.monotonic())
+    output = work / f"{stem}.log"
+    with open(output, "wb") as sink:
+        process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink,
+                                   stderr=subprocess.STDOUT)
     return Started(phase, process, layers, times, output, time.monotonic())
+
+
+def stop(running: Sequence[Started], grace: float = 30.0) -> None:
+    """End the phases still running (the step was interrupted): each pytest gets an
+    interrupt, as from Ctrl-C, so that its fixtures tear down what they started (brokers,
+    PostgreSQL, Ray), and is killed if it has not ended ``grace`` seconds later."""
+    alive = [run.process for run in running if run.process.poll() is None]
+    for process in alive:
+        process.send_signal(signal.SIGINT)
+    deadline = time.monotonic() + grace
+    for process in alive:
+        try:
+            process.wait(max(0.0, deadline - time.monotonic()))
+        except subprocess.TimeoutExpired:
+            process.kill()
+            process.wait()
+
+
+def wait_all(running: Sequence[Started]) -> dict[int, tuple[int, float]]:
+    """Each phase's exit code and seconds, by its index in ``running``, once all ended."""
+    ended: dict[int, tuple[int, float]] = {}
+    while len(ended) < len(running):
+        for i, run in enumerate(running):
+            code = run.process.poll() if i not in ended else None
+            if code is not None:
+                ended[i] = (code, time.monotonic() - run.started)
+        time.sleep(0.2)
+    return ended
 
 
 def run_step(step: Sequence[Phase], args: Sequence[str], work: Path
@@ -126,15 +157,13 @@ def run_step(step: Sequence[Phase], args: Sequence[str], work: Path
     """Run a step's phases at once (the last one on the terminal); each one's exit code and
     the files its layer book and times went to."""
     busy, began = busy_seconds(), time.monotonic()
-    running = [start_phase(phase, args, work, aside=i < len(step) - 1)
-               for i, phase in enumerate(step)]
-    ended: dict[int, tuple[int, float]] = {}  # index in ``running``: exit code, seconds
-    while len(ended) < len(running):
-        for i, run in enumerate(running):
-            code = run.process.poll() if i not in ended else None
-            if code is not None:
-                ended[i] = (code, time.monotonic() - run.started)
-        time.sleep(0.2)
+    running: list[Started] = []
+    try:
+        for i, phase in enumerate(step):
+            running.append(start_phase(phase, args, work, aside=i < len(step) - 1))
+        ended = wait_all(running)
+    finally:
+        stop(running)  # none left when all ended; on Ctrl-C or an error, the rest
     seconds, busy_after = time.monotonic() - began, busy_seconds()
     for i, run in enumerate(running):
         code, phase_seconds = ended[i]

@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import os
 import sys
+import time
 from pathlib import Path
 from types import ModuleType
 
@@ -56,6 +58,36 @@ def test_a_step_runs_its_phases_at_once_and_keeps_each_exit_code(
     # the side phase's whole output follows the terminal phase's, with both exit lines
     assert out.index("1 failed") < out.index("=== output of phase side") < out.index("1 passed")
     assert "=== phase side: exit 0" in out and "=== phase main: exit 1" in out
+
+
+def test_an_interrupted_step_ends_the_phases_still_running(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    run_tests = _run_tests()
+    tests, work = tmp_path / "tests", tmp_path / "work"
+    tests.mkdir()
+    work.mkdir()
+    pid_file = tmp_path / "side.pid"
+    side_test = tests / "test_long.py"
+    side_test.write_text(
+        "import os, pathlib, time\n\n\n"
+        "def test_long():\n"
+        f"    pathlib.Path({str(pid_file)!r}).write_text(str(os.getpid()))\n"
+        "    time.sleep(300)\n")
+    side = run_tests.Phase("side", (str(side_test),))
+    main = run_tests.Phase("main", (_test_file(tests, "main", "main", passes=True),))
+
+    def interrupted(running: object) -> None:
+        deadline = time.monotonic() + 60
+        while not pid_file.exists() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(run_tests, "wait_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_tests.run_step([side, main], ["-q"], work)
+    pid = int(pid_file.read_text())
+    with pytest.raises(ProcessLookupError):  # ended and reaped, not left running
+        os.kill(pid, 0)
 
 
 def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_cluster_alone() -> None:
