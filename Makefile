@@ -18,7 +18,7 @@ setup:
 	@bash scripts/setup.sh
 
 # In four steps (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
-# kafka in one process beside spark then chaos in another; cluster. One table at the end.
+# kafka then chaos in one process beside spark in another; cluster. One table at the end.
 test: setup
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 

@@ -9,12 +9,15 @@ one or two pytest processes.
    stays in one process), costliest first when their costs are stored
    (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
    directory.
-3. ``kafka`` beside ``spark`` then ``chaos``: two processes at once, each sharing its one
+3. ``kafka`` then ``chaos`` beside ``spark``: two processes at once, each sharing its one
    costly start across its layers (a broker; a RayDP session). With the tests' JVMs on C1
    (``tests/conftest.py``) these layers wait more than they compute: in one process they
-   kept the machine's 2 cores only 1.33 busy. The kafka layer, the shorter, ends while the
-   spark layer runs, so the chaos sample (the layer closest to its budget, no RayDP in
-   it) runs beside nothing. The side process's output is printed when the step ends.
+   kept the machine's 2 cores only 1.33 busy; the kafka and chaos layers together take
+   about as long as the spark layer. Ray starts its workers at nice 15, the RayDP JVMs
+   beside them run at 0: the first process's actors run at 0 too
+   (``RAY_worker_niceness``), or the chaos sample, the layer with the least margin under
+   its budget, waits on the JVMs (127-136 s of its 180 here, 114 s at equal priority,
+   92 s alone). The side process's output is printed when the step ends.
 4. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
    to declare lost nodes dead).
 
@@ -47,6 +50,9 @@ TIMES = REPO / "bench" / "out" / "test-times.json"
 MODULES = REPO / "bench" / "out" / "module-seconds.json"
 SLOWEST = 25
 NO_TESTS = 5  # pytest's exit code when a phase's selection holds no test
+# Ray starts its workers at nice 15, below the JVMs of a RayDP session beside them (nice 0):
+# the phase beside the spark layer runs its actors at the JVMs' priority
+EQUAL_PRIORITY = ("RAY_worker_niceness", "0")
 
 
 @dataclass(frozen=True)
@@ -54,6 +60,7 @@ class Phase:
     name: str
     paths: tuple[str, ...]
     options: tuple[str, ...] = ()
+    env: tuple[tuple[str, str], ...] = ()  # set for its process, over the run's own
 
 
 def steps(workers: int) -> list[list[Phase]]:
@@ -64,8 +71,8 @@ def steps(workers: int) -> list[list[Phase]]:
     parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
     return [[Phase("unit", ("tests/unit",))],
             [Phase("integration", ("tests/integration",), parallel)],
-            [Phase("kafka", ("tests/kafka",)),
-             Phase("spark, chaos", ("tests/spark", "tests/chaos"))],
+            [Phase("kafka, chaos", ("tests/kafka", "tests/chaos"), env=(EQUAL_PRIORITY,)),
+             Phase("spark", ("tests/spark",))],
             [Phase("cluster", ("tests/cluster",))]]
 
 
@@ -110,7 +117,8 @@ def start_phase(phase: Phase, args: Sequence[str], work: Path, *, aside: bool) -
     has the terminal)."""
     stem = Path(phase.paths[0]).name
     layers, times = work / f"{stem}-layers.json", work / f"{stem}-times.json"
-    env = {**os.environ, "RAYSINK_TEST_LAYERS": str(layers), "RAYSINK_TEST_TIMES": str(times)}
+    env = {**os.environ, **dict(phase.env), "RAYSINK_TEST_LAYERS": str(layers),
+           "RAYSINK_TEST_TIMES": str(times)}
     command = pytest_command(*phase.paths, *phase.options, *args)
     where = " (its output when the step ends)" if aside else ""
     print(f"\n=== phase: {phase.name}{where} ({' '.join(command[3:])})", flush=True)

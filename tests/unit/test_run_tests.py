@@ -90,12 +90,26 @@ def test_an_interrupted_step_ends_the_phases_still_running(
         os.kill(pid, 0)
 
 
-def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_cluster_alone() -> None:
+def test_the_default_run_puts_kafka_then_chaos_beside_spark_and_the_cluster_alone() -> None:
     steps = _run_tests().steps(2)
     layers = [[phase.paths for phase in step] for step in steps]
     assert layers == [[("tests/unit",)], [("tests/integration",)],
-                      [("tests/kafka",), ("tests/spark", "tests/chaos")],
+                      [("tests/kafka", "tests/chaos"), ("tests/spark",)],
                       [("tests/cluster",)]]
+    # the actors beside the RayDP JVMs run at the JVMs' priority
+    assert dict(steps[2][0].env) == {"RAY_worker_niceness": "0"}
+
+
+def test_a_phase_runs_with_its_own_environment(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    run_tests = _run_tests()
+    test = tmp_path / "test_env.py"
+    test.write_text("import os\n\n\n"
+                    "def test_env():\n"
+                    "    assert os.environ['RAY_worker_niceness'] == '0'\n")
+    phase = run_tests.Phase("env", (str(test),), env=(("RAY_worker_niceness", "0"),))
+    assert [code for code, _, _ in run_tests.run_step([phase], ["-q"], tmp_path)] == [0]
+    assert "1 passed" in capfd.readouterr().out
 
 
 def _check_tests() -> list[str]:
