@@ -1,15 +1,15 @@
-"""The default test run (``make test``): the layers in four steps of
-one or two pytest processes.
+"""The default test run (``make test``): the layers in three steps of one or two pytest
+processes (the two at once).
 
-1. ``unit``: no Ray, one process. (Not beside the integration layer on its workers: some
-   unit tests switch process-wide state, the fault hooks among them, that the integration
-   tests of the same worker then miss.)
-2. ``integration``: its modules spread over ``RAYSINK_TEST_WORKERS`` (default 2)
+1. ``unit`` beside ``integration``. The unit layer (no Ray) in a process of its own: not on
+   the integration layer's workers, since some unit tests switch process-wide state, the
+   fault hooks among them, that the integration tests of the same worker then miss. The
+   integration layer's modules spread over ``RAYSINK_TEST_WORKERS`` (default 2)
    pytest-xdist workers a module at a time (``--dist loadfile``: a module's shared runtime
    stays in one process), costliest first when their costs are stored
    (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
    directory.
-3. ``kafka`` then ``chaos`` beside ``spark``: two processes at once, each sharing its one
+2. ``kafka`` then ``chaos`` beside ``spark``: two processes at once, each sharing its one
    costly start across its layers (a broker; a RayDP session). With the tests' JVMs on C1
    (``tests/conftest.py``) these layers wait more than they compute: in one process they
    kept the machine's 2 cores only 1.33 busy; the kafka and chaos layers together take
@@ -18,7 +18,7 @@ one or two pytest processes.
    (``RAY_worker_niceness``), or the chaos sample, the layer with the least margin under
    its budget, waits on the JVMs (127-136 s of its 180 here, 114 s at equal priority,
    92 s alone). The side process's output is printed when the step ends.
-4. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
+3. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
    to declare lost nodes dead).
 
 Then one table of every layer's time against its budget (``tests.support.layers``), the
@@ -69,8 +69,8 @@ def steps(workers: int) -> list[list[Phase]]:
     # tests.support.schedule); without, pytest-xdist's (the most tests first)
     ordered = ("--no-loadscope-reorder",) if MODULE_SECONDS.exists() else ()
     parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
-    return [[Phase("unit", ("tests/unit",))],
-            [Phase("integration", ("tests/integration",), parallel)],
+    return [[Phase("unit", ("tests/unit",)),
+             Phase("integration", ("tests/integration",), parallel)],
             [Phase("kafka, chaos", ("tests/kafka", "tests/chaos"), env=(EQUAL_PRIORITY,)),
              Phase("spark", ("tests/spark",))],
             [Phase("cluster", ("tests/cluster",))]]

@@ -90,14 +90,15 @@ def test_an_interrupted_step_ends_the_phases_still_running(
         os.kill(pid, 0)
 
 
-def test_the_default_run_puts_kafka_then_chaos_beside_spark_and_the_cluster_alone() -> None:
+def test_the_default_run_puts_unit_beside_integration_kafka_and_chaos_beside_spark() -> None:
     steps = _run_tests().steps(2)
     layers = [[phase.paths for phase in step] for step in steps]
-    assert layers == [[("tests/unit",)], [("tests/integration",)],
+    assert layers == [[("tests/unit",), ("tests/integration",)],
                       [("tests/kafka", "tests/chaos"), ("tests/spark",)],
                       [("tests/cluster",)]]
+    assert "-n" in steps[0][1].options and "-n" not in steps[0][0].options
     # the actors beside the RayDP JVMs run at the JVMs' priority
-    assert dict(steps[2][0].env) == {"RAY_worker_niceness": "0"}
+    assert dict(steps[1][0].env) == {"RAY_worker_niceness": "0"}
 
 
 def test_a_phase_runs_with_its_own_environment(
