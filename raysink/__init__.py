@@ -15,6 +15,7 @@ Which package runs where (``docs/architecture.md`` has the whole map)::
     raysink.sinks        Parquet, Delta, Iceberg, PostgreSQL, Kafka     writers, coordinator
     raysink.spark        Spark sessions, DataFrame handoff, query binding  driver, writers
     raysink.testing      fake sinks, in-memory meta store, fault arming  tests
+    raysink.dashboards   Grafana dashboard, Prometheus alert rules      the CLI, operators
     (top level: errors, reports, progress, cli, demo, and the shared _metrics, _faults,
     _schema, _options)
 

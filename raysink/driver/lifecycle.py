@@ -308,8 +308,7 @@ class ActorSet:
         return failed + quiet
 
     @staticmethod
-    def _ping(handles: Mapping[Key, Any],
-              timeout: float) -> tuple[list[Key], list[Key]]:
+    def _ping(handles: Mapping[Key, Any], timeout: float) -> tuple[list[Key], list[Key]]:
         """Ping every handle at once: the keys whose ping failed (the actor is dead), and
         those with no answer within ``timeout`` (busy, restarting, or on a lost node)."""
         import ray
@@ -319,7 +318,8 @@ class ActorSet:
         failed: list[Key] = []
         for key, handle in handles.items():
             try:
-                refs[key] = handle.ping.remote()
+                refs[key] = (CoordinatorClient.of(handle) if key == COORDINATOR
+                             else WriterClient(handle)).ping().send()
             except PendingCallsLimitExceeded:
                 continue  # calls are queued for it: busy, not lost
             except Exception as exc:

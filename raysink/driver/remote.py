@@ -21,6 +21,7 @@ from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.coordinator.standby import StandbyCoordinatorActor
 from raysink.driver import raystate
 from raysink.errors import RuntimeInUseError, RuntimeUnavailableError
+from raysink.protocol.clients import CoordinatorClient
 from raysink.reports import ActorRole
 from raysink.writer.writer import NAMESPACE, SinkWriterActor
 
@@ -138,7 +139,7 @@ def find_coordinator(runtime: str, wait: float = 5.0) -> Any | None:
     for name in names:
         try:
             handle = ray.get_actor(name, namespace=NAMESPACE)
-            answer: Any = ray.get(handle.ping.remote(), timeout=wait)
+            answer: Any = ray.get(CoordinatorClient.of(handle).ping().send(), timeout=wait)
             generation = int(answer)
         except Exception as exc:  # dead, or gone meanwhile
             log.debug("coordinator candidate %s: %s", name, exc)
@@ -179,10 +180,11 @@ def take_over(handle: Any, config: CoordinatorConfig, *, ping_timeout: float,
     if state not in ("ALIVE", "PENDING_CREATION"):
         log.info("no standby coordinator to take over (%s)", state)
         return False
+    standby = CoordinatorClient.of(handle)
     try:
         if state == "ALIVE":
-            ray.get(handle.ping.remote(), timeout=ping_timeout)
-        ray.get(handle.take_over.remote(config), timeout=timeout)
+            ray.get(standby.ping().send(), timeout=ping_timeout)
+        ray.get(standby.take_over(config).send(), timeout=timeout)
     except Exception as exc:
         log.warning("the standby coordinator could not take over (%s: %s); starting a new "
                     "coordinator", type(exc).__name__, exc)

@@ -44,6 +44,7 @@ from raysink.driver.handle import seal_writers, wait_for_feeds
 from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import EpochFailedError, RuntimeUnavailableError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
+from raysink.protocol.clients import WriterClient
 
 if TYPE_CHECKING:
     from raysink.driver.epoch import EpochDriver
@@ -207,7 +208,7 @@ class StreamController:
         for sink, handles in self._actors.writers.items():
             for index, handle in enumerate(handles):
                 try:
-                    refs[(sink, index)] = handle.ping.remote()
+                    refs[(sink, index)] = WriterClient(handle).ping().send()
                 except Exception as exc:  # busy (its calls' limit) or gone: unknown
                     log.debug("ping of writer %s: %s", (sink, index), exc)
                     refs[(sink, index)] = None

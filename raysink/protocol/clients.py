@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 
 if TYPE_CHECKING:
+    from raysink.coordinator.coordinator import CoordinatorConfig
     from raysink.coordinator.producers import FeedsState
     from raysink.coordinator.stream_state import StreamPosition, StreamState, StreamTick
     from raysink.protocol.barrier import CheckpointBarrier
@@ -73,6 +74,10 @@ class CoordinatorClient:
     # the driver's epochs ---------------------------------------------------------------
     def ping(self) -> Call[int]:
         return Call(lambda: self.actor().ping.remote())
+
+    def take_over(self, config: CoordinatorConfig) -> Call[int]:
+        """A standby becomes the coordinator of ``config``; the generation it claimed."""
+        return Call(lambda: self.actor().take_over.remote(config))
 
     def open_epoch(self, requested: int | None, timeout: float) -> Call[OpenedEpoch]:
         return Call(lambda: self.actor().open_epoch.remote(requested, timeout))
@@ -165,8 +170,8 @@ class WriterClient:
     actor: Any
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
-              feed: Any = 0) -> Call[int]:
-        return Call(lambda: self.actor.write.remote(epoch, attempt, seq, refs, feed))
+              feed: Any = 0, after: int | None = None) -> Call[int]:
+        return Call(lambda: self.actor.write.remote(epoch, attempt, seq, refs, feed, after))
 
     def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: Any,
                      last_seq: int) -> Call[None]:

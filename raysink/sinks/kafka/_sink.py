@@ -332,13 +332,15 @@ class KafkaSink(Sink):
 
         from raysink.driver.calls import get
         from raysink.errors import RaySinkError
+        from raysink.protocol.clients import WriterClient
         from raysink.writer.writer import NAMESPACE
 
         calls: list[Any] = []
         for manifest in parts:
             try:
                 actor = ray.get_actor(str(manifest["actor"]), namespace=NAMESPACE)
-                calls.append(actor.finish.remote(epoch, int(manifest["attempt"]), commit))
+                calls.append(WriterClient(actor).finish(epoch, int(manifest["attempt"]),
+                                                        commit).send())
             except Exception as exc:  # no such actor (gone), or Ray not here
                 log.info("writer %s of epoch %s unreachable: %s", manifest["writer"], epoch,
                          exc)
