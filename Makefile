@@ -17,9 +17,8 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 setup:
 	@bash scripts/setup.sh
 
-# In three steps (scripts/run_tests.py): unit beside integration (two pytest-xdist
-# workers); kafka then chaos in one process beside spark in another; cluster. One table
-# at the end.
+# In four steps (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
+# kafka then chaos (a process each) beside spark; cluster. One table at the end.
 test: setup
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 

@@ -1,26 +1,29 @@
-"""The default test run (``make test``): the layers in three steps of one or two pytest
-processes (the two at once).
+"""The default test run (``make test``): the layers in four steps. A step is one or two
+*lanes* run at once, a lane one or more pytest processes (*phases*) run one after another.
 
-1. ``unit`` beside ``integration``. The unit layer (no Ray) in a process of its own: not on
-   the integration layer's workers, since some unit tests switch process-wide state, the
-   fault hooks among them, that the integration tests of the same worker then miss. The
-   integration layer's modules spread over ``RAYSINK_TEST_WORKERS`` (default 2)
+1. ``unit``: no Ray, one process, alone. (Not on the integration layer's workers: some
+   unit tests switch process-wide state, the fault hooks among them, that the integration
+   tests of the same worker then miss; beside them, on this machine's 2 cores busy with
+   them, it took 65 s of its 60 against 22-25 s alone.)
+2. ``integration``: its modules spread over ``RAYSINK_TEST_WORKERS`` (default 2)
    pytest-xdist workers a module at a time (``--dist loadfile``: a module's shared runtime
    stays in one process), costliest first when their costs are stored
    (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
    directory.
-2. ``kafka`` then ``chaos`` beside ``spark``: two processes at once, each sharing its one
-   costly start across its layers (a broker; a RayDP session). With the tests' JVMs on C1
-   (``tests/conftest.py``) these layers wait more than they compute: in one process they
-   kept the machine's 2 cores only 1.33 busy; the kafka and chaos layers together take
-   about as long as the spark layer. Ray starts its workers at nice 15, the RayDP JVMs
-   beside them run at 0: the first process's actors run at 0 too
-   (``RAY_worker_niceness``), or the chaos sample, the layer with the least margin under
-   its budget, waits on the JVMs (127-136 s of its 180 here, 114 s at equal priority,
-   92 s alone). The side process's output is printed when the step ends.
-3. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
+3. ``kafka`` then ``chaos`` beside ``spark``: the spark layer shares one RayDP session
+   in its process; the kafka layer one broker in its own, then the chaos sample runs in a
+   process of its own. With the tests' JVMs on C1 (``tests/conftest.py``) these layers
+   wait more than they compute (in one process they kept the 2 cores only 1.33 busy), and
+   the kafka and chaos layers together take about as long as the spark layer. Ray starts
+   its workers at nice 15 and the RayDP JVMs beside them run at 0, so the chaos process
+   runs its actors at 0 too (``RAY_worker_niceness``): the chaos sample has the least
+   margin under its budget, and beside Spark at nice 15 it took 127-136 s of its 180
+   (114-122 s at equal priority, 92 s alone). The kafka layer keeps Ray's default: at
+   nice 0 for the whole lane, the spark layer beside it took up to 407 s of its 480.
+4. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
    to declare lost nodes dead).
 
+The output of a lane that does not have the terminal is printed when its step ends.
 Then one table of every layer's time against its budget (``tests.support.layers``), the
 slowest tests of the whole run, and the total. Arguments go to every phase's pytest
 (``make test PYTEST_ARGS='-m "not slow" -x'``); arguments that name tests (a path or a
@@ -57,23 +60,30 @@ EQUAL_PRIORITY = ("RAY_worker_niceness", "0")
 
 @dataclass(frozen=True)
 class Phase:
+    """One pytest process."""
+
     name: str
     paths: tuple[str, ...]
     options: tuple[str, ...] = ()
     env: tuple[tuple[str, str], ...] = ()  # set for its process, over the run's own
 
 
-def steps(workers: int) -> list[list[Phase]]:
-    """The phases in the order they run; the phases of one step run at once."""
+Lane = tuple[Phase, ...]
+"""Phases run one after another; the lanes of a step run at once."""
+
+
+def steps(workers: int) -> list[list[Lane]]:
+    """The steps in the order they run, each as its lanes."""
     # with the modules' stored costs, the order of collection (costliest first, see
     # tests.support.schedule); without, pytest-xdist's (the most tests first)
     ordered = ("--no-loadscope-reorder",) if MODULE_SECONDS.exists() else ()
     parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
-    return [[Phase("unit", ("tests/unit",)),
-             Phase("integration", ("tests/integration",), parallel)],
-            [Phase("kafka, chaos", ("tests/kafka", "tests/chaos"), env=(EQUAL_PRIORITY,)),
-             Phase("spark", ("tests/spark",))],
-            [Phase("cluster", ("tests/cluster",))]]
+    return [[(Phase("unit", ("tests/unit",)),)],
+            [(Phase("integration", ("tests/integration",), parallel),)],
+            [(Phase("kafka", ("tests/kafka",)),
+              Phase("chaos", ("tests/chaos",), env=(EQUAL_PRIORITY,))),
+             (Phase("spark", ("tests/spark",)),)],
+            [(Phase("cluster", ("tests/cluster",)),)]]
 
 
 def names_tests(args: Sequence[str]) -> bool:
@@ -105,17 +115,27 @@ class Started:
     """A phase's pytest process, and where its output goes when it is not the terminal."""
 
     phase: Phase
+    place: tuple[int, int]  # its lane in the step, its place in the lane
     process: subprocess.Popen[bytes]
     layers: Path
     times: Path
     output: Path | None
     started: float
+    code: int | None = None
+    seconds: float = 0.0
+
+    def ended(self) -> bool:
+        """Whether the process ended (its exit code and seconds noted then)."""
+        if self.code is None and (code := self.process.poll()) is not None:
+            self.code, self.seconds = code, time.monotonic() - self.started
+        return self.code is not None
 
 
-def start_phase(phase: Phase, args: Sequence[str], work: Path, *, aside: bool) -> Started:
-    """Start one phase's pytest; ``aside``: its output to a file (another phase of its step
+def start_phase(phase: Phase, place: tuple[int, int], args: Sequence[str], work: Path, *,
+                aside: bool) -> Started:
+    """Start one phase's pytest; ``aside``: its output to a file (a phase of another lane
     has the terminal)."""
-    stem = Path(phase.paths[0]).name
+    stem = phase.name.replace(", ", "-")
     layers, times = work / f"{stem}-layers.json", work / f"{stem}-times.json"
     env = {**os.environ, **dict(phase.env), "RAYSINK_TEST_LAYERS": str(layers),
            "RAYSINK_TEST_TIMES": str(times)}
@@ -124,12 +144,12 @@ def start_phase(phase: Phase, args: Sequence[str], work: Path, *, aside: bool) -
     print(f"\n=== phase: {phase.name}{where} ({' '.join(command[3:])})", flush=True)
     if not aside:
         process = subprocess.Popen(command, cwd=REPO, env=env)
-        return Started(phase, process, layers, times, None, time.monotonic())
+        return Started(phase, place, process, layers, times, None, time.monotonic())
     output = work / f"{stem}.log"
     with open(output, "wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink,
                                    stderr=subprocess.STDOUT)
-    return Started(phase, process, layers, times, output, time.monotonic())
+    return Started(phase, place, process, layers, times, output, time.monotonic())
 
 
 def stop(running: Sequence[Started], grace: float = 30.0) -> None:
@@ -148,42 +168,53 @@ def stop(running: Sequence[Started], grace: float = 30.0) -> None:
             process.wait()
 
 
-def wait_all(running: Sequence[Started]) -> dict[int, tuple[int, float]]:
-    """Each phase's exit code and seconds, by its index in ``running``, once all ended."""
-    ended: dict[int, tuple[int, float]] = {}
-    while len(ended) < len(running):
-        for i, run in enumerate(running):
-            code = run.process.poll() if i not in ended else None
-            if code is not None:
-                ended[i] = (code, time.monotonic() - run.started)
-        time.sleep(0.2)
-    return ended
+def pause() -> None:
+    time.sleep(0.2)
 
 
-def run_step(step: Sequence[Phase], args: Sequence[str], work: Path
-             ) -> list[tuple[int, Path, Path]]:
-    """Run a step's phases at once (the last one on the terminal); each one's exit code and
-    the files its layer book and times went to."""
-    busy, began = busy_seconds(), time.monotonic()
-    running: list[Started] = []
+def run_lanes(step: Sequence[Lane], args: Sequence[str], work: Path) -> list[Started]:
+    """Start each lane's first phase, and each next one as the one before it ends (the
+    last lane on the terminal); every phase, once all ended, in the step's order. On an
+    interrupt or an error the phases still running are ended (``stop``)."""
+    waiting = [list(lane) for lane in step]
+    running: dict[int, Started] = {}
+    started: list[Started] = []
     try:
-        for i, phase in enumerate(step):
-            running.append(start_phase(phase, args, work, aside=i < len(step) - 1))
-        ended = wait_all(running)
+        while True:
+            for lane, phases in enumerate(waiting):
+                if lane in running and running[lane].ended():
+                    del running[lane]
+                if lane not in running and phases:
+                    place = (lane, len(step[lane]) - len(phases))
+                    running[lane] = start_phase(phases.pop(0), place, args, work,
+                                                aside=lane < len(step) - 1)
+                    started.append(running[lane])
+            if not running:
+                return sorted(started, key=lambda run: run.place)
+            pause()
     finally:
-        stop(running)  # none left when all ended; on Ctrl-C or an error, the rest
+        stop(started)  # none left when all ended; on Ctrl-C or an error, the rest
+
+
+def run_step(step: Sequence[Lane], args: Sequence[str], work: Path
+             ) -> list[tuple[int, Path, Path]]:
+    """Run a step's lanes at once; each phase's exit code and the files its layer book
+    and times went to, in the step's order."""
+    busy, began = busy_seconds(), time.monotonic()
+    ended = run_lanes(step, args, work)
     seconds, busy_after = time.monotonic() - began, busy_seconds()
-    for i, run in enumerate(running):
-        code, phase_seconds = ended[i]
+    for run in ended:
         if run.output is not None:
             print(f"\n=== output of phase {run.phase.name}, run beside the others", flush=True)
             sys.stdout.write(run.output.read_text(errors="replace"))
-        print(f"=== phase {run.phase.name}: exit {code} after {phase_seconds:.0f} s", flush=True)
+    for run in ended:
+        print(f"=== phase {run.phase.name}: exit {run.code} after {run.seconds:.0f} s",
+              flush=True)
     if busy is not None and busy_after is not None:
         print(f"=== the step's {seconds:.0f} s: the machine's cores "
               f"{(busy_after - busy) / seconds:.2f} busy on average", flush=True)
-    return [(0 if ended[i][0] == NO_TESTS else ended[i][0], run.layers, run.times)
-            for i, run in enumerate(running)]
+    return [(0 if run.code == NO_TESTS else int(run.code or 0), run.layers, run.times)
+            for run in ended]
 
 
 def summary(results: list[tuple[int, Path, Path]], seconds: float) -> None:

@@ -51,13 +51,41 @@ def test_a_step_runs_its_phases_at_once_and_keeps_each_exit_code(
     work.mkdir()
     side = run_tests.Phase("side", (_test_file(tests, "side", "main", passes=True),))
     main = run_tests.Phase("main", (_test_file(tests, "main", "side", passes=False),))
-    results = run_tests.run_step([side, main], ["-q"], work)
+    results = run_tests.run_step([(side,), (main,)], ["-q"], work)
     out = capfd.readouterr().out
     assert "AssertionError: the other phase" not in out, out
     assert [code for code, _, _ in results] == [0, 1]  # the step's order, not the ends'
     # the side phase's whole output follows the terminal phase's, with both exit lines
     assert out.index("1 failed") < out.index("=== output of phase side") < out.index("1 passed")
     assert "=== phase side: exit 0" in out and "=== phase main: exit 1" in out
+
+
+def test_a_lane_runs_its_phases_one_after_another(
+        tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    """The second phase of a lane starts once the first ended, beside the other lane;
+    exit codes come in the step's order."""
+    run_tests = _run_tests()
+    tests, work = tmp_path / "tests", tmp_path / "work"
+    tests.mkdir()
+    work.mkdir()
+    first = tests / "test_first.py"
+    first.write_text("import pathlib, time\n\n\n"
+                     "def test_first():\n"
+                     f"    assert not pathlib.Path({str(tests / 'second')!r}).exists()\n"
+                     "    time.sleep(1)\n"
+                     f"    pathlib.Path({str(tests / 'first')!r}).touch()\n")
+    second = tests / "test_second.py"
+    second.write_text("import pathlib\n\n\n"
+                      "def test_second():\n"
+                      f"    assert pathlib.Path({str(tests / 'first')!r}).exists()\n"
+                      f"    pathlib.Path({str(tests / 'second')!r}).touch()\n"
+                      "    assert False\n")
+    lane = (run_tests.Phase("first", (str(first),)), run_tests.Phase("second", (str(second),)))
+    other = run_tests.Phase("other", (_test_file(tests, "other", "first", passes=True),))
+    results = run_tests.run_step([lane, (other,)], ["-q"], work)
+    out = capfd.readouterr().out
+    assert [code for code, _, _ in results] == [0, 1, 0], out
+    assert "=== phase first: exit 0" in out and "=== phase second: exit 1" in out
 
 
 def test_an_interrupted_step_ends_the_phases_still_running(
@@ -76,29 +104,29 @@ def test_an_interrupted_step_ends_the_phases_still_running(
     side = run_tests.Phase("side", (str(side_test),))
     main = run_tests.Phase("main", (_test_file(tests, "main", "main", passes=True),))
 
-    def interrupted(running: object) -> None:
-        deadline = time.monotonic() + 60
-        while not pid_file.exists() and time.monotonic() < deadline:
-            time.sleep(0.05)
-        raise KeyboardInterrupt
+    def interrupted() -> None:  # the runner's pause between polls, once both started
+        if pid_file.exists():
+            raise KeyboardInterrupt
+        time.sleep(0.05)
 
-    monkeypatch.setattr(run_tests, "wait_all", interrupted)
+    monkeypatch.setattr(run_tests, "pause", interrupted)
     with pytest.raises(KeyboardInterrupt):
-        run_tests.run_step([side, main], ["-q"], work)
+        run_tests.run_step([(side,), (main,)], ["-q"], work)
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # ended and reaped, not left running
         os.kill(pid, 0)
 
 
-def test_the_default_run_puts_unit_beside_integration_kafka_and_chaos_beside_spark() -> None:
+def test_the_default_run_puts_kafka_then_chaos_beside_spark_and_the_rest_alone() -> None:
     steps = _run_tests().steps(2)
-    layers = [[phase.paths for phase in step] for step in steps]
-    assert layers == [[("tests/unit",), ("tests/integration",)],
-                      [("tests/kafka", "tests/chaos"), ("tests/spark",)],
-                      [("tests/cluster",)]]
-    assert "-n" in steps[0][1].options and "-n" not in steps[0][0].options
-    # the actors beside the RayDP JVMs run at the JVMs' priority
-    assert dict(steps[1][0].env) == {"RAY_worker_niceness": "0"}
+    lanes = [[tuple(phase.paths for phase in lane) for lane in step] for step in steps]
+    assert lanes == [[(("tests/unit",),)], [(("tests/integration",),)],
+                     [(("tests/kafka",), ("tests/chaos",)), (("tests/spark",),)],
+                     [(("tests/cluster",),)]]
+    assert "-n" in steps[1][0][0].options
+    kafka, chaos = steps[2][0]
+    # the chaos sample's actors run at the priority of the RayDP JVMs beside them
+    assert dict(chaos.env) == {"RAY_worker_niceness": "0"} and kafka.env == ()
 
 
 def test_a_phase_runs_with_its_own_environment(
@@ -109,7 +137,7 @@ def test_a_phase_runs_with_its_own_environment(
                     "def test_env():\n"
                     "    assert os.environ['RAY_worker_niceness'] == '0'\n")
     phase = run_tests.Phase("env", (str(test),), env=(("RAY_worker_niceness", "0"),))
-    assert [code for code, _, _ in run_tests.run_step([phase], ["-q"], tmp_path)] == [0]
+    assert [code for code, _, _ in run_tests.run_step([(phase,)], ["-q"], tmp_path)] == [0]
     assert "1 passed" in capfd.readouterr().out
 
 
