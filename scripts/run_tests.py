@@ -143,13 +143,20 @@ def start_phase(phase: Phase, place: tuple[int, int], args: Sequence[str], work:
     where = " (its output when the step ends)" if aside else ""
     print(f"\n=== phase: {phase.name}{where} ({' '.join(command[3:])})", flush=True)
     if not aside:
-        process = subprocess.Popen(command, cwd=REPO, env=env)
+        process = subprocess.Popen(command, cwd=REPO, env=env, preexec_fn=_interruptible)
         return Started(phase, place, process, layers, times, None, time.monotonic())
     output = work / f"{stem}.log"
     with open(output, "wb") as sink:
         process = subprocess.Popen(command, cwd=REPO, env=env, stdout=sink,
-                                   stderr=subprocess.STDOUT)
+                                   stderr=subprocess.STDOUT, preexec_fn=_interruptible)
     return Started(phase, place, process, layers, times, output, time.monotonic())
+
+
+def _interruptible() -> None:
+    """In a phase's process before pytest starts: SIGINT back to its default, so that
+    Python turns it into ``KeyboardInterrupt`` (and pytest tears its fixtures down) even
+    when this runner was started with SIGINT ignored, as a script's background job is."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def stop(running: Sequence[Started], grace: float = 30.0) -> None:

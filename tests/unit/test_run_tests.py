@@ -7,6 +7,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -110,11 +111,18 @@ def test_an_interrupted_step_ends_the_phases_still_running(
         time.sleep(0.05)
 
     monkeypatch.setattr(run_tests, "pause", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        run_tests.run_step([(side,), (main,)], ["-q"], work)
+    # as in CI, where the run is a background job of a script: SIGINT ignored, inherited
+    ignored = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            run_tests.run_step([(side,), (main,)], ["-q"], work)
+    finally:
+        signal.signal(signal.SIGINT, ignored)
     pid = int(pid_file.read_text())
     with pytest.raises(ProcessLookupError):  # ended and reaped, not left running
         os.kill(pid, 0)
+    # ended by the interrupt (its teardown ran), not killed after the grace
+    assert "KeyboardInterrupt" in (work / "side.log").read_text()
 
 
 def test_the_default_run_puts_kafka_then_chaos_beside_spark_and_the_rest_alone() -> None:
