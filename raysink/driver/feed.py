@@ -70,16 +70,13 @@ class Feed:
     """One producer's part of ``(epoch, attempt)``, numbered ``id`` (0 is the driver)."""
 
     def __init__(self, route: FeedRoute, *, epoch: int, attempt: int, feed_id: int,
-                 checkpoint_id: int, skip: bool = False, after: int | None = None) -> None:
+                 checkpoint_id: int, skip: bool = False) -> None:
         if feed_id < 1:
             raise ConfigError(f"feed ids start at 1 (0 is the driver's); got {feed_id}")
         self.route = route
         self.epoch, self.attempt, self.id = epoch, attempt, feed_id
         self.checkpoint_id = checkpoint_id
         self.skip = skip
-        # a stream's previous epoch, still undecided when this part began: the writers
-        # apply none of this part's rows before they are done with that epoch
-        self.after = after
         self._reset()
 
     def _reset(self) -> None:
@@ -96,8 +93,7 @@ class Feed:
 
     def __getstate__(self) -> dict[str, Any]:
         return {"route": self.route, "epoch": self.epoch, "attempt": self.attempt,
-                "id": self.id, "checkpoint_id": self.checkpoint_id, "skip": self.skip,
-                "after": self.after}
+                "id": self.id, "checkpoint_id": self.checkpoint_id, "skip": self.skip}
 
     def __setstate__(self, state: dict[str, Any]) -> None:
         self.__dict__.update(state)
@@ -243,7 +239,7 @@ class Feed:
         if self._sender is None:
             self._sender = Sender(self.route.writers, epoch=self.epoch,
                                   attempt=self.attempt, credits=self.route.credits,
-                                  feed=self.id, after=self.after)
+                                  feed=self.id)
             self._beat = _start_heartbeat(self)
         return self._sender
 

@@ -28,11 +28,10 @@ class Sender:
     sink). Raises what a write raised (a dead actor, bad data) as soon as it is seen."""
 
     def __init__(self, writers: Mapping[str, Sequence[Any]], *, epoch: int, attempt: int,
-                 credits: int, feed: int = 0, after: int | None = None,
+                 credits: int, feed: int = 0,
                  on_rows: Callable[[int], None] | None = None) -> None:
         self.writers = writers
         self.epoch, self.attempt, self.feed = epoch, attempt, feed
-        self.after = after  # an earlier epoch still in flight (``Feed.after``)
         self.credits = max(1, credits)
         self.seqs = [0] * len(next(iter(writers.values())))
         self._first = next(iter(writers))
@@ -83,7 +82,7 @@ class Sender:
 
         try:
             call = WriterClient(self.writers[sink][k]).write(
-                self.epoch, self.attempt, seq, [ref], self.feed, self.after).send()
+                self.epoch, self.attempt, seq, [ref], self.feed).send()
         except PendingCallsLimitExceeded as exc:
             raise BackpressureError("a writer's mailbox is full; slow down or raise credits",
                                     retry_after=0.5, epoch=self.epoch) from exc

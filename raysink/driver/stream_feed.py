@@ -95,7 +95,6 @@ class StreamFeed:
         self._stop: threading.Event | None = None
         self._joined = False  # polled once from this process
         self.last_epoch: int | None = None  # the epoch the last write went into
-        self._first: int | None = None  # the first epoch this process wrote: in the stream
 
     def __getstate__(self) -> dict[str, Any]:
         return {"route": self.route, "id": self.id, "poll_interval": self.poll_interval,
@@ -205,11 +204,8 @@ class StreamFeed:
         if not seen.member:
             raise ConfigError(f"{self!r} left the stream (close()); it takes no more data",
                               runtime=self.route.runtime)
-        if self._first is None:
-            self._first = seen.epoch
         self._current = Feed(self.route, epoch=seen.epoch, attempt=seen.attempt,
-                             feed_id=self.id, checkpoint_id=0,
-                             after=_in_flight_before(seen, self._first))
+                             feed_id=self.id, checkpoint_id=0)
         return self._current
 
     def _join(self) -> StreamPosition:
@@ -374,16 +370,3 @@ def _ray_errors() -> type[Exception]:
     from ray.exceptions import RayError
 
     return RayError
-
-
-def _in_flight_before(seen: StreamPosition, first: int) -> int | None:
-    """The epoch before ``seen.epoch`` while it is in flight: opened in the stream (this
-    process wrote into the stream from ``first`` on, and the stream's epochs follow each
-    other; after a rewind, from the one after ``committed``) and not decided yet. Other
-    producers may still be sending it to the writers, which must be done with it before
-    they take rows of this one: a writer's sink writer holds one epoch's rows at a time,
-    and taken in the wrong order the later epoch would fail and the stream rewind. Not
-    known to be in the stream (this producer's first epoch): ``None``."""
-    previous = seen.epoch - 1
-    decided = seen.committed if seen.committed is not None else -1
-    return previous if previous >= first and previous > decided else None

@@ -17,13 +17,10 @@ The rules the actor follows (``SinkWriterActor._hold`` and ``_roll_back_held``):
 - a rollback that is sent while another attempt's rows are held poisons that attempt,
   as its rows may be gone.
 
-It matters when data arrive out of epoch order: a given-up epoch's replay after the next
-epoch's data (chaos seed 1126 t0054), a late CANCEL of an attempt after its retry's rows,
-a stream's epoch E+1 at a writer before anything of epoch E from a producer that could
-not know E was in flight (its first epoch in the stream). A stream producer that saw E
-open names it with its rows of E+1 (``Mailbox.offer``'s ``after``), and the writer applies
-none of them before it is done with E. One epoch at a time, as ``write_arrow`` and feeds
-send, never meets it.
+It matters when data arrive out of epoch order: a stream's epoch E+1 at a writer before
+anything of epoch E, a given-up epoch's replay after the next epoch's data (chaos seed
+1126 t0054), a late CANCEL of an attempt after its retry's rows. One epoch at a time, as
+``write_arrow`` and feeds send, never meets it.
 """
 
 from __future__ import annotations

@@ -84,7 +84,6 @@ class EpochSlot(Generic[T]):
     poison: BaseException | None = None
     cancelled: bool = False
     sealed: tuple[FeedId, ...] | None = None  # the feeds the epoch has, once sealed
-    after: int | None = None  # an earlier epoch to be done with before this one applies
     aligner: BarrierAligner | None = None
     aligned: bool = False
 
@@ -159,15 +158,7 @@ class Mailbox(Generic[T]):
             return self._current()
 
     def _current(self) -> EpochSlot[T] | None:
-        """The oldest slot, unless it waits for an earlier epoch (``offer``'s ``after``)
-        that is neither done nor given up here: then none (nothing is applied)."""
-        if not self._slots:
-            return None
-        slot = self._slots[min(self._slots)]
-        earlier = slot.after
-        if earlier is None or self._done[0] >= earlier or earlier in self._cancelled:
-            return slot
-        return None
+        return self._slots[min(self._slots)] if self._slots else None
 
     @property
     def waiting_bytes(self) -> int:
@@ -241,19 +232,12 @@ class Mailbox(Generic[T]):
     # ------------------------------------------------------------------ data
 
     def offer(self, epoch: int, attempt: int, feed: FeedId, seq: int, message: T,
-              size: int = 0, *, after: int | None = None) -> tuple[Verdict, list[Key]]:
-        """File a message; also returns the older attempts of its epoch it replaced.
-        ``after``: an earlier epoch its sender knew in flight (a stream's previous epoch,
-        still undecided): the slot is not applied before that epoch is done here (or given
-        up), even while the writer has nothing of it yet. Its data may still come from
-        other senders, and the sink writer holds one epoch's rows at a time."""
+              size: int = 0) -> tuple[Verdict, list[Key]]:
+        """File a message; also returns the older attempts of its epoch it replaced."""
         with self._cond:
             slot, replaced = self._slot(epoch, attempt)
             if slot is None or slot.cancelled:
                 return Verdict.STALE, replaced
-            if after is not None and after < epoch and (slot.after is None
-                                                        or after > slot.after):
-                slot.after = after
             lane = slot.lane(feed)
             if seq < lane.next_seq or seq in lane.waiting:
                 return Verdict.DUPLICATE, replaced
@@ -350,7 +334,6 @@ class Mailbox(Generic[T]):
             keys = [k for k in self._slots if k[0] == epoch and k[1] <= attempt]
             dropped = [s for k in keys if (s := self._forget(k)) is not None]
             self._cancelled[epoch] = max(attempt, self._cancelled.get(epoch, -1))
-            self._cond.notify_all()  # a slot waiting for this epoch may apply now
             return dropped
 
     def wait_sealed(self, epoch: int, attempt: int, timeout: float) -> str:

@@ -168,18 +168,16 @@ class SinkWriterActor:
     # ------------------------------------------------------------------ data group
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
-              feed: FeedId = 0, after: int | None = None) -> int:
+              feed: FeedId = 0) -> int:
         """File one data message of ``feed``; returns the rows it carried (0 when dropped:
         a duplicate, or of an attempt given up). An early message the mailbox has no room
-        for is ``BackpressureError``: send it again after ``retry_after``. ``after``: an
-        earlier epoch this writer must be done with first (a stream's previous epoch,
-        undecided when the producer began this one; see ``Mailbox.offer``)."""
+        for is ``BackpressureError``: send it again after ``retry_after``."""
         self._refuse_if_closed(epoch)
         if self._mailbox.is_stale(epoch, attempt):
             return 0
         table = _as_table(_fetch(refs))
         verdict, replaced = self._mailbox.offer(epoch, attempt, feed, seq, table,
-                                                int(table.nbytes), after=after)
+                                                int(table.nbytes))
         self._roll_back(replaced)
         if verdict is Verdict.FULL:
             self._refused += 1

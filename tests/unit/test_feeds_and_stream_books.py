@@ -153,22 +153,3 @@ def test_a_rewound_member_rejoins_only_once_it_applied_the_rewind() -> None:
     assert tick is not None and tick.members == (2,), (
         f"members {tick.members}: the producer that did not replay yet is one again")
     assert stream.has_cut(1)
-
-
-def test_a_stream_part_names_the_previous_epoch_only_while_it_is_in_flight() -> None:
-    """What a producer's part tells the writers to be done with first: the previous
-    epoch, when the producer saw the stream there (it wrote from ``first`` on) and it is
-    not decided; never an epoch the stream may not have opened (a writer would wait for it
-    forever)."""
-    from raysink.coordinator.stream_state import StreamPosition
-    from raysink.driver.stream_feed import _in_flight_before
-
-    def at(epoch: int, committed: int | None) -> StreamPosition:
-        return StreamPosition(epoch=epoch, attempt=0, rewinds=0, committed=committed)
-
-    assert _in_flight_before(at(1, None), first=1) is None  # the stream's first epoch
-    assert _in_flight_before(at(5, 3), first=5) is None  # joined at 5: 4 unknown to it
-    assert _in_flight_before(at(6, 4), first=5) == 5  # 5 undecided: wait for it
-    assert _in_flight_before(at(6, 5), first=5) is None  # 5 decided: done everywhere
-    assert _in_flight_before(at(4, 3), first=5) is None  # rewound to 4: 3 is decided
-    assert _in_flight_before(at(5, 3), first=2) == 4  # after the rewind, 4 is in flight

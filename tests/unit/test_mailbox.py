@@ -130,64 +130,6 @@ def test_the_next_epoch_waits_for_this_one() -> None:
     assert box.offer(1, 0, 0, 1, "late e1")[0] is Verdict.STALE
 
 
-def test_a_stream_epoch_waits_for_the_previous_one_before_anything_of_it_is_here() -> None:
-    """A stream's epoch 2 arrives first, sent by a producer that began it while epoch 1
-    was undecided (``after=1``); nothing of epoch 1 is here yet. Epoch 2 is not applied
-    until epoch 1 came and is done; then it is, without anything rolled back."""
-    box: Mailbox[str] = Mailbox()
-    box.offer(2, 0, 1, 0, "e2", after=1)
-    assert _apply_all(box) == [] and box.current is None
-    box.offer(1, 0, 2, 0, "e1")  # another producer's part of epoch 1
-    assert _apply_all(box) == ["e1"]
-    box.close_feed(_barrier(1), 0, 2, 1)
-    box.seal(1, 0, [2])
-    assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
-    box.finish(1, 0)
-    assert _apply_all(box) == ["e2"]
-
-
-def test_a_stream_epoch_waits_for_a_previous_one_that_sends_this_writer_nothing() -> None:
-    """Epoch 1 has no data for this writer: its seal alone makes it done here; epoch 2's
-    seal waits until then."""
-    box: Mailbox[str] = Mailbox()
-    box.offer(2, 0, 1, 0, "e2", after=1)
-    box.close_feed(_barrier(2), 0, 1, 1)
-    box.seal(2, 0, [1])
-    assert box.wait_sealed(2, 0, timeout=0.2) == "timeout" and _apply_all(box) == []
-    box.seal(1, 0, [])
-    assert box.wait_sealed(1, 0, timeout=1.0) == "ready"
-    box.finish(1, 0)
-    assert _apply_all(box) == ["e2"]
-    assert box.wait_sealed(2, 0, timeout=1.0) == "ready"
-
-
-@pytest.mark.parametrize("earlier", ["done before", "given up"])
-def test_a_stream_epoch_applies_at_once_when_the_previous_one_is_over_here(
-        earlier: str) -> None:
-    box: Mailbox[str] = Mailbox()
-    if earlier == "done before":
-        box.seal(1, 0, [])
-        box.finish(1, 0)
-    else:
-        box.cancel(1, 0)
-    box.offer(2, 0, 1, 0, "e2", after=1)
-    assert _apply_all(box) == ["e2"]
-
-
-def test_a_given_up_previous_epoch_wakes_the_seal_waiting_for_it() -> None:
-    box: Mailbox[str] = Mailbox()
-    box.offer(2, 0, 1, 0, "e2", after=1)
-    box.close_feed(_barrier(2), 0, 1, 1)
-    box.seal(2, 0, [1])
-    outcome: list[str] = []
-    waiter = threading.Thread(target=lambda: outcome.append(box.wait_sealed(2, 0, 10.0)))
-    waiter.start()
-    box.cancel(1, 0)  # epoch 1 given up: epoch 2 is current now
-    assert _apply_all(box) == ["e2"]
-    waiter.join(timeout=5)
-    assert outcome == ["ready"]
-
-
 def test_a_new_attempt_replaces_the_old_one() -> None:
     box: Mailbox[str] = Mailbox()
     box.offer(1, 0, 0, 0, "old")

@@ -77,16 +77,6 @@ def test_a_later_epoch_applied_first_is_not_staged_by_an_earlier_one(
         _seal(writer, 3, 0, 1, 1, 101)
 
 
-def test_a_later_stream_epoch_sent_while_the_earlier_one_is_undecided_waits_for_it(
-        writer: SinkWriterActor) -> None:
-    """The same order, as a stream sends it: the producer began epoch 3 while epoch 2 was
-    undecided, so its rows say so (``after=2``). They wait for epoch 2 here: both epochs
-    pre-commit their own rows, and nothing fails (before, the stream rewound)."""
-    writer.write(3, 0, 0, [_rows(1, 7, 3_000_000)], 1, 2)
-    assert _seal(writer, 2, 0, 1, 0, 100) == (0, 0)
-    assert _seal(writer, 3, 0, 1, 1, 101) == (7, 7)
-
-
 def test_a_late_cancel_of_an_earlier_attempt_keeps_the_retry_rows(
         writer: SinkWriterActor) -> None:
     """The CANCEL of attempt 0, which sent this writer nothing, arrives after the retry's
