@@ -170,8 +170,8 @@ class WriterClient:
     actor: Any
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
-              feed: Any = 0, after: int | None = None) -> Call[int]:
-        return Call(lambda: self.actor.write.remote(epoch, attempt, seq, refs, feed, after))
+              feed: Any = 0) -> Call[int]:
+        return Call(lambda: self.actor.write.remote(epoch, attempt, seq, refs, feed))
 
     def feed_barrier(self, barrier: CheckpointBarrier, attempt: int, feed: Any,
                      last_seq: int) -> Call[None]:

@@ -56,7 +56,11 @@ def test_producers_stream_epochs_that_commit_on_their_own(tmp_path: Path, name: 
     with _runtime(tmp_path, name) as rt:
         producers = [ReplayableProducer.remote(p, rt.stream(), str(tmp_path / f"o{p}.json"))
                      for p in range(2)]
-        assert ray.get([p.run.remote(30, 0.05) for p in producers]) == [30, 30]
+        # writes per producer, replays included: 30 each, or more after a rewind. A
+        # healthy stream still rewinds when a writer gets a producer's rows of epoch E+1
+        # before anything of E (raysink/writer/held.py): seen once in about ten runs under
+        # load; the table is exact either way
+        assert all(n >= 30 for n in ray.get([p.run.remote(30, 0.05) for p in producers]))
         committed = rt.status().last_committed_epoch
         assert committed is not None and committed >= 2  # several epochs, each on its own
     epochs = target.commit_epochs(name)
