@@ -18,7 +18,7 @@ setup:
 	@bash scripts/setup.sh
 
 # In four steps (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
-# kafka then chaos (a process each) beside spark; cluster. One table at the end.
+# kafka beside spark, then chaos (a process of its own); cluster. One table at the end.
 test: setup
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 
