@@ -23,18 +23,21 @@ from tests.chaos.faults import run_in_thread, wait_fired
 from tests.chaos.targets import epoch_table
 
 pytestmark = pytest.mark.usefixtures("ray_session")
+# One writer: each case is met by the driver or the coordinator (a query's binding, the
+# target and its marker at start or at commit), where the writers' number plays no part.
+WRITERS = 1
 
 
 def test_new_streaming_query_on_an_old_runtime(tmp_path: Path, meta: str) -> None:
-    name = "bad-new-query"
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=meta) as rt:
+    name, out = "bad-new-query", tmp_path / "out"
+    with SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta) as rt:
         assert rt._bind_source("query-1") == 0
         assert rt.write_arrow(epoch_table(1, 10, 1), epoch=1).committed
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=meta) as rt:
+    with SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta) as rt:
         assert rt._bind_source("query-1") == 0  # the same query carries on
         with pytest.raises(ConfigError, match=r"epoch_offset=1"):
             rt._bind_source("query-2")  # a new checkpoint: batch ids restart at 0
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "out")), metastore=meta,
+    with SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta,
                      epoch_offset=1) as rt:
         assert rt._bind_source("query-2") == 1  # re-bound on purpose
 
@@ -74,11 +77,11 @@ def test_unknown_option_is_a_config_error(tmp_path: Path, cls: Any, options: dic
 
 def test_target_deleted_after_commit_is_data_loss(tmp_path: Path, meta: str) -> None:
     name, out = "bad-deleted", tmp_path / "out"
-    with SinkRuntime(name, ParquetSink(str(out)), metastore=meta) as rt:
+    with SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta) as rt:
         assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
     shutil.rmtree(out)
     with pytest.raises(DataLossError, match="deleted after raysink committed"):
-        SinkRuntime(name, ParquetSink(str(out)), metastore=meta,
+        SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta,
                     commit_timeout=5).start()  # recovery checks the target in start()
     store = open_metastore(meta, name)
     try:
@@ -91,7 +94,7 @@ def test_target_deleted_after_commit_is_data_loss(tmp_path: Path, meta: str) -> 
 
 def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path, meta: str) -> None:
     name, out = "bad-marker-pending", tmp_path / "out"
-    with SinkRuntime(name, ParquetSink(str(out)), metastore=meta,
+    with SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta,
                      commit_timeout=3, retry_cap=0.2) as rt:
         assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,

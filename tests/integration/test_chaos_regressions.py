@@ -149,8 +149,9 @@ def test_metastore_down_while_a_commit_retries(pg_server: PostgresServer,
                                                tmp_path: Path) -> None:
     name, out = "reg-meta-down", tmp_path / "out"
     spec = {"kind": "parquet", "path": str(out)}
-    with SinkRuntime(name, ParquetSink(str(out)), metastore=pg_server.dsn(), retry_cap=0.3,
-                     commit_timeout=60) as rt:
+    # one writer: the meta store is the coordinator's
+    with SinkRuntime(name, ParquetSink(str(out)), writers=1, metastore=pg_server.dsn(),
+                     retry_cap=0.3, commit_timeout=60) as rt:
         assert rt.write_arrow(epoch_table(1, 40, 1), epoch=1).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=1.0,
                   when={"epoch": 2})

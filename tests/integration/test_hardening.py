@@ -138,7 +138,9 @@ def test_a_sink_whose_target_is_down_does_not_hold_the_others(
     sinks: dict[str, Sink] = {
         "lake": delta.sink(),
         "db": FailingSink(pg.sink(), state_dir=tmp_path / "state", outage_file=outage)}
-    with _runtime(name, sinks, meta, max_pending_epochs=25, commit_timeout=0.3) as rt:
+    # one writer per sink: each sink's commits are the coordinator's, one worker a sink
+    with _runtime(name, sinks, meta, writers=1, max_pending_epochs=25,
+                  commit_timeout=0.3) as rt:
         for epoch in range(1, 21):
             report = rt.write_arrow(epoch_table(epoch, ROWS))
             assert (report.epoch, report.committed) == (epoch, False)
@@ -244,7 +246,7 @@ def test_a_slow_commit_and_a_hanging_flush_keep_warning(tmp_path: Path, name: st
 def test_a_restarting_coordinator_is_waited_for(tmp_path: Path, name: str, meta: str) -> None:
     """The chaos run's raw ``ActorUnavailableError`` ("The actor is restarting") escaped
     ``status()`` (and so ``write(df)``) right after the coordinator died."""
-    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta) as rt:
+    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, writers=1) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
         sigkill(actor_pid(rt))
         assert rt.status().last_committed_epoch == 1
@@ -261,7 +263,8 @@ def test_a_short_commit_timeout_does_not_cut_a_status_query_short(
     ``RuntimeUnavailableError`` ("still restarting after 0s") while Ray restarted it, and
     on a loaded machine a live coordinator's answer could miss it too ("no answer within
     0s": chaos seed 1126 t0039 at 54fb157). A query now waits at least 30 s."""
-    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, commit_timeout=0.5) as rt:
+    with _runtime(name, ParquetSink(str(tmp_path / "pq")), meta, writers=1,
+                  commit_timeout=0.5) as rt:
         rt.write_arrow(epoch_table(1, ROWS))
         _until(lambda: rt.status().last_committed_epoch == 1, 60, "epoch 1 committed")
         sigkill(actor_pid(rt))

@@ -159,7 +159,7 @@ def test_schema_differing_within_an_epoch_writes_nothing(
 def test_epoch_regression_below_a_pending_epoch(tmp_path: Path) -> None:
     sink = FailingSink(ParquetSink(str(tmp_path / "table")), fail_commit_times=1000,
                        state_dir=str(tmp_path / "faults"))
-    rt = SinkRuntime("regress", sink, metastore=f"sqlite:///{tmp_path / 'meta.db'}",
+    rt = SinkRuntime("regress", sink, writers=1, metastore=f"sqlite:///{tmp_path / 'meta.db'}",
                      commit_timeout=1.0, retry_cap=0.2)
     with rt:
         report = rt.write_arrow(epoch_table(5, 10), epoch=5)
@@ -174,10 +174,10 @@ def test_epoch_regression_below_a_pending_epoch(tmp_path: Path) -> None:
 
 
 def test_runtime_in_use_elsewhere(tmp_path: Path) -> None:
-    with _runtime(tmp_path, "inuse"), pytest.raises(RuntimeInUseError):
-        _runtime(tmp_path, "inuse").start()
+    with _runtime(tmp_path, "inuse", writers=1), pytest.raises(RuntimeInUseError):
+        _runtime(tmp_path, "inuse", writers=1).start()
     # closing frees the names: reopening is allowed
-    with _runtime(tmp_path, "inuse") as rt:
+    with _runtime(tmp_path, "inuse", writers=1) as rt:
         assert rt.write_arrow(epoch_table(1, 5)).committed
 
 
@@ -194,7 +194,8 @@ def test_changed_sink_set_refused_then_added_while_an_epoch_is_pending_then_drop
 
     meta = f"sqlite:///{tmp_path / 'meta.db'}"
     main = ParquetSink(str(tmp_path / "a"))
-    with SinkRuntime(name, main, metastore=meta, commit_timeout=3, retry_cap=0.2,
+    # one writer per sink: the sink set and its epochs are the coordinator's
+    with SinkRuntime(name, main, writers=1, metastore=meta, commit_timeout=3, retry_cap=0.2,
                      progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, 5)).committed
         arm_fault(name, "sink.mid_commit", action="raise", times=10_000, when={"epoch": 2})
@@ -202,13 +203,13 @@ def test_changed_sink_set_refused_then_added_while_an_epoch_is_pending_then_drop
     disarm_faults(name)
     two = {"main": main, "b": ParquetSink(str(tmp_path / "b"))}
     with pytest.raises(ConfigError):
-        SinkRuntime(name, two, metastore=meta).start()
-    with SinkRuntime(name, two, metastore=meta, add_sinks=["b"], commit_timeout=30,
+        SinkRuntime(name, two, writers=1, metastore=meta).start()
+    with SinkRuntime(name, two, writers=1, metastore=meta, add_sinks=["b"], commit_timeout=30,
                      progress=False) as rt:
         report = rt.write_arrow(epoch_table(3, 5))
         assert (report.epoch, report.committed) == (3, True)
         assert rt.status().pending_epochs == []
-    with SinkRuntime(name, ParquetSink(str(tmp_path / "a")), metastore=meta,
+    with SinkRuntime(name, ParquetSink(str(tmp_path / "a")), writers=1, metastore=meta,
                      drop_sinks=["b"], progress=False) as rt:
         assert rt.write_arrow(epoch_table(4, 5)).epoch == 4
         assert rt.status().sinks["b"].state == "dropped"

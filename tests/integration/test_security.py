@@ -138,7 +138,9 @@ def test_hostile_identifiers_and_values_through_the_runtime(
     tables = {method: f"{HOSTILE_TABLE} {method}" for method in ("prepared", "staging")}
     sinks = {method: PostgresSink(pg_server.dsn(), table, method=method)
              for method, table in tables.items()}
-    with SinkRuntime("sec-hostile", sinks, metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+    # one writer per sink: a name is quoted the same by every writer and the coordinator
+    with SinkRuntime("sec-hostile", sinks, writers=1,
+                     metastore=f"sqlite:///{tmp_path / 'meta.db'}") as rt:
         assert rt.write_arrow(data).committed
     for table in tables.values():
         query = sql.SQL("SELECT {} FROM public.{} ORDER BY id").format(
@@ -236,7 +238,8 @@ def test_metastore_holds_json_only_and_manifest_paths_cannot_escape_on_recovery(
     def sinks() -> dict[str, Sink]:
         return {sink: ParquetSink(str(root)) for sink, root in roots.items()}
 
-    with SinkRuntime(name, sinks(), metastore=f"sqlite:///{db}") as rt:
+    # one writer per sink: what is stored and what recovery follows are the coordinator's
+    with SinkRuntime(name, sinks(), writers=1, metastore=f"sqlite:///{db}") as rt:
         assert rt.write_arrow(_table(1)).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=3.0,
                   when={"epoch": 2})
@@ -249,7 +252,7 @@ def test_metastore_holds_json_only_and_manifest_paths_cannot_escape_on_recovery(
 
     _forge_pending(db, name, 3, ESCAPES)
     before = {sink: sorted(p.name for p in root.iterdir()) for sink, root in roots.items()}
-    with SinkRuntime(name, sinks(), metastore=f"sqlite:///{db}", commit_timeout=2,
+    with SinkRuntime(name, sinks(), writers=1, metastore=f"sqlite:///{db}", commit_timeout=2,
                      retry_cap=0.2) as rt:
         deadline = time.monotonic() + 30
         while (any(s.last_error is None for s in rt.status().sinks.values())
