@@ -17,8 +17,9 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 setup:
 	@bash scripts/setup.sh
 
-# In four steps (scripts/run_tests.py): unit; integration on two pytest-xdist workers;
-# kafka beside spark, then chaos (a process of its own); cluster. One table at the end.
+# In four steps (scripts/run_tests.py): unit and integration, each on two pytest-xdist
+# workers; kafka (and the Kafka pipeline test) beside spark, then chaos (a process of its
+# own); cluster. One table at the end.
 test: setup
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 

@@ -126,12 +126,17 @@ def test_an_interrupted_step_ends_the_phases_still_running(
 
 
 def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_rest_alone() -> None:
-    steps = _run_tests().steps(2)
+    run_tests = _run_tests()
+    steps = run_tests.steps(2)
     lanes = [[tuple(phase.paths for phase in lane) for lane in step] for step in steps]
+    pipeline = run_tests.KAFKA_PIPELINE
     assert lanes == [[(("tests/unit",),)], [(("tests/integration",),)],
-                     [(("tests/kafka",),), (("tests/spark",), ("tests/chaos",))],
+                     [(("tests/kafka", pipeline),), (("tests/spark",), ("tests/chaos",))],
                      [(("tests/cluster",),)]]
-    assert "-n" in steps[1][0][0].options
+    assert "-n" in steps[0][0][0].options and "-n" in steps[1][0][0].options
+    # the pipeline test runs once: in the kafka process, not again in the spark one
+    assert (REPO / pipeline).is_file()
+    assert steps[2][1][0].options == (f"--ignore={pipeline}",)
 
 
 def test_a_phase_runs_with_its_own_environment(
