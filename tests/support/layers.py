@@ -51,6 +51,14 @@ class LayerCost:
         self.last = max(self.last, stop)
         self.starts += starts
 
+    def merged(self, other: LayerCost) -> LayerCost:
+        """This layer's cost with another process's of the same layer (a layer's tests
+        spread over phases): their seconds and starts added, the span of both."""
+        return LayerCost(seconds=self.seconds + other.seconds,
+                         first=min(self.first, other.first), last=max(self.last, other.last),
+                         starts=self.starts + other.starts,
+                         parallel=self.parallel or other.parallel)
+
     @property
     def cost(self) -> float:
         """The seconds the layer took: the sum of its tests, or the wall clock over them

@@ -44,3 +44,4 @@ def test_the_table_flags_a_layer_over_or_near_its_budget() -> None:
     assert lines["kafka"].endswith("within 15% of budget")
     assert not lines["unit"].endswith("budget") and "   0 runtime starts" in lines["unit"]
     assert list(lines) == ["unit", "integration", "kafka", "spark", "chaos", "cluster"]
+

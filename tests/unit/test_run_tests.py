@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from tests.support.layers import LayerBook
+
 REPO = Path(__file__).resolve().parents[2]
 
 
@@ -129,14 +131,14 @@ def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_rest_alone()
     run_tests = _run_tests()
     steps = run_tests.steps(2)
     lanes = [[tuple(phase.paths for phase in lane) for lane in step] for step in steps]
-    pipeline = run_tests.KAFKA_PIPELINE
+    moved = run_tests.BESIDE_KAFKA
     assert lanes == [[(("tests/unit",),)], [(("tests/integration",),)],
-                     [(("tests/kafka", pipeline),), (("tests/spark",), ("tests/chaos",))],
+                     [(("tests/kafka", moved),), (("tests/spark",), ("tests/chaos",))],
                      [(("tests/cluster",),)]]
     assert "-n" in steps[0][0][0].options and "-n" in steps[1][0][0].options
-    # the pipeline test runs once: in the kafka process, not again in the spark one
-    assert (REPO / pipeline).is_file()
-    assert steps[2][1][0].options == (f"--ignore={pipeline}",)
+    # the moved test runs once: in the kafka process, not again in the spark one
+    assert (REPO / moved).is_file()
+    assert steps[2][1][0].options == (f"--ignore={moved}",)
 
 
 def test_a_phase_runs_with_its_own_environment(
@@ -174,3 +176,23 @@ def test_make_check_names_tests_that_exist() -> None:
         tree = ast.parse(path.read_text())
         names = {node.name for node in ast.walk(tree) if isinstance(node, ast.FunctionDef)}
         assert name in names, f"make check names {nodeid}, not there"
+
+
+def test_a_layer_run_in_two_processes_costs_the_sum_of_both(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The runner's table adds up a layer whose tests ran in two phases (one of the spark
+    layer's tests runs in the kafka process), never keeping one phase's share only."""
+    run_tests = _run_tests()
+    spark, kafka = LayerBook(), LayerBook()
+    spark.record("s::one", ["spark"], 200.0, 0.0, 200.0, 3)
+    kafka.record("k::one", ["kafka"], 150.0, 0.0, 150.0, 2)
+    kafka.record("s::two", ["spark"], 50.0, 150.0, 200.0, 0)
+    results = []
+    for phase, book in (("spark", spark), ("kafka", kafka)):
+        book.save(tmp_path / f"{phase}.json")
+        results.append((0, tmp_path / f"{phase}.json", tmp_path / f"{phase}-times.json"))
+    run_tests.summary(results, 400.0)
+    lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
+    assert lines["spark"].startswith("spark          250.0 s of   480 s")
+    assert "   3 runtime starts" in lines["spark"]
+    assert lines["kafka"].startswith("kafka          150.0 s of   300 s")
