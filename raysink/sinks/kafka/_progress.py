@@ -81,15 +81,31 @@ class Topics:
         return self._admin
 
     def describe(self, topic: str) -> Any | None:
-        """The topic's metadata, or ``None`` when it does not exist."""
+        """The topic's metadata, or ``None`` when the cluster says it does not exist.
+
+        A topic is believed gone only when a new client is told so too: after a broker
+        restart an old client answered from stale metadata for minutes (see
+        ``ProgressReader._ends``), and a progress topic taken for deleted is a marker taken
+        for gone, a ``DataLossError`` that stalls the sink for good. Any other error of
+        the topic (its leader not elected yet, say) is Kafka unavailable, tried again."""
+        found = self._metadata(topic)
+        if found is not None and found.error is None:
+            return found
+        self._admin = None  # ask a new client
+        found = self._metadata(topic)
+        if found is None or found.error is None:
+            return found
+        if found.error.code() == kafka_module().KafkaError.UNKNOWN_TOPIC_OR_PART:
+            return None
+        raise unavailable(self.settings, f"could not describe topic {topic!r}",
+                          kafka_module().KafkaException(found.error))
+
+    def _metadata(self, topic: str) -> Any | None:
         try:
             metadata = self.admin().list_topics(topic=topic, timeout=self.settings.timeout)
         except Exception as exc:
             raise unavailable(self.settings, "did not answer", exc) from exc
-        found = metadata.topics.get(topic)
-        if found is None or found.error is not None:
-            return None
-        return found
+        return metadata.topics.get(topic)
 
     def exists(self, topic: str) -> bool:
         return self.describe(topic) is not None
@@ -144,7 +160,7 @@ class Topics:
                 raise unavailable(self.settings, f"could not create topic {topic!r}",
                                   exc) from exc
         deadline = time.monotonic() + self.settings.timeout
-        while not self.exists(topic):
+        while (found := self._metadata(topic)) is None or found.error is not None:
             if time.monotonic() > deadline:
                 raise SinkUnavailableError(f"topic {topic!r} was created but the brokers "
                                            "do not list it yet")
