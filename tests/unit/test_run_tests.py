@@ -128,17 +128,12 @@ def test_an_interrupted_step_ends_the_phases_still_running(
 
 
 def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_rest_alone() -> None:
-    run_tests = _run_tests()
-    steps = run_tests.steps(2)
+    steps = _run_tests().steps(2)
     lanes = [[tuple(phase.paths for phase in lane) for lane in step] for step in steps]
-    moved = run_tests.BESIDE_KAFKA
     assert lanes == [[(("tests/unit",),)], [(("tests/integration",),)],
-                     [(("tests/kafka", moved),), (("tests/spark",), ("tests/chaos",))],
+                     [(("tests/kafka",),), (("tests/spark",), ("tests/chaos",))],
                      [(("tests/cluster",),)]]
     assert "-n" in steps[0][0][0].options and "-n" in steps[1][0][0].options
-    # the moved test runs once: in the kafka process, not again in the spark one
-    assert (REPO / moved).is_file()
-    assert steps[2][1][0].options == (f"--ignore={moved}",)
 
 
 def test_a_phase_runs_with_its_own_environment(
@@ -180,8 +175,8 @@ def test_make_check_names_tests_that_exist() -> None:
 
 def test_a_layer_run_in_two_processes_costs_the_sum_of_both(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The runner's table adds up a layer whose tests ran in two phases (one of the spark
-    layer's tests runs in the kafka process), never keeping one phase's share only."""
+    """The runner's table adds up a layer whose tests ran in two phases (a spark-layer test
+    run in the kafka process, say), never keeping one phase's share only."""
     run_tests = _run_tests()
     spark, kafka = LayerBook(), LayerBook()
     spark.record("s::one", ["spark"], 200.0, 0.0, 200.0, 3)
