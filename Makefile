@@ -18,8 +18,8 @@ setup:
 	@bash scripts/setup.sh
 
 # In four steps (scripts/run_tests.py): unit and integration, each on two pytest-xdist
-# workers; kafka beside spark, then chaos (a process of its own); cluster. One table at
-# the end.
+# workers; kafka, then the cluster modules without Spark, beside spark, then chaos (a
+# process of its own); the rest of cluster. One table at the end.
 test: setup
 	$(PY) scripts/run_tests.py $(PYTEST_ARGS)
 

@@ -11,21 +11,26 @@
    stays in one process), costliest first when their costs are stored
    (``tests.support.schedule``). Each worker has its own Ray, PostgreSQL and fault
    directory.
-3. ``kafka`` beside ``spark`` then ``chaos``: the kafka layer shares one broker in its
-   process, the spark layer one RayDP session in another; the chaos sample runs in a
-   process of its own once the spark layer ended, by when the kafka layer has too. The
-   spark layer stays whole in its process: with one of its tests moved beside the kafka
-   layer to even the lanes (the Kafka pipeline test, then the demo test), that test ran
-   beside the spark process's JVMs and the layer took 398 and 421 s of its 480 in two
-   clean-clone runs (bd451a0, fc4d6ac). With the tests' JVMs on C1
-   (``tests/conftest.py``) these layers wait more than they compute (in one process they
-   kept the 2 cores only 1.33 busy). Chaos beside spark makes the
-   step 85-90 s shorter on a quiet machine, but in three clean-clone runs the spark layer
-   then took 365, 433 and 444 s of its 480 (281-347 s with chaos after it), and the
-   chaos sample 122-149 s of its 180 (92 s alone), even with the chaos process's Ray
-   workers at nice 0 (``Phase.env``: ``RAY_worker_niceness``), the RayDP JVMs' priority.
-4. ``cluster``: one process, alone (a multi-node Ray on this machine, with waits for Ray
-   to declare lost nodes dead).
+3. ``kafka`` then part of ``cluster`` beside ``spark`` then ``chaos``: the kafka layer
+   shares one broker in its process, the spark layer one RayDP session in another; the
+   chaos sample runs in a process of its own once the spark layer ended. The cluster
+   layer's modules that need no Spark (``CLUSTER_AFTER_KAFKA``: nodes lost mid-epoch,
+   placement, rescale; 60-75 s) follow the kafka layer in its process, using its broker:
+   that lane ended 140-240 s before the other in three clean-clone runs at 016af61 (kafka
+   215-238 s against spark then chaos 374-455 s). The spark layer stays whole in its
+   process: with one of its tests moved beside the kafka layer to even the lanes (the
+   Kafka pipeline test, then the demo test), that test ran beside the spark process's
+   JVMs and the layer took 398 and 421 s of its 480 in two clean-clone runs (bd451a0,
+   fc4d6ac). With the tests' JVMs on C1 (``tests/conftest.py``) these layers wait more
+   than they compute (in one process they kept the 2 cores only 1.33 busy). Chaos beside
+   spark makes the step 85-90 s shorter on a quiet machine, but in three clean-clone runs
+   the spark layer then took 365, 433 and 444 s of its 480 (281-347 s with chaos after
+   it), and the chaos sample 122-149 s of its 180 (92 s alone), even with the chaos
+   process's Ray workers at nice 0 (``Phase.env``: ``RAY_worker_niceness``), the RayDP
+   JVMs' priority.
+4. ``cluster``: the rest of the layer (a job submitted to a Ray head of its own, executor
+   nodes lost under Spark), one process, alone: RayDP sessions on a multi-node Ray, with
+   waits for Ray to declare lost nodes dead.
 
 The output of a lane that does not have the terminal is printed when its step ends.
 Then one table of every layer's time against its budget (``tests.support.layers``), the
@@ -73,18 +78,25 @@ Lane = tuple[Phase, ...]
 """Phases run one after another; the lanes of a step run at once."""
 
 
+CLUSTER_AFTER_KAFKA = ("tests/cluster/test_node_loss.py", "tests/cluster/test_placement.py",
+                       "tests/cluster/test_rescale.py")
+"""The cluster layer's modules that need no Spark: in the kafka process, after its layer
+(the node-loss test's broker is that layer's); the rest of the layer in step 4."""
+
+
 def steps(workers: int) -> list[list[Lane]]:
     """The steps in the order they run, each as its lanes."""
+    spread = ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
     # with the modules' stored costs, the order of collection (costliest first, see
     # tests.support.schedule); without, pytest-xdist's (the most tests first)
-    ordered = ("--no-loadscope-reorder",) if MODULE_SECONDS.exists() else ()
-    parallel = ("-n", str(workers), "--dist", "loadfile", *ordered) if workers > 1 else ()
-    spread = ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
+    parallel = (*spread, "--no-loadscope-reorder") if spread and MODULE_SECONDS.exists() \
+        else spread
+    alone = tuple(f"--ignore={path}" for path in CLUSTER_AFTER_KAFKA)
     return [[(Phase("unit", ("tests/unit",), spread),)],
             [(Phase("integration", ("tests/integration",), parallel),)],
-            [(Phase("kafka", ("tests/kafka",)),),
+            [(Phase("kafka, cluster", ("tests/kafka", *CLUSTER_AFTER_KAFKA)),),
              (Phase("spark", ("tests/spark",)), Phase("chaos", ("tests/chaos",)))],
-            [(Phase("cluster", ("tests/cluster",)),)]]
+            [(Phase("cluster", ("tests/cluster",), alone),)]]
 
 
 def names_tests(args: Sequence[str]) -> bool:

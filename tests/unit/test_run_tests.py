@@ -127,13 +127,20 @@ def test_an_interrupted_step_ends_the_phases_still_running(
     assert "KeyboardInterrupt" in (work / "side.log").read_text()
 
 
-def test_the_default_run_puts_kafka_beside_spark_then_chaos_and_the_rest_alone() -> None:
-    steps = _run_tests().steps(2)
+def test_the_default_run_puts_kafka_and_cluster_modules_beside_spark_then_chaos() -> None:
+    run_tests = _run_tests()
+    steps = run_tests.steps(2)
     lanes = [[tuple(phase.paths for phase in lane) for lane in step] for step in steps]
+    after_kafka = run_tests.CLUSTER_AFTER_KAFKA
     assert lanes == [[(("tests/unit",),)], [(("tests/integration",),)],
-                     [(("tests/kafka",),), (("tests/spark",), ("tests/chaos",))],
+                     [(("tests/kafka", *after_kafka),), (("tests/spark",), ("tests/chaos",))],
                      [(("tests/cluster",),)]]
     assert "-n" in steps[0][0][0].options and "-n" in steps[1][0][0].options
+    # every cluster module runs once: after the kafka layer or in the last step
+    modules = {f"tests/cluster/{p.name}" for p in (REPO / "tests" / "cluster").glob("test_*.py")}
+    ignored = {o.removeprefix("--ignore=") for o in steps[3][0][0].options}
+    assert set(after_kafka) <= modules and ignored == set(after_kafka)
+    assert modules - ignored, "the last step runs no cluster module"
 
 
 def test_a_phase_runs_with_its_own_environment(
