@@ -14,8 +14,7 @@ victim        held at                 what happens to it
 ============  ======================  =================================================
 writer node   ``writer.during_write``  its worker removed without grace (raylet and every
                                       process on it SIGKILLed; Ray lists the node alive
-                                      until its health checks time out, 15-20 s:
-                                      Ray's defaults, not the test layers' quick ones)
+                                      until its health checks time out, 15-20 s)
 coord. node   ``coordinator.after_pending``  the coordinator's worker removed likewise
 coord.+writer ``writer.during_write``  the worker hosting both the coordinator and the
   node                                held writer removed likewise (mid-epoch: the

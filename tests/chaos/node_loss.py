@@ -201,7 +201,7 @@ def main(config: dict[str, Any]) -> None:
     from tests.chaos.targets import build_sinks
     from tests.support.cluster import LocalCluster
 
-    with LocalCluster(3, labels=[LABELS, LABELS, {}], quick_health_checks=True) as cluster:
+    with LocalCluster(3, labels=[LABELS, LABELS, {}]) as cluster:
         _say("CLUSTER UP")
         with SinkRuntime(config["name"], build_sinks(config["sinks"]), writers=3,
                          metastore=config["metastore"],

@@ -2,11 +2,9 @@
 
 ``cluster``  a ``tests.support.cluster.LocalCluster``: the head (the driver's node) and
              three worker raylets, two of them labelled ``{"raysink": "coordinator"}``
-             (tests that lose the coordinator's node pin it there); a removed one is
-             declared dead in about 5 s, not Ray's 15-20 (``quick_health_checks``). A
-             test that removes a node adds one back with the same labels (``restore``),
-             so every test starts with three workers. Closed at the end of the layer,
-             whatever happened.
+             (tests that lose the coordinator's node pin it there). A test that removes
+             a node adds one back with the same labels (``restore``), so every test
+             starts with three workers. Closed at the end of the layer, whatever happened.
 ``schema``   a fresh PostgreSQL schema owned by ``raysink`` (dropped afterwards)
 
 ``name`` (a runtime name of the test's own) comes from ``tests/conftest.py``.
@@ -61,9 +59,8 @@ class Nodes:
             log.info("%s worker(s) added in %.1f s", len(lost), time.monotonic() - started)
 
     def wait_lost_declared_dead(self, timeout: float = 60.0) -> None:
-        """Wait until Ray has declared every removed worker dead (its health checks give
-        it up about 5 s after the loss, ``quick_health_checks``); what Ray does then can
-        reach far beyond that node."""
+        """Wait until Ray has declared every removed worker dead (its health checks time
+        out 15-20 s after the loss); what Ray does then can reach far beyond that node."""
         import ray
 
         lost = set(self._lost())
@@ -79,8 +76,7 @@ class Nodes:
 
 @pytest.fixture(scope="session")
 def cluster() -> Iterator[Nodes]:
-    with LocalCluster(len(WORKER_LABELS), labels=WORKER_LABELS,
-                      quick_health_checks=True) as local:
+    with LocalCluster(len(WORKER_LABELS), labels=WORKER_LABELS) as local:
         yield Nodes(local)
 
 

@@ -13,8 +13,7 @@ its own.
 
 After each test Spark stops, Ray declares the removed node dead, and only then a worker
 is added back (unless no later test of the session uses the cluster). Measured here:
-when Ray declared a node dead (15-20 s after its loss with Ray's default health checks,
-once the test had passed; about 5 s with the layer's quick ones), every
+when Ray declared a node dead (15-20 s after its loss, once the test had passed), every
 other executor of the session was lost with it, so a session shared with the next test
 had none left. A worker added while Spark runs lets RayDP restart the lost executor there
 under an id Spark may schedule to and never start.
@@ -69,7 +68,7 @@ def _cluster_used_later(request: pytest.FixtureRequest) -> bool:
 def nodes(cluster: Nodes, request: pytest.FixtureRequest) -> Iterator[Nodes]:
     """The cluster, restored after the test's Spark stopped and Ray declared the removed
     node dead (see the module's docstring); left as it is when no later test uses it
-    (the session closes it next: no wait for Ray's verdict)."""
+    (the session closes it next: no 15-20 s wait for Ray's verdict)."""
     yield cluster
     if _cluster_used_later(request):
         cluster.wait_lost_declared_dead()

@@ -7,12 +7,6 @@ offering one ``spark_slot`` (so RayDP puts at most one executor on it, see
 every process on it are SIGKILLed), the closest this machine gets to a lost machine;
 ``add_worker()`` brings a fresh one.
 
-Ray declares a node removed this way dead when its health checks fail: 15-20 s with
-Ray's defaults (what a user's cluster does; ``bench/node_loss.py`` measures with them).
-``quick_health_checks=True`` (the test layers') checks every second and gives a node up
-after three failed checks: 5 s measured here. A live node is given up only after three
-checks in a row got no answer within 5 s each, which a busy machine does not come near.
-
 No other process on the machine may join this cluster by accident (a bare
 ``ray.init()`` reads the address file the head writes): the cluster lives under a private
 ``RAY_TMPDIR`` for its whole life, so its address file is never the machine's default one,
@@ -49,23 +43,17 @@ SPARK_CONFIGS = {
 }
 """``init_spark(configs=...)`` for a RayDP session on a ``LocalCluster``."""
 
-QUICK_HEALTH_CHECKS = {"health_check_period_ms": 1000, "health_check_failure_threshold": 3,
-                       "health_check_timeout_ms": 5000}
-"""Ray's GCS settings for ``quick_health_checks`` (Ray's defaults: 3000, 5, 10000)."""
-
 
 class LocalCluster:
     """A head and ``workers`` worker raylets on this machine; ``ray.init`` connects to it.
 
     ``labels`` (per worker, in order) are node labels; every worker has ``worker_cpus``
-    logical CPUs and one ``spark_slot``; ``quick_health_checks``: a removed node is
-    declared dead in about 5 s instead of 15-20 (see the module's docstring)."""
+    logical CPUs and one ``spark_slot``."""
 
     def __init__(self, workers: int = 3, *, worker_cpus: int = 2, head_cpus: int = 2,
                  labels: list[Mapping[str, str]] | None = None,
-                 object_store_mib: int = 100, quick_health_checks: bool = False) -> None:
+                 object_store_mib: int = 100) -> None:
         self._want = workers
-        self._system_config = dict(QUICK_HEALTH_CHECKS) if quick_health_checks else {}
         self._worker_cpus = worker_cpus
         self._head_cpus = head_cpus
         self._labels = list(labels or [])
@@ -99,12 +87,9 @@ class LocalCluster:
         self._saved_tmpdir = os.environ.get("RAY_TMPDIR")
         os.environ["RAY_TMPDIR"] = self._tmp
         try:
-            head: dict[str, Any] = {"num_cpus": self._head_cpus, "resources": {"head": 100},
-                                    "object_store_memory": self._store,
-                                    "include_dashboard": False}
-            if self._system_config:
-                head["_system_config"] = self._system_config
-            self._cluster = Cluster(initialize_head=True, head_node_args=head)
+            self._cluster = Cluster(initialize_head=True, head_node_args={
+                "num_cpus": self._head_cpus, "resources": {"head": 100},
+                "object_store_memory": self._store, "include_dashboard": False})
             for index in range(self._want):
                 labels = self._labels[index] if index < len(self._labels) else None
                 self.add_worker(labels=labels)
