@@ -15,9 +15,13 @@
    shares one broker in its process, the spark layer one RayDP session in another; the
    chaos sample runs in a process of its own once the spark layer ended. The cluster
    layer's modules that need no Spark (``CLUSTER_AFTER_KAFKA``: nodes lost mid-epoch,
-   placement, rescale; 60-75 s) follow the kafka layer in its process, using its broker:
-   that lane ended 140-240 s before the other in three clean-clone runs at 016af61 (kafka
-   215-238 s against spark then chaos 374-455 s). The spark layer stays whole in its
+   placement, rescale) follow the kafka layer in its process, using its broker: that lane
+   ended 140-240 s before the other in three clean-clone runs at 016af61. Measured over
+   four clean-clone runs at fde6eef, it moves time more than it saves: step 4 is 55 s
+   shorter, step 3 about as much longer (the spark layer 351-383 s against 283-350,
+   slowed beside the node-loss test), and the cluster layer costs 220-255 s of its 300
+   against 185-204 (its Ray cluster starts in both processes). ``CLUSTER_AFTER_KAFKA =
+   ()`` puts the layer back whole in step 4. The spark layer stays whole in its
    process: with one of its tests moved beside the kafka layer to even the lanes (the
    Kafka pipeline test, then the demo test), that test ran beside the spark process's
    JVMs and the layer took 398 and 421 s of its 480 in two clean-clone runs (bd451a0,
