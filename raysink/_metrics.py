@@ -122,6 +122,9 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            help="epochs decided but not yet committed by a sink"),
     Metric(name="sink_state", kind="gauge", tags=(*_S, "state"),
            help="1 for the sink's state, 0 for the others"),
+    Metric(name="held_seconds", kind="gauge", tags=_S,
+           help="how long a transaction left open on the target has held the sink's "
+                "commits back (0: none)"),
     Metric(name="max_pending_epochs", kind="gauge", tags=_R,
            help="the runtime's max_pending_epochs"),
     Metric(name="backpressure_waits", kind="counter", tags=_R,
@@ -339,7 +342,8 @@ class CoordinatorMetrics:
         self._rows = _make("rows_committed")
         self._waits = _make("backpressure_waits")
         self._gauges = {name: _make(name) for name in
-                        ("last_committed_epoch", "pending_epochs", "sink_state")}
+                        ("last_committed_epoch", "pending_epochs", "sink_state",
+                         "held_seconds")}
         self._decided: OrderedDict[int, dict[str, int]] = OrderedDict()
         for sink in sinks:
             for metric in (self._retries, self._rows):
@@ -397,6 +401,8 @@ class CoordinatorMetrics:
             for state in SINK_STATES:
                 _GAUGES.set(self._gauges["sink_state"], float(state == info.state),
                             {**tags, "state": state})
+            held = (info.held_by or {}).get("age_seconds")
+            _GAUGES.set(self._gauges["held_seconds"], float(held or 0.0), tags)
 
 
 class DriverMetrics:

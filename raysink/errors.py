@@ -14,6 +14,7 @@
     ├── EpochFailedError              a write poisoned the epoch, or all attempts are used
     ├── StreamRewind                  a stream epoch failed: replay from after ``committed``
     ├── SinkUnavailableError          target unreachable, refused, or holding something else
+    │   └── TransactionHeldError      a transaction left open hides the sink's progress
     ├── DataLossError                 a committed target or a pending marker disappeared
     ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink
     ├── RuntimeInUseError             a runtime with this name is open in another driver
@@ -51,6 +52,7 @@ __all__ = [
     "StaleAttemptError",
     "StreamRewind",
     "StreamUnknownError",
+    "TransactionHeldError",
     "VnodeOverlapError",
 ]
 
@@ -193,6 +195,28 @@ class StreamUnknownError(RaySinkError):
 class SinkUnavailableError(RaySinkError):
     """The target is unreachable, refuses authentication or permission, or its path holds
     something else; or a Spark partition fetch timed out."""
+
+
+class TransactionHeldError(SinkUnavailableError):
+    """A transaction left open on the target (a Kafka *hanging transaction*: its marker
+    never written) holds back what the sink committed after it, so its progress cannot be
+    read. ``held`` describes it (topic, partition, producer id, first offset, age);
+    the message says what ends it. Nothing is lost: the sink goes on once it ends."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        held: Mapping[str, Any] | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.held = dict(held) if held is not None else None
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "held": self.held}
 
 
 class DataLossError(RaySinkError):

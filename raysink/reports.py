@@ -41,12 +41,16 @@ class EpochReport:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SinkStatus:
     """One sink: ``stalled`` while its commits fail or a writer cannot reach its target
-    (``last_error`` says why); ``history`` holds its recent state changes."""
+    (``last_error`` says why); ``history`` holds its recent state changes. ``held_by``:
+    what holds its commits back when the target can name it, such as a Kafka transaction
+    left open (``{"kind": "kafka_open_transaction", "topic", "partition", "producer_id",
+    "first_offset", "age_seconds", ...}``)."""
 
     state: SinkState
     last_committed_epoch: int | None
     last_error: str | None
     history: list[dict[str, Any]] = field(default_factory=list)
+    held_by: dict[str, Any] | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -63,8 +63,7 @@ class Commits(EpochBook):
         key = (step.epoch, step.sink)
         with self._io[step.sink]:
             tried = key in self._tried
-            marker = target.committed_epoch()
-            self._check_marker_for_pending(step.sink, marker, step.epoch)
+            marker = self._marker_for_pending(step.sink, target, step.epoch)
             held, marked = marker is not None and marker >= step.epoch, True
             if not held:
                 self._tried.add(key)
@@ -111,10 +110,17 @@ class Commits(EpochBook):
         else:
             _faults.hit("coordinator.mid_commit", runtime=self.runtime, epoch=epoch, sink=sink)
 
-    def _check_marker_for_pending(self, name: str, marker: int | None, epoch: int) -> None:
+    def _marker_for_pending(self, name: str, target: Sink, epoch: int) -> int | None:
+        """The sink's marker before ``epoch`` is committed to it; one behind the meta
+        store is healed when the target can (``Sink.heal_marker``: a marker held back,
+        not lost), else ``DataLossError``."""
+        marker = target.committed_epoch()
         expected = self._sink_marked.get(name)
         if expected is None or (marker is not None and marker >= expected):
-            return
+            return marker
+        marker = target.heal_marker(expected)
+        if marker is not None and marker >= expected:
+            return marker
         raise DataLossError(
             f"the progress marker of sink {name!r} is gone (the meta store says epoch "
             f"{expected} was committed) while epoch {epoch} is pending: nothing can tell "

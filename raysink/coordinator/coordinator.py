@@ -500,7 +500,8 @@ class CoordinatorActor(StreamCalls):
         sinks = {name: SinkStatus(state=health.state,
                                   last_committed_epoch=self._core.sink_last_committed(name),
                                   last_error=health.last_error,
-                                  history=list(self._history.get(name, [])))
+                                  history=list(self._history.get(name, [])),
+                                  held_by=health.held_by)
                  for name, health in self._health.items()}
         for name in self._dropped:
             sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None, last_error=None)

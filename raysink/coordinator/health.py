@@ -3,7 +3,8 @@
 A sink is ``stalled`` while its commits fail (the coordinator's own retries) or while any of
 its writers cannot reach the target (a ``SinkUnavailableError`` a writer reported, as
 Materialize reports connection errors through its sink statuses); ``last_error`` says
-why. Otherwise it is ``starting`` until recovery is done, ``running`` while the runtime is
+why, and ``held_by`` what holds it (a transaction left open on the target) when the sink
+names it. Otherwise it is ``starting`` until recovery is done, ``running`` while the runtime is
 open and ``paused`` once it is closed. A writer that reaches the target again clears its
 error; a successful commit clears every error of the sink.
 """
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from raysink.coordinator.metastore.base import SinkStatusRecord
 from raysink.reports import SinkState
@@ -27,6 +29,7 @@ class SinkHealth:
     commit_error: str | None = None
     writer_errors: dict[int, str] = field(default_factory=dict)
     failures: int = 0
+    held_by: dict[str, Any] | None = None  # what holds the commits back, when the sink says
 
     @property
     def state(self) -> SinkState:
@@ -75,6 +78,8 @@ class SinkHealthBook:
         if health is not None:
             health.commit_error = _describe(exc)
             health.failures += 1
+            held = getattr(exc, "held", None)
+            health.held_by = dict(held) if isinstance(held, Mapping) else None
 
     def committed(self, sink: str) -> None:
         """A commit reached the target: it is reachable again, for the writers too (a
@@ -82,7 +87,7 @@ class SinkHealthBook:
         and would never say otherwise)."""
         health = self._health.get(sink)
         if health is not None:
-            health.commit_error, health.failures = None, 0
+            health.commit_error, health.failures, health.held_by = None, 0, None
             health.writer_errors.clear()
 
     def writer(self, sink: str, writer_id: int, error: str | None) -> None:

@@ -131,7 +131,10 @@ class Recovery(EpochBook):
                 f"{expected} to it; restore it, or drop the sink from the runtime",
                 runtime=self.runtime, sink=name, epoch=expected)
         marker = sink.committed_epoch()
-        if expected is None or pending or (marker is not None and marker >= expected):
+        if expected is None or (marker is not None and marker >= expected):
+            return marker
+        marker = sink.heal_marker(expected)  # held back (an open transaction), not lost?
+        if pending or (marker is not None and marker >= expected):
             return marker
         log.warning("sink %s: progress marker behind the meta store (%s < %s); re-creating",
                     name, marker, expected)

@@ -90,6 +90,16 @@ def alert_rules(settings: AlertSettings | None = None) -> list[AlertRule]:
                         "max_pending_epochs. `raysink status {{ $labels.runtime }}` shows "
                         "the last error."),
         AlertRule(
+            name="RaysinkTransactionHeld", for_="1m", severity="critical",
+            expr=f"max {_by(*_SESSION, 'sink')} ({series['held_seconds']}) > 0",
+            summary=f"raysink {sink}: a transaction left open on its target holds its "
+                    "commits back",
+            description="A Kafka transaction is open on the sink's progress partition "
+                        "(a hanging transaction when its marker was never written). "
+                        "`raysink status {{ $labels.runtime }}` names the partition, "
+                        "producer id, first offset and the kafka-transactions.sh command "
+                        "that ends it; raysink ends it itself where it can prove how."),
+        AlertRule(
             name="RaysinkPendingEpochsAtLimit", for_=s.pending_for, severity="warning",
             expr=f"max {_by(*_SESSION, 'sink')} ({series['pending_epochs']})\n"
                  f"  >= on ({', '.join(_SESSION)}) group_left ()\n"

@@ -291,6 +291,15 @@ class Sink(ABC):
         marker. An exception means "cannot tell" and is not taken as evidence of loss."""
         return True
 
+    def heal_marker(self, expected: int) -> int | None:
+        """The marker read again, after it read behind ``expected`` (the epoch the meta
+        store says this sink committed). A target whose marker can be *held back* rather
+        than lost ends what holds it where it can prove how (Kafka: a transaction left
+        open on the progress partition), or raises ``TransactionHeldError`` naming it;
+        the coordinator calls this before it takes the marker for lost. By default the
+        marker is read as it is."""
+        return self.committed_epoch()
+
     def recreate_marker(self, epoch: int) -> None:  # noqa: B027 - optional hook
         """Re-create a deleted progress marker at ``epoch`` (no epoch is pending)."""
 

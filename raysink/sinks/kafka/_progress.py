@@ -28,7 +28,7 @@ import time
 from collections.abc import Sequence
 from typing import Any, cast
 
-from raysink.errors import SinkUnavailableError
+from raysink.errors import SinkUnavailableError, TransactionHeldError
 from raysink.sinks.base import Manifest
 from raysink.sinks.kafka._config import KafkaSettings, kafka_module, unavailable
 
@@ -213,11 +213,12 @@ class ProgressReader:
             consumer = self._open()
         while self._position < end:
             if time.monotonic() > deadline:
-                raise SinkUnavailableError(
+                raise TransactionHeldError(
                     f"the progress topic {self.settings.progress_topic!r} could not be read "
                     f"to offset {end} (at {self._position}) within {self.settings.timeout:g}"
                     " s: a transaction left open holds it back (it ends when its producer "
-                    "is fenced or its transaction.timeout.ms passes)")
+                    "is fenced, its transaction.timeout.ms passes, or, hanging, when its "
+                    "marker is written)")
             self._poll(consumer, tp)
         return self.latest
 

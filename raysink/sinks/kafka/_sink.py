@@ -26,9 +26,15 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from raysink import _faults
-from raysink.errors import ConfigError, DataLossError, FencedError, SinkUnavailableError
+from raysink.errors import (
+    ConfigError,
+    DataLossError,
+    FencedError,
+    SinkUnavailableError,
+    TransactionHeldError,
+)
 from raysink.sinks.base import CommitResult, Held, Manifest, Sink
-from raysink.sinks.kafka import _replay
+from raysink.sinks.kafka import _hanging, _replay
 from raysink.sinks.kafka._config import (
     FatalWatch,
     KafkaSettings,
@@ -53,6 +59,7 @@ __all__ = ["KafkaSink"]
 
 log = logging.getLogger("raysink.sinks.kafka")
 
+_HEAL_ROUNDS = 4  # transactions ended one after another before the marker is read as it is
 _LIVE = ("_topics", "_reader", "_committer", "_watch", "_read_at", "_in_txn")
 
 
@@ -265,6 +272,12 @@ class KafkaSink(Sink):
             if done is not None and done >= epoch:
                 return CommitResult.ALREADY
             replayed = self._commit_parts(epoch, parts)
+        except TransactionHeldError:
+            self._ready = False
+            self._unblock_progress(epoch)  # raises again while it cannot be ended
+            raise SinkUnavailableError("the progress topic was held back by a transaction "
+                                       "that is ended now; the commit runs again",
+                                       **self._where(epoch)) from None
         except BaseException:
             self._ready = False  # a topic deleted meanwhile shows at the next try
             raise
@@ -375,6 +388,76 @@ class KafkaSink(Sink):
         epoch = self.progress().committed_epoch(strict=False)
         self._read_at = time.monotonic()
         return epoch
+
+    def heal_marker(self, expected: int) -> int | None:
+        """The epoch record read again after it read behind ``expected``: a transaction
+        left open on the progress partition (``_hanging``) hides it rather than a lost
+        record. This sink's own transactional ids that may hold it are fenced first (the
+        committer, taken over by this process; a writer whose part record is held), which
+        ends whatever their coordinator still knows; one still open after that is hanging,
+        and is ended where its outcome is proven (``_hanging.end_if_proven``, ``expected``
+        being what is true), or named in ``TransactionHeldError``."""
+        marker = self.committed_epoch()
+        for _ in range(_HEAL_ROUNDS):
+            if marker is not None and marker >= expected:
+                return marker
+            held = self._open_on_progress()
+            if held is None:
+                return marker  # nothing held back: the record is gone
+            self._fence_holder(held)
+            held = self._open_on_progress()
+            if held is not None:
+                self._end_held(held, truth=expected)
+            marker = self.committed_epoch()
+        return marker
+
+    def _open_on_progress(self) -> _hanging.OpenTransaction | None:
+        try:
+            return _hanging.find_open(self.settings, self.settings.progress_topic)
+        except Exception as exc:
+            raise unavailable(self.settings, "could not tell what holds the progress "
+                              "topic back", exc, **self._where()) from exc
+
+    def _fence_holder(self, held: _hanging.OpenTransaction) -> None:
+        """End what this sink's own producers may still hold open there."""
+        prefix = epoch_key(self.runtime, self.name)
+        if held.key == prefix and self._committer is None:
+            self._claim()  # a committer of an earlier process: fenced by the take-over
+        elif held.key is not None and held.key.startswith(prefix + ":w"):
+            try:
+                writer = int(held.key[len(prefix) + 2:])
+            except ValueError:
+                return
+            _replay.fence(self, self.settings.writer_txn(self.runtime, self.name, writer))
+
+    def _end_held(self, held: _hanging.OpenTransaction, *, truth: int | None) -> None:
+        """End a transaction that outlived the fencing, or raise ``TransactionHeldError``."""
+        prefix = epoch_key(self.runtime, self.name)
+        outcome = _hanging.end_if_proven(self.settings, held, prefix=prefix, truth=truth)
+        if outcome is None:
+            raise TransactionHeldError(
+                f"the progress of sink {self.name!r} cannot be read: "
+                f"{held.describe(prefix, self.settings.bootstrap_servers)}. raysink ends "
+                "such a transaction itself only where its outcome is proven (every record "
+                "it holds is this sink's progress of a committed epoch), or once it is "
+                "older than the broker's transaction.max.timeout.ms and not this sink's",
+                held=held.as_dict(), **self._where())
+        log.warning("kafka sink %s/%s: wrote a %s marker for the hanging transaction of "
+                    "producer %s on %s[%s] from offset %s (open %.0f s)", self.runtime,
+                    self.name, outcome.upper(), held.producer_id, held.topic, held.partition,
+                    held.first_offset, held.age_seconds or 0.0)
+
+    def _unblock_progress(self, epoch: int) -> None:
+        """A commit's strict read of the progress topic was held back: fence and end what
+        holds it where proven (every epoch before ``epoch`` is committed: a sink commits
+        its epochs in order), else raise ``TransactionHeldError``."""
+        held = self._open_on_progress()
+        if held is None:
+            return
+        self._fence_holder(held)
+        held = self._open_on_progress()
+        if held is not None:
+            self._end_held(held, truth=epoch - 1)
 
     def target_exists(self) -> bool:
         """Whether the data topic exists."""
