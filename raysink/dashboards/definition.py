@@ -182,6 +182,12 @@ _HEALTH = Row(title="Health", panels=(
                     legend="{{runtime}} {{role}} restarted"),
               Query(expr=_increase("actor_replacements", ROLE), by=ROLE, style="bars",
                     legend="{{runtime}} {{role}} replaced"))),
+    Panel(title="Commits held back by an open transaction",
+          question="Does a transaction left open on a sink's target (a Kafka hanging "
+                   "transaction) hold its commits back, and for how long?",
+          unit="s", queries=(
+              Query(expr=_latest("held_seconds", SINK), by=SINK,
+                    legend="{{runtime}}/{{sink}}"),)),
     Panel(title="Stream rewinds",
           question="Does a stream fail epochs and replay from the last committed one, "
                    "again and again?",

@@ -26,7 +26,6 @@ from raysink.sinks.kafka._wire import (
     ProducerState,
     WireError,
     compact_array,
-    compact_bytes,
     compact_string,
     request,
 )
@@ -35,6 +34,20 @@ __all__ = ["allow_unverified_writes", "hang_transaction", "leader_address"]
 
 _INIT_PRODUCER_ID = (22, 2)
 _PRODUCE = (0, 9)
+
+
+def compact_bytes(raw: bytes) -> bytes:
+    return _uvarint(len(raw) + 1) + raw
+
+
+def _uvarint(value: int) -> bytes:
+    out = bytearray()
+    while True:
+        byte = value & 0x7F
+        value >>= 7
+        out.append(byte | 0x80 if value else byte)
+        if not value:
+            return bytes(out)
 
 
 def _crc32c_table() -> list[int]:

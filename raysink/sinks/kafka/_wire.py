@@ -82,10 +82,6 @@ def compact_array(items: list[bytes]) -> bytes:
     return _uvarint(len(items) + 1) + b"".join(items)
 
 
-def compact_bytes(raw: bytes) -> bytes:
-    return _uvarint(len(raw) + 1) + raw
-
-
 NO_TAGS = _uvarint(0)
 
 
