@@ -312,6 +312,10 @@ class _Trial:
             self._pg_restart(work)
         elif kind == "broker_restart":
             self._broker_restart(work)
+        elif kind == "broker_pause":
+            self._broker_pause(work)
+        elif kind == "hanging_txn":
+            self._hanging_txn(work)
         elif kind in ("fs_readonly", "fs_full"):
             if self.stream is not None:
                 self._filesystem_stream(rt, work)
@@ -440,6 +444,36 @@ class _Trial:
             self._after_delay(work, restart)
         else:
             self._point_then(work, restart)
+
+    def _broker_pause(self, work: Callable[[], Any]) -> None:
+        """Stop the broker's JVM (SIGSTOP) for ``extra["pause"]`` seconds, then resume it:
+        ``delay`` seconds into the epoch, or while the epoch is held at the trial's point."""
+        broker = self.env.kafka
+        seconds = float(self.spec.extra.get("pause", 5.0))
+
+        def pause() -> str:
+            broker.pause(seconds)
+            return f"kafka broker paused (SIGSTOP) for {seconds:g} s"
+
+        if self.spec.point is None:
+            self._after_delay(work, pause)
+        else:
+            self._point_then(work, pause)
+
+    def _hanging_txn(self, work: Callable[[], Any]) -> None:
+        """Leave a hanging transaction on the sink's progress partition (this sink's epoch
+        record of the last committed epoch, as t0021's broker left it), then let the
+        coordinator SIGKILL itself at the trial's point of the fault epoch."""
+        from tests.support.kafka_hanging import hang_committed_epoch_record
+
+        main = self.specs["main"]
+        note, held = hang_committed_epoch_record(main["bootstrap"], main["topic"],
+                                                 self.spec.name, "main")
+        self.result.notes.append(note)
+        if self.stream is not None and held is not None:
+            # a stream went on while the record was found: the kill comes two epochs on
+            self.fault_epoch = max(self.fault_epoch, held + 2)
+        self._self_kill(work)
 
     # ------------------------------------------------------------------ filesystem faults
 

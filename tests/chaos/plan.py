@@ -16,8 +16,9 @@ way in             how the trial's data reaches the runtime
                    following the producer's contract; the runtime cuts the epochs
 =================  ==========================================================================
 
-The mix repeats in blocks of 20 trials (23 from the second block on, with one
-``node_loss`` and two ``broker_restart``), shuffled per block; each block holds every
+The mix repeats in blocks of 20 trials (25 from the second block on, with one
+``node_loss``, two ``broker_restart``, one ``broker_pause`` and one ``hanging_txn``),
+shuffled per block; each block holds every
 fault kind, producer kills on each producer way in, and writer and coordinator kills
 during streams and Ray Data writes:
 
@@ -50,6 +51,12 @@ kind                   /20   what happens (the ways in it is drawn with)
                              mid-epoch (at a protocol point or after a delay); one per
                              block from the second block on (arrow; ``make chaos`` runs
                              them, the default sample never starts a cluster)
+``broker_pause``        (1)  the Kafka broker's JVM is stopped (SIGSTOP) for 2-12 s mid-epoch
+                             or mid-commit, then resumed (a Kafka target, any way in)
+``hanging_txn``         (1)  a hanging transaction (one no coordinator will end) is left on
+                             the progress partition holding this sink's epoch record of a
+                             committed epoch, then the coordinator SIGKILLs itself with the
+                             next epoch decided (t0021 of seed 29; Kafka, any way in)
 ``broker_restart``      (2)  the Kafka broker's JVM is SIGKILLed and started again on the
                              same port and directory: once mid-epoch (after a delay, or
                              while a writer is held writing), once mid-commit (the epoch
@@ -104,6 +111,7 @@ BLOCK: tuple[tuple[str, str], ...] = (
 """One block of the mix: (fault kind, way in or how it is drawn)."""
 LATER_BLOCKS: tuple[tuple[str, str], ...] = (
     ("node_loss", "arrow"), ("broker_restart", _ANY), ("broker_restart", _ANY),
+    ("broker_pause", _ANY), ("hanging_txn", _ANY),
 )
 """Added to every block from the second on (the default sample starts no cluster and no
 Kafka broker); the ``broker_restart`` trials alternate mid-epoch and mid-commit."""
@@ -123,6 +131,8 @@ _SINKS_FOR = {
     "fs_readonly": ("parquet", "delta"),
     "fs_full": ("parquet", "delta"),
     "broker_restart": ("kafka",),
+    "broker_pause": ("kafka",),
+    "hanging_txn": ("kafka",),
 }
 _ALL_SINKS = ("parquet", "delta", "iceberg", "postgres")
 _LATER_SINKS = (*_ALL_SINKS, "kafka")
@@ -304,6 +314,10 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         _node_loss(rng, spec)
     elif kind == "broker_restart":
         _broker_restart(rng, spec)
+    elif kind == "broker_pause":
+        _broker_pause(rng, spec)
+    elif kind == "hanging_txn":
+        _hanging_txn(rng, spec)
     elif kind == "driver_kill":
         spec.point = rng.choice([None, None, "writer.after_pre_commit",
                                  "coordinator.after_pending", "sink.mid_commit"])
@@ -342,6 +356,29 @@ def _broker_restart(rng: random.Random, spec: TrialSpec) -> None:
     spec.victim, spec.how = "broker", "sigkill"
     spec.writer = rng.randrange(2)
     spec.delay = round(rng.uniform(0.0, 0.3), 3)
+
+
+def _broker_pause(rng: random.Random, spec: TrialSpec) -> None:
+    """The broker's JVM stopped (SIGSTOP) for ``extra["pause"]`` seconds, then resumed:
+    mid-epoch or while the decided epoch is held at a point of its commit."""
+    spec.point = rng.choice([*BROKER_MID_EPOCH, *BROKER_MID_COMMIT])
+    spec.victim, spec.how = "broker", "sigstop"
+    spec.writer = rng.randrange(2)
+    spec.delay = round(rng.uniform(0.0, 0.3), 3)
+    spec.extra["pause"] = round(rng.uniform(2.0, 12.0), 1)
+
+
+def _hanging_txn(rng: random.Random, spec: TrialSpec) -> None:
+    """Chaos seed 29's t0021: a transaction no coordinator will end left open on the
+    progress partition (this sink's epoch record of a committed epoch, as a broker fenced
+    while writing its markers leaves it), then the coordinator SIGKILLed with the next
+    epoch held decided (``coordinator.after_pending``) or mid-commit: the new one must
+    not take the marker for lost."""
+    spec.fault_epoch = max(2, spec.fault_epoch)  # after a committed epoch (3+ epochs)
+    spec.point = rng.choice(["coordinator.after_pending", "sink.mid_commit"])
+    spec.victim, spec.how = "coordinator", "self"
+    if spec.via == "stream":
+        spec.delay = round(rng.uniform(0.3, 1.5), 3)
 
 
 def _node_loss(rng: random.Random, spec: TrialSpec) -> None:

@@ -203,6 +203,17 @@ class KafkaBroker:
             process.kill()
             process.wait(timeout=30)
 
+    def pause(self, seconds: float) -> None:
+        """Stop the JVM (SIGSTOP) for ``seconds``, then let it go on (SIGCONT)."""
+        process = self._process
+        if process is None or process.poll() is not None:
+            return
+        process.send_signal(signal.SIGSTOP)
+        try:
+            time.sleep(seconds)
+        finally:
+            process.send_signal(signal.SIGCONT)
+
     def restart(self, *, kill: bool = True) -> float:
         """SIGKILL (or stop) the JVM and start it again on the same ports and log
         directory; returns the seconds from the kill until the broker answers."""

@@ -30,7 +30,8 @@ from raysink.sinks.kafka._wire import (
     request,
 )
 
-__all__ = ["allow_unverified_writes", "hang_transaction", "leader_address"]
+__all__ = ["allow_unverified_writes", "hang_committed_epoch_record", "hang_transaction",
+           "leader_address"]
 
 _INIT_PRODUCER_ID = (22, 2)
 _PRODUCE = (0, 9)
@@ -173,3 +174,37 @@ def _produce_result(reader: Any) -> int:
                 raise WireError(f"the hanging batch was refused: error {code}", code)
             return int(base)
     raise WireError("the produce response named no partition")
+
+
+def hang_committed_epoch_record(bootstrap: str, topic: str, runtime: str, sink: str, *,
+                                wait: float = 120.0) -> tuple[str, int | None]:
+    """Chaos seed 29's t0021 on demand: once the progress topic of ``topic`` holds an epoch
+    record of ``runtime``'s ``sink``, a hanging transaction holding that record again
+    (what a broker fenced while it wrote the epoch's markers leaves). Verification is off
+    only while the batch is written. Returns what was done, for the trial's notes, and
+    the epoch of the record held (``None``: none was found in time)."""
+    import json
+
+    from tests.support.kafka import read_topic
+
+    progress = f"{topic}-raysink-progress"
+    key = f"raysink:{runtime}:{sink}".encode()
+    deadline = time.monotonic() + wait
+    while True:
+        records = [m for m in read_topic(bootstrap, progress) if m.key() == key]
+        if records:
+            break
+        if time.monotonic() > deadline:
+            return (f"no epoch record in {progress} within {wait:g} s: no hanging "
+                    "transaction"), None
+        time.sleep(0.5)
+    value = records[-1].value()
+    allow_unverified_writes(bootstrap)
+    try:
+        time.sleep(0.5)
+        state = hang_transaction(bootstrap, progress, 0, [(key, value)])
+    finally:
+        allow_unverified_writes(bootstrap, False)
+    epoch = int(json.loads(value)["epoch"])
+    return (f"hanging transaction of producer {state.producer_id} on {progress}[0] from "
+            f"offset {state.txn_start_offset} (epoch record {epoch})"), epoch

@@ -385,6 +385,11 @@ class KafkaSink(Sink):
         if not self.topics().exists(self.settings.progress_topic):
             self.progress().reset()
             return None
+        if self._committer is None:
+            # the committer taken over before the first read: a transaction an earlier
+            # coordinator left open there is aborted now, not at this process's first
+            # commit, and hides nothing this read must see
+            self._claim()
         epoch = self.progress().committed_epoch(strict=False)
         self._read_at = time.monotonic()
         return epoch
