@@ -117,8 +117,8 @@ class Committer:
             except ck.KafkaException as exc:
                 raise self.failed(exc, epoch, unfinished=COMMITTING) from exc
             self.state = IDLE
-            log.info("kafka sink %s/%s: the commit of epoch %s that had timed out is "
-                     "complete", self.runtime, self.sink, pending)
+            log.warning("kafka sink %s/%s: the commit of epoch %s that had timed out is "
+                        "complete (resumed)", self.runtime, self.sink, pending)
             return pending
         self.abort(epoch)  # OPEN (a failed commit left it) or ABORTING (timed out)
         return None
