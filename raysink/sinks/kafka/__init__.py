@@ -13,7 +13,9 @@ still in the log. ``docs/kafka.md`` gives the design, its alternatives and measu
 Modules: ``_config`` (settings, names, refused producer settings), ``_encode`` (rows to
 records), ``_progress`` (the progress topic, topic creation), ``_writer``
 (``KafkaWriter``, in the writer actor), ``_sink`` (``KafkaSink``: the description and the
-coordinator's calls), ``_replay`` (a lost part written again).
+coordinator's calls), ``_replay`` (a lost part written again), ``_committer`` (the coordinator's
+transactional producer: its takeover, a timed-out commit resumed, its errors),
+``_failures`` (what a librdkafka error means: fencing, a missing ACL).
 """
 
 from raysink.sinks.kafka._sink import KafkaSink

@@ -2,8 +2,10 @@
 
 ``commit(E)``, in the coordinator:
 
-1. the committer (transactional id ``<prefix>.<runtime>.<sink>.c``, taken over once per
-   coordinator process: a new coordinator fences the one before it) begins a transaction
+1. the committer (``_committer``: transactional id ``<prefix>.<runtime>.<sink>.c``, taken
+   over once per coordinator process, a new coordinator fencing the one before it, and
+   again after an error that ends its producer; a commit that timed out is resumed at the
+   next try, not begun again) begins a transaction
    with the epoch's progress record and flushes it: a committer another coordinator
    fenced stops here, before anything of the epoch is committed (``FencedError``);
 2. each writer that produced records is asked, through its actor (named in its
@@ -29,14 +31,13 @@ from raysink import _faults
 from raysink.errors import (
     ConfigError,
     DataLossError,
-    FencedError,
     SinkUnavailableError,
     TransactionHeldError,
 )
 from raysink.sinks.base import CommitResult, Held, Manifest, Sink
 from raysink.sinks.kafka import _hanging, _replay
+from raysink.sinks.kafka._committer import Committer
 from raysink.sinks.kafka._config import (
-    FatalWatch,
     KafkaSettings,
     check_client_config,
     check_producer_config,
@@ -60,7 +61,7 @@ __all__ = ["KafkaSink"]
 log = logging.getLogger("raysink.sinks.kafka")
 
 _HEAL_ROUNDS = 4  # transactions ended one after another before the marker is read as it is
-_LIVE = ("_topics", "_reader", "_committer", "_watch", "_read_at", "_in_txn")
+_LIVE = ("_topics", "_reader", "_committer", "_read_at")
 
 
 class KafkaSink(Sink):
@@ -125,11 +126,8 @@ class KafkaSink(Sink):
         self.headers = tuple(headers)
         self._topics: Topics | None = None
         self._reader: ProgressReader | None = None
-        self._committer: Any = None
-        self._watch = FatalWatch()
+        self._committer: Committer | None = None
         self._read_at = 0.0
-        self._in_txn = False
-        self._began = 0.0  # when the committer's transaction began
         self._ready = False  # both topics seen by this process's last commit
 
     # -- description ----------------------------------------------------------------
@@ -144,8 +142,7 @@ class KafkaSink(Sink):
         state = dict(self.__dict__)
         for name in _LIVE:
             state[name] = None
-        state["_read_at"], state["_in_txn"], state["_ready"] = 0.0, False, False
-        state["_watch"] = FatalWatch()
+        state["_read_at"], state["_ready"] = 0.0, False
         return state
 
     def _where(self, epoch: int | None = None) -> dict[str, Any]:
@@ -180,86 +177,34 @@ class KafkaSink(Sink):
 
     # -- the coordinator's calls --------------------------------------------------------
 
-    def _claim(self) -> Any:
-        """The committer, its transactional id taken over once per process."""
+    def _claim(self) -> Committer:
+        """The committer (``_committer``): its producer, transaction and errors."""
         if self._committer is None:
-            ck = kafka_module()
-            txn = self.settings.committer_txn(self.runtime, self.name)
-            watch = FatalWatch()
-            producer = ck.Producer({**self.settings.producer_config(txn), "error_cb": watch})
-            try:
-                producer.init_transactions(self.settings.timeout)
-            except ck.KafkaException as exc:
-                raise unavailable(self.settings, f"could not take {txn!r} over", exc) from exc
-            self._committer, self._watch = producer, watch
+            self._committer = Committer(self.settings, self.runtime, self.name)
         return self._committer
-
-    def _fenced(self, exc: Exception, epoch: int) -> FencedError:
-        self._committer, self._in_txn = None, False
-        txn = self.settings.committer_txn(self.runtime, self.name)
-        return FencedError(
-            f"the committer of sink {self.name!r} (transactional id {txn!r}) was fenced: "
-            "another coordinator took it over. Either a newer coordinator of this runtime "
-            f"runs (this one must stop), or a second runtime named {self.runtime!r} writes "
-            f"sink {self.name!r} into topic {self.settings.topic!r}: at most one of them "
-            f"commits; give each runtime its own name ({exc})", **self._where(epoch))
 
     def _begin(self, epoch: int, attempt: int) -> Any:
         """Begin the committer's transaction with the epoch record, flushed: fails with
         ``FencedError`` when another coordinator took the committer over."""
-        ck = kafka_module()
         committer = self.begin_committer_transaction(epoch)
         try:
             committer.produce(self.settings.progress_topic, record_value(epoch, attempt),
                               epoch_key(self.runtime, self.name))
-            if self._watch.flush(committer, self.settings.timeout):
-                raise SinkUnavailableError("the epoch record was not delivered in time")
-        except ck.KafkaException as exc:
-            raise self._committer_error(exc, epoch) from exc
+        except kafka_module().KafkaException as exc:
+            raise self._claim().failed(exc, epoch) from exc
+        self._claim().flush(epoch)
         return committer
-
-    def _committer_error(self, exc: Exception, epoch: int) -> Exception:
-        """A fatal error is another coordinator's takeover (``FencedError``), unless the
-        transaction had outlived ``transaction_timeout``: the broker aborted it, which
-        librdkafka reports alike; then the committer is made again at the next try."""
-        error = exc.args[0] if exc.args else None
-        if error is not None and error.fatal():
-            age = time.monotonic() - self._began
-            if age < 0.9 * self.settings.transaction_timeout_ms / 1000:
-                return self._fenced(exc, epoch)
-            self._committer, self._in_txn = None, False
-            return unavailable(self.settings, f"aborted the committer's transaction after "
-                               f"{age:.0f} s (transaction_timeout)", exc)
-        if error is not None and error.txn_requires_abort() and self._committer is not None:
-            try:
-                self._committer.abort_transaction(self.settings.timeout)
-                self._in_txn = False
-            except Exception:
-                self._committer, self._in_txn = None, False
-        return unavailable(self.settings, "refused the epoch's commit", exc)
 
     def begin_committer_transaction(self, epoch: int) -> Any:
-        """The committer in a new transaction; one a failed commit left open is aborted
-        first (what it held is written again by this commit)."""
-        ck = kafka_module()
-        committer = self._claim()
-        try:
-            if self._in_txn:
-                committer.abort_transaction(self.settings.timeout)
-                self._in_txn = False
-            committer.begin_transaction()
-        except ck.KafkaException as exc:
-            raise self._committer_error(exc, epoch) from exc
-        self._in_txn, self._began = True, time.monotonic()
-        return committer
+        """The committer's producer in a new transaction; what an earlier call left
+        unfinished is ended first (``Committer.settle``)."""
+        return self._claim().begin(epoch)
 
     def end_committer_transaction(self, committer: Any, epoch: int) -> None:
-        ck = kafka_module()
-        try:
-            committer.commit_transaction(self.settings.timeout)
-        except ck.KafkaException as exc:
-            raise self._committer_error(exc, epoch) from exc
-        self._in_txn = False
+        self._claim().commit(epoch)
+
+    def _abort_committer(self, committer: Any, epoch: int) -> None:
+        self._claim().abort(epoch)
 
     def commit(self, epoch: int, manifests: Sequence[Manifest]) -> CommitResult:
         """Make ``epoch`` visible with its progress records (see the module docstring)."""
@@ -268,6 +213,11 @@ class KafkaSink(Sink):
         try:
             if not self._ready and not self._topics_ready(epoch, parts):
                 return CommitResult.NO_TARGET
+            resumed = self._claim().settle(epoch)
+            if resumed is not None and resumed >= epoch:
+                log.info("kafka sink %s/%s committed epoch %d (its commit resumed)",
+                         self.runtime, self.name, epoch)
+                return CommitResult.COMMITTED
             done = self._committed_recently()
             if done is not None and done >= epoch:
                 return CommitResult.ALREADY
@@ -319,14 +269,6 @@ class KafkaSink(Sink):
             return 0
         self._abort_committer(committer, epoch)
         return len(lost) if _replay.replay(self, epoch, attempt, lost) else None
-
-    def _abort_committer(self, committer: Any, epoch: int) -> None:
-        ck = kafka_module()
-        try:
-            committer.abort_transaction(self.settings.timeout)
-        except ck.KafkaException as exc:
-            raise self._committer_error(exc, epoch) from exc
-        self._in_txn = False
 
     def _committed_recently(self) -> int | None:
         """The epoch record as read by ``committed_epoch()`` just before (the coordinator
@@ -385,11 +327,6 @@ class KafkaSink(Sink):
         if not self.topics().exists(self.settings.progress_topic):
             self.progress().reset()
             return None
-        if self._committer is None:
-            # the committer taken over before the first read: a transaction an earlier
-            # coordinator left open there is aborted now, not at this process's first
-            # commit, and hides nothing this read must see
-            self._claim()
         epoch = self.progress().committed_epoch(strict=False)
         self._read_at = time.monotonic()
         return epoch
@@ -426,8 +363,9 @@ class KafkaSink(Sink):
     def _fence_holder(self, held: _hanging.OpenTransaction) -> None:
         """End what this sink's own producers may still hold open there."""
         prefix = epoch_key(self.runtime, self.name)
-        if held.key == prefix and self._committer is None:
-            self._claim()  # a committer of an earlier process: fenced by the take-over
+        if held.key == prefix and (self._committer is None
+                                   or self._committer.producer is None):
+            self._claim().claim()  # an earlier process's committer: fenced by the take-over
         elif held.key is not None and held.key.startswith(prefix + ":w"):
             try:
                 writer = int(held.key[len(prefix) + 2:])
@@ -483,6 +421,6 @@ class KafkaSink(Sink):
             self._reader.close()
             self._reader = None
         if self._committer is not None:
-            self._committer.flush(1.0)
+            self._committer.close()
             self._committer = None
         self._topics = None

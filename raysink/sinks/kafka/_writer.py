@@ -28,9 +28,11 @@ id: the caller must fence it before replaying). A commit that times out (the bro
 raises and keeps the transaction: the coordinator asks again later, and librdkafka ends a
 commit it had begun rather than committing twice.
 
-Errors librdkafka reports: a *fatal* one (fenced: another producer took the id; or the
-transaction timed out) drops the producer (the next epoch makes a new one); an
-*abortable* one aborts the transaction; a *retriable* one is left to the caller's retry.
+Errors librdkafka reports: a *fatal* one (fenced: another producer took the id, or the
+transaction timed out; or any other, such as an ACL refusing the id) drops the producer
+(the next epoch makes a new one), and is called fenced only for a fencing code
+(``_failures``); an *abortable* one aborts the transaction; a *retriable* one is left to
+the caller's retry.
 """
 
 from __future__ import annotations
@@ -43,6 +45,7 @@ from typing import TYPE_CHECKING, Any
 from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
 from raysink.sinks.base import Held, SinkWriter
 from raysink.sinks.kafka._encode import Encoded, encode
+from raysink.sinks.kafka._failures import error_of, is_fencing, missing_acl, named
 from raysink.sinks.kafka._progress import (
     KafkaManifest,
     ProgressReader,
@@ -204,13 +207,21 @@ class KafkaWriter(SinkWriter):
 
     def _error(self, what: str, exc: BaseException, epoch: int | None = None
                ) -> RaySinkError:
-        error = exc.args[0] if exc.args else exc
-        text = f"writer {self.writer_id} ({self.txn_id}) {what}: {error}"
-        if getattr(error, "fatal", lambda: False)():
+        error = error_of(exc)
+        text = f"writer {self.writer_id} ({self.txn_id}) {what}: {named(error or exc)}"
+        acl = missing_acl(error, txn=self.txn_id,
+                          topics=[self.settings.topic, self.settings.progress_topic])
+        if acl is not None:
+            text += f" - {acl}"
+        elif is_fencing(error):
             text += (" - the producer was fenced: another producer took transactional id "
                      f"{self.txn_id!r} over (a newer incarnation of this writer, or another "
                      f"runtime named {self.sink.runtime!r} writing sink {self.sink.name!r} "
-                     "into this topic: give each runtime its own name)")
+                     "into this topic: give each runtime its own name), or the broker "
+                     "aborted a transaction that outlived transaction_timeout")
+        elif error is not None and error.fatal():
+            text += (" - a fatal error of the producer, not a fencing: the producer is "
+                     "dropped and made again at the next use")
         return SinkUnavailableError(text, runtime=self.sink.runtime, sink=self.sink.name,
                                     epoch=epoch)
 
@@ -345,9 +356,11 @@ class KafkaWriter(SinkWriter):
             producer.commit_transaction(self.settings.timeout)
         except ck.KafkaException as exc:
             error = exc.args[0]
-            if error.fatal():  # fenced (or timed out): the transaction is aborted
-                log.warning("writer %s: held transaction of epoch %s lost: %s",
-                            self.writer_id, epoch, error)
+            if error.fatal():  # fenced, timed out, or refused: the transaction is lost
+                log.warning("writer %s: held transaction of epoch %s lost (%s): %s",
+                            self.writer_id, epoch,
+                            "fenced" if is_fencing(error) else "a fatal error",
+                            self._error("could not commit", exc, epoch))
                 self._drop_producer()
                 return Held.GONE
             if error.txn_requires_abort():
