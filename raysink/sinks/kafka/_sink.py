@@ -27,7 +27,7 @@ from typing import Any
 
 from raysink import _faults
 from raysink.errors import ConfigError, DataLossError, FencedError, SinkUnavailableError
-from raysink.sinks.base import CommitResult, Held, Manifest, Sink
+from raysink.sinks.base import CommitResult, Held, Manifest, Sink, decision_id
 from raysink.sinks.kafka import _replay
 from raysink.sinks.kafka._config import (
     FatalWatch,
@@ -35,6 +35,7 @@ from raysink.sinks.kafka._config import (
     check_client_config,
     check_producer_config,
     check_topic,
+    default_progress_topic,
     kafka_module,
     unavailable,
 )
@@ -105,7 +106,7 @@ class KafkaSink(Sink):
                               f"{transaction_timeout!r}")
         self.settings = KafkaSettings(
             bootstrap_servers=bootstrap_servers, topic=topic,
-            progress_topic=progress_topic or f"{topic}-raysink-progress",
+            progress_topic=progress_topic or default_progress_topic(topic),
             partitions=partitions, replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas,
             topic_config={str(k): str(v) for k, v in (topic_config or {}).items()},
@@ -123,6 +124,7 @@ class KafkaSink(Sink):
         self._read_at = 0.0
         self._in_txn = False
         self._began = 0.0  # when the committer's transaction began
+        self._decision: tuple[int, str] | None = None  # the epoch being committed, its id
         self._ready = False  # both topics seen by this process's last commit
 
     # -- description ----------------------------------------------------------------
@@ -184,8 +186,20 @@ class KafkaSink(Sink):
                 producer.init_transactions(self.settings.timeout)
             except ck.KafkaException as exc:
                 raise unavailable(self.settings, f"could not take {txn!r} over", exc) from exc
+            self._fence_legacy_committer()
             self._committer, self._watch = producer, watch
         return self._committer
+
+    def _fence_legacy_committer(self) -> None:
+        """Fence the committer's id of the scheme before ids were scoped by topic, once
+        per coordinator process: a coordinator of that scheme (an upgrade) may have left
+        its epoch record in a transaction that, open, hides every later record of the
+        progress topic from ``read_committed`` readers. Its writers' ids need no such
+        step: a PENDING epoch's manifests name them, and a commit fences a part's id that
+        no writer vouches for (``_vouched``)."""
+        legacy = self.settings.legacy_committer_txn(self.runtime, self.name)
+        if legacy != self.settings.committer_txn(self.runtime, self.name):
+            _replay.fence(self, legacy)
 
     def _fenced(self, exc: Exception, epoch: int) -> FencedError:
         self._committer, self._in_txn = None, False
@@ -203,7 +217,7 @@ class KafkaSink(Sink):
         ck = kafka_module()
         committer = self.begin_committer_transaction(epoch)
         try:
-            committer.produce(self.settings.progress_topic, record_value(epoch, attempt),
+            committer.produce(self.settings.progress_topic, self.epoch_record(epoch, attempt),
                               epoch_key(self.runtime, self.name))
             if self._watch.flush(committer, self.settings.timeout):
                 raise SinkUnavailableError("the epoch record was not delivered in time")
@@ -258,6 +272,7 @@ class KafkaSink(Sink):
         """Make ``epoch`` visible with its progress records (see the module docstring)."""
         started = time.monotonic()
         parts = [m for m in kafka_manifests(manifests) if m.get("txn")]
+        self._decision = (epoch, decision_id(epoch, manifests))
         try:
             if not self._ready and not self._topics_ready(epoch, parts):
                 return CommitResult.NO_TARGET
@@ -355,7 +370,15 @@ class KafkaSink(Sink):
             except Exception as exc:
                 log.info("a writer of epoch %s did not finish: %s", epoch, exc)
                 outcomes.append(Held.UNKNOWN)
-        return outcomes
+        return [self._vouched(m, held) for m, held in zip(parts, outcomes, strict=True)]
+
+    def _vouched(self, manifest: KafkaManifest, held: Held) -> Held:
+        """``GONE`` says the writer took the part's transactional id over, which holds
+        only if the part was made under the id the writer uses now: a part made under
+        another (a manifest of the scheme before ids were scoped by topic, decided
+        before an upgrade) is ``UNKNOWN``, so its id is fenced before a replay."""
+        own = self.settings.writer_txn(self.runtime, self.name, int(manifest["writer"]))
+        return Held.UNKNOWN if held is Held.GONE and manifest.get("txn") != own else held
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Abort the parts' held transactions; a part no writer vouches for is fenced.
@@ -375,6 +398,56 @@ class KafkaSink(Sink):
         epoch = self.progress().committed_epoch(strict=False)
         self._read_at = time.monotonic()
         return epoch
+
+    def epoch_record(self, epoch: int, attempt: int) -> bytes:
+        """The epoch record's value: with the id of the decision being committed
+        (``decision_id`` of its manifests), which ``holds_decision`` compares."""
+        decision = self._decision
+        if decision is None or decision[0] != epoch:
+            return record_value(epoch, attempt)
+        return record_value(epoch, attempt, decision=decision[1])
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the epoch record of ``epoch`` names this decision (``decision``): the
+        coordinator asks after a commit was skipped because the record holds the epoch,
+        e.g. its predecessor died after the epoch record and before recording the
+        commit, so the report counts the epoch's rows, not ``skipped``. ``None`` when the
+        record is past ``epoch`` (compaction keeps the newest only) or names no decision
+        (written by a release before it did, or re-created for a lost marker)."""
+        self._committed_recently()
+        record = self.progress().latest.get(epoch_key(self.runtime, self.name))
+        if record is None or int(record["epoch"]) != epoch or "decision" not in record:
+            return None
+        return bool(record["decision"] == decision_id(epoch, manifests))
+
+    def partly_committed(self) -> tuple[int, tuple[int, ...]] | None:
+        """An epoch above the epoch record that writers' part records say is partly in
+        the data topic, and those writers. A writer commits its own part (with its part
+        record) before the committer commits the epoch record, so a commit cut in between
+        leaves the epoch partly visible; the coordinator's alignment then refuses to
+        decide that epoch again without the meta store that decided it
+        (``raysink.coordinator.markers``): a new decision would write those parts twice.
+
+        Read with the committer taken over first (it fences a dead committer, which
+        aborts the epoch record it left open: until then ``read_committed`` readers stop
+        there, before the part records), and to the partition's end (``strict``)."""
+        if not self.topics().exists(self.settings.progress_topic):
+            return None
+        self._claim()
+        prefix = epoch_key(self.runtime, self.name)
+        latest = self.progress().read(strict=True)
+        record = latest.get(prefix)
+        done = None if record is None else int(record["epoch"])
+        above: dict[int, int] = {}
+        for key, value in latest.items():
+            writer = key.removeprefix(prefix + ":w")
+            if key != prefix and writer.isdigit() and (done is None
+                                                       or int(value["epoch"]) > done):
+                above[int(writer)] = int(value["epoch"])
+        if not above:
+            return None
+        epoch = max(above.values())
+        return epoch, tuple(sorted(w for w, e in above.items() if e == epoch))
 
     def target_exists(self) -> bool:
         """Whether the data topic exists."""
