@@ -113,7 +113,7 @@ class Recovery(EpochBook):
             with self._io[name]:
                 try:
                     marker = self._reconcile_sink(name, pending)
-                    partial = self._partly_committed(name)
+                    partial = None if pending else self._partly_committed(name)
                     offset = self.epoch_offset
                     if partial is not None and offset is not None and offset >= partial[0]:
                         marker, partial = partial[0], None  # epoch_offset accepted it as in
@@ -145,7 +145,13 @@ class Recovery(EpochBook):
 
     def _partly_committed(self, name: str) -> tuple[int, tuple[int, ...]] | None:
         """The epoch partly in the sink's target (``Sink.partly_committed``) when the meta
-        store does not have it pending: it was decided elsewhere (``markers``)."""
+        store does not know it: it was decided elsewhere (``markers``).
+
+        Asked only while nothing is pending in the meta store: with an epoch pending, the
+        parts above a marker are that epoch's commit in progress, which rolls forward,
+        and Kafka's answer would wait for writers that hold their part records in open
+        transactions until this coordinator asks them to commit. (A restored old copy
+        of the store with an older epoch pending is not checked; that case is left.)"""
         partial = self.sinks[name].partly_committed()
         known = self._store_knows()
         if partial is None or (known is not None and partial[0] <= known):
