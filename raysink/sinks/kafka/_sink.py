@@ -2,7 +2,7 @@
 
 ``commit(E)``, in the coordinator:
 
-1. the committer (transactional id ``<prefix>.<runtime>.<sink>.c``, taken over once per
+1. the committer (transactional id ``<prefix>.<runtime>.<sink>.<topic>.c``, taken over once per
    coordinator process: a new coordinator fences the one before it) begins a transaction
    with the epoch's progress record and flushes it: a committer another coordinator
    fenced stops here, before anything of the epoch is committed (``FencedError``);
