@@ -156,3 +156,45 @@ def test_parts_above_the_epoch_record_are_a_partly_committed_epoch(
     sink, progress = _scripted(latest)
     assert sink.partly_committed() == expected
     assert progress.strict_reads == 1  # read to the partition's end
+
+
+class _Probe:
+    """A first, short read of the progress topic: ``stuck`` when an open transaction
+    holds its end back."""
+
+    stuck = True
+    timeouts: list[float] = []
+
+    def __init__(self, settings: Any, runtime: str, sink: str) -> None:
+        self.timeouts.append(settings.timeout)
+
+    def read(self, *, strict: bool) -> dict[str, dict[str, Any]]:
+        if self.stuck:
+            from raysink.errors import SinkUnavailableError
+
+            raise SinkUnavailableError("a transaction left open holds it back")
+        return {part_key("rt", "main", 1): {"epoch": 1}}
+
+    def close(self) -> None:
+        pass
+
+
+@pytest.mark.parametrize("stuck", [True, False])
+def test_the_committer_is_taken_over_only_when_the_progress_topic_is_held_back(
+        monkeypatch: pytest.MonkeyPatch, stuck: bool) -> None:
+    """A dead committer's open epoch record hides the part records after it: taking the
+    committer over ends it. A topic read to its end at once leaves the committer alone
+    (a live runtime of the name is not fenced by a start alignment may refuse)."""
+    from raysink.sinks.kafka import _sink as sink_module
+
+    sink, _ = _scripted({epoch_key("rt", "main"): {"epoch": 2},
+                         part_key("rt", "main", 0): {"epoch": 3}})
+    sink._committer = None
+    claims: list[bool] = []
+    monkeypatch.setattr(sink, "_claim", lambda: claims.append(True))
+    monkeypatch.setattr(_Probe, "stuck", stuck)
+    monkeypatch.setattr(_Probe, "timeouts", [])
+    monkeypatch.setattr(sink_module, "ProgressReader", _Probe)
+    assert sink.partly_committed() == ((3, (0,)) if stuck else (1, (1,)))
+    assert claims == ([True] if stuck else [])
+    assert _Probe.timeouts == [5.0]

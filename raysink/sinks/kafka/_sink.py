@@ -20,6 +20,7 @@ committed twice. ``committed_epoch()`` is the epoch record's epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -54,6 +55,7 @@ __all__ = ["KafkaSink"]
 
 log = logging.getLogger("raysink.sinks.kafka")
 
+_PROBE = 5.0  # seconds a first read of the progress topic waits (``_read_to_end``)
 _LIVE = ("_topics", "_reader", "_committer", "_watch", "_read_at", "_in_txn")
 
 
@@ -428,14 +430,11 @@ class KafkaSink(Sink):
         decide that epoch again without the meta store that decided it
         (``raysink.coordinator.markers``): a new decision would write those parts twice.
 
-        Read with the committer taken over first (it fences a dead committer, which
-        aborts the epoch record it left open: until then ``read_committed`` readers stop
-        there, before the part records), and to the partition's end (``strict``)."""
+        Read to the partition's end (``strict``, ``_read_to_end``)."""
         if not self.topics().exists(self.settings.progress_topic):
             return None
-        self._claim()
         prefix = epoch_key(self.runtime, self.name)
-        latest = self.progress().read(strict=True)
+        latest = self._read_to_end()
         record = latest.get(prefix)
         done = None if record is None else int(record["epoch"])
         above: dict[int, int] = {}
@@ -448,6 +447,30 @@ class KafkaSink(Sink):
             return None
         epoch = max(above.values())
         return epoch, tuple(sorted(w for w, e in above.items() if e == epoch))
+
+    def _read_to_end(self) -> dict[str, dict[str, Any]]:
+        """The progress records, read to the partition's end (``strict``). A committer
+        that died mid-commit leaves its epoch record in a transaction open until
+        ``transaction_timeout``, and ``read_committed`` readers stop there, before the
+        part records written after it. So when a short read (``_PROBE`` seconds, longer
+        than a commit's epoch record is normally open) cannot get to the end, the
+        committer is taken over, which fences that committer and aborts its transaction,
+        and the partition is read again. Not taken over at once: a live committer of a
+        second runtime of the name would be fenced by a start that alignment may refuse
+        anyway, stopping the runtime that was running for nothing."""
+        if self._committer is None:
+            settings = dataclasses.replace(self.settings,
+                                           timeout=min(_PROBE, self.settings.timeout))
+            probe = ProgressReader(settings, self.runtime, self.name)
+            try:
+                return dict(probe.read(strict=True))
+            except SinkUnavailableError as exc:
+                log.info("kafka sink %s/%s: progress topic held back (%s); taking the "
+                         "committer over", self.runtime, self.name, exc)
+            finally:
+                probe.close()
+            self._claim()
+        return self.progress().read(strict=True)
 
     def target_exists(self) -> bool:
         """Whether the data topic exists."""
