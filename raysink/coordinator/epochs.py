@@ -92,6 +92,8 @@ class EpochCoordinator(Recovery, Commits):
             raise EpochRegressionError(f"epochs are non-negative; got {epoch}",
                                        runtime=self.runtime)
         state = self.epoch_state(epoch)
+        if state is None and requested is not None:
+            self.refuse_partly_committed(epoch)
         if state is EpochState.COMMITTED:
             return OpenDecision(epoch=epoch, skip=True)
         if state is EpochState.PENDING:

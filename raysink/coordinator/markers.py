@@ -22,6 +22,21 @@ committed to it (``Sink.committed_epoch``). On start, before the first epoch (Ri
   that store (or the lagging sinks leave the runtime).
 * a marker that cannot be read (the target is unreachable) is read again before the next
   epoch is numbered.
+* an epoch **partly** in a target above its marker (``Sink.partly_committed``: Kafka's
+  writers commit their own parts before the committer writes the epoch record) that the
+  meta store does not have pending: the commit that was cut there was decided in a meta
+  store this one is not (the default SQLite file lost with the driver and coordinator
+  together, say). Only that store knows the other parts, and a new decision of the epoch
+  would write the parts already in a second time. So that epoch is never decided again:
+  an explicit write of it and implicit numbering are refused (``ConfigError``, naming the
+  epoch and the writers whose parts are in) until ``metastore=`` names the store that
+  decided it (its commit then completes the epoch) or ``epoch_offset=`` is at or above
+  the epoch (the caller accepts that the parts not in are lost; an explicit write of the
+  epoch is then skipped as in). ``ConfigError``, not ``DataLossError``: nothing is lost
+  while the original store can still be named; what to do is a choice of configuration.
+  The alternative, completing the epoch from a new decision with the parts already in
+  left out, would be exact only if the new decision routed the same rows to the same
+  writers, which nothing guarantees.
 """
 
 from __future__ import annotations
@@ -41,17 +56,27 @@ class TargetMarks:
 
     marks: dict[str, int | None] = field(default_factory=dict)
     unread: dict[str, str] = field(default_factory=dict)
+    partial: dict[str, tuple[int, tuple[int, ...]]] = field(default_factory=dict)
+    """Per sink, an epoch partly in its target the meta store does not know, and the
+    writers whose parts are in (see the module docstring)."""
 
-    def record(self, sink: str, marker: int | None) -> None:
+    def record(self, sink: str, marker: int | None,
+               partial: tuple[int, tuple[int, ...]] | None = None) -> None:
         self.marks[sink] = marker
         self.unread.pop(sink, None)
+        if partial is None:
+            self.partial.pop(sink, None)
+        else:
+            self.partial[sink] = partial
 
     def failed(self, sink: str, error: BaseException) -> None:
         self.unread[sink] = f"{type(error).__name__}: {error}"
 
     def highest(self) -> int | None:
-        """The highest marker of any sink."""
-        return max((m for m in self.marks.values() if m is not None), default=None)
+        """The highest marker of any sink, or epoch partly in one (never numbered again)."""
+        found = [m for m in self.marks.values() if m is not None]
+        found += [epoch for epoch, _ in self.partial.values()]
+        return max(found, default=None)
 
     def floor(self, sinks: Iterable[str]) -> int | None:
         """The highest epoch every one of ``sinks`` holds by its marker (``None`` when one
@@ -61,6 +86,34 @@ class TargetMarks:
             return None
         return min(m for m in found if m is not None)
 
+
+def refuse_partly_committed(*, runtime: str, store_url: str,
+                            partial: Mapping[str, tuple[int, tuple[int, ...]]],
+                            describe: Mapping[str, str], epoch_offset: int | None,
+                            epoch: int | None = None) -> None:
+    """Raise ``ConfigError`` for an epoch partly in a target that the meta store does not
+    have pending (see the module docstring), unless ``epoch_offset`` is at or above it
+    (the runtime's own ``epoch_offset`` makes it that target's marker when read, so an
+    explicit write of it is skipped as in). ``epoch``: an explicit epoch about to be
+    decided (only a partly committed epoch equal to it matters: one below is held by
+    that sink's marker); ``None``: numbering."""
+    for sink, (held, writers) in sorted(partial.items()):
+        if epoch is not None and epoch != held:
+            continue
+        if epoch is None and epoch_offset is not None and epoch_offset >= held:
+            continue
+        asked = ("it cannot be written again" if epoch is not None
+                 else "no epoch is numbered from this meta store")
+        raise ConfigError(
+            f"epoch {held} is partly in the target of sink {sink!r} ({describe.get(sink, '')})"
+            f": writers {list(writers)} committed their parts of it, but its commit did not "
+            f"end, and the meta store {store_url} does not know it (it was decided in "
+            f"another meta store, which alone knows its other parts). Deciding epoch {held} "
+            f"again would write those parts twice, so {asked}. Point metastore= at the "
+            f"meta store that decided it (its commit then completes the epoch), or pass "
+            f"epoch_offset={held} (or higher) to go on after it, accepting that the parts "
+            f"of epoch {held} not in the target are lost", runtime=runtime, sink=sink,
+            epoch=held)
 
 
 def refuse_unknown_epochs(*, runtime: str, store_url: str, known: int | None,

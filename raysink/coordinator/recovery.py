@@ -20,14 +20,14 @@ from raysink.coordinator.epoch_book import (
     manifest_schemas,
     target_exists,
 )
-from raysink.coordinator.markers import refuse_unknown_epochs
+from raysink.coordinator.markers import refuse_partly_committed, refuse_unknown_epochs
 from raysink.coordinator.metastore.base import EpochRecord, EpochState
 from raysink.errors import (
     DataLossError,
     MetaStoreError,
     SinkUnavailableError,
 )
-from raysink.sinks.base import Manifest
+from raysink.sinks.base import Manifest, Sink
 
 __all__ = ["Recovery"]
 
@@ -112,7 +112,12 @@ class Recovery(EpochBook):
         for name in sinks if sinks is not None else list(self.sinks):
             with self._io[name]:
                 try:
-                    self._marks.record(name, self._reconcile_sink(name, pending))
+                    marker = self._reconcile_sink(name, pending)
+                    partial = None if pending else self._partly_committed(name)
+                    offset = self.epoch_offset
+                    if partial is not None and offset is not None and offset >= partial[0]:
+                        marker, partial = partial[0], None  # epoch_offset accepted it as in
+                    self._marks.record(name, marker, partial)
                 except (DataLossError, MetaStoreError):
                     raise
                 except Exception as exc:  # unreachable: read again before numbering
@@ -141,6 +146,46 @@ class Recovery(EpochBook):
         sink.recreate_marker(expected)
         return expected
 
+    def _partly_committed(self, name: str) -> tuple[int, tuple[int, ...]] | None:
+        """The epoch partly in the sink's target (``Sink.partly_committed``) when the meta
+        store does not know it: it was decided elsewhere (``markers``).
+
+        Asked only while nothing is pending in the meta store: with an epoch pending, the
+        parts above a marker are that epoch's commit in progress, which rolls forward,
+        and Kafka's answer would wait for writers that hold their part records in open
+        transactions until this coordinator asks them to commit. (A restored old copy
+        of the store with an older epoch pending is not checked; that case is left.)"""
+        partial = self.sinks[name].partly_committed()
+        known = self._store_knows()
+        if partial is None or (known is not None and partial[0] <= known):
+            return None
+        log.warning("sink %s: epoch %s is partly in the target (writers %s) and the meta "
+                    "store does not know it", name, partial[0], list(partial[1]))
+        return partial
+
+    def refuse_partly_committed(self, epoch: int) -> None:
+        """Before an explicit ``epoch`` the meta store does not know is decided:
+        ``ConfigError`` when it is partly in a target (``markers.refuse_partly_committed``;
+        one ``epoch_offset`` accepted counts as that target's marker, so it is skipped).
+        A sink that can hold such an epoch and whose marker could not be read is read
+        again first; still unread, the epoch is refused for now
+        (``SinkUnavailableError``)."""
+        unread = [n for n in self._marks.unread
+                  if type(self.sinks[n]).partly_committed is not Sink.partly_committed]
+        if unread:
+            self.reconcile_markers(unread)
+        for name in unread:
+            if name in self._marks.unread:
+                raise SinkUnavailableError(
+                    f"cannot read the progress of sink {name!r} "
+                    f"({self._marks.unread[name]}), so whether epoch {epoch} is partly in "
+                    "it is unknown; retry once the target is reachable",
+                    runtime=self.runtime, sink=name, epoch=epoch)
+        refuse_partly_committed(
+            runtime=self.runtime, store_url=self.store.url, partial=self._marks.partial,
+            describe={n: repr(s) for n, s in self.sinks.items()},
+            epoch_offset=self.epoch_offset, epoch=epoch)
+
     def _store_knows(self) -> int | None:
         """The highest epoch the meta store knows this runtime committed or decided."""
         known = [e.epoch for e in list(self._epochs.values())
@@ -162,6 +207,10 @@ class Recovery(EpochBook):
                 f"cannot read the progress marker of sink {sink!r} ({error}), so the next "
                 "epoch cannot be numbered safely; retry once the target is reachable",
                 runtime=self.runtime, sink=sink)
+        offset = self.epoch_offset if numbering == "implicit" else epoch_offset
+        refuse_partly_committed(
+            runtime=self.runtime, store_url=self.store.url, partial=self._marks.partial,
+            describe={n: repr(s) for n, s in self.sinks.items()}, epoch_offset=offset)
         refuse_unknown_epochs(
             runtime=self.runtime, store_url=self.store.url, known=self._store_knows(),
             marks=self._marks.marks, describe={n: repr(s) for n, s in self.sinks.items()},

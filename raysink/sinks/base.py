@@ -26,6 +26,8 @@ Lifecycle, and where each call runs::
                                                  the writer holds open, asked by commit/abort
     coordinator  sink.target_exists()            is the target there (markers vs deletions)
                  sink.committed_epoch()          highest epoch whose marker is in the target
+                 sink.partly_committed()         an epoch above the marker partly visible
+                                                 (writers that commit their own parts)
                  sink.commit(epoch, manifests)   make the epoch visible with its marker;
                                                  idempotent, safe to re-run after a crash;
                                                  -> CommitResult
@@ -283,6 +285,16 @@ class Sink(ABC):
         (``True``: a commit of it landed before, say before a crash) or another's
         (``False``); ``None``: the target cannot tell. Asked when the marker skipped a
         commit: only ``True`` makes the epoch's report count its rows as written."""
+        return None
+
+    def partly_committed(self) -> tuple[int, tuple[int, ...]] | None:
+        """An epoch above the marker whose data is partly visible in the target already,
+        and the writers whose parts are; ``None``: no such epoch. Only a sink whose
+        writers make their parts visible before the marker is written (Kafka: each
+        writer commits its own transaction) can have one, after a commit cut between the
+        two; read when the coordinator starts, where alignment refuses to decide that
+        epoch again unless the meta store has it pending (``raysink.coordinator.markers``).
+        The default, for sinks whose data and marker land together: ``None``."""
         return None
 
     def target_exists(self) -> bool:

@@ -3,6 +3,7 @@ passes through to librdkafka, and what it refuses because exactly-once needs it.
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import re
 from collections.abc import Mapping
@@ -11,12 +12,18 @@ from typing import Any
 
 from raysink.errors import ConfigError, SinkUnavailableError
 
-__all__ = ["FatalWatch", "KafkaSettings", "check_client_config", "kafka_module"]
+__all__ = ["FatalWatch", "KafkaSettings", "check_client_config", "default_progress_topic",
+           "kafka_module"]
 
 _INSTALL_HINT = ("the Kafka sink needs confluent-kafka: pip install 'raysink[kafka]' "
                  "(or pip install confluent-kafka)")
 
 TOPIC_NAME = re.compile(r"^[A-Za-z0-9._-]{1,249}$")
+
+# a data topic up to this long names the transactional ids as it is; a longer one (or a
+# custom progress topic) is shortened and followed by a digest (``txn_scope``)
+_SCOPE_READABLE = 64
+_SCOPE_SHORTENED = 48
 
 # Producer settings exactly-once depends on: a contradicting value is refused, with why.
 _REQUIRED = {
@@ -50,6 +57,11 @@ def kafka_module() -> Any:
     except ImportError as exc:
         raise ConfigError(_INSTALL_HINT) from exc
     return confluent_kafka
+
+
+def default_progress_topic(topic: str) -> str:
+    """The progress topic a sink of ``topic`` uses unless ``progress_topic=`` says."""
+    return f"{topic}-raysink-progress"
 
 
 def _plain(name: str, value: Any, option: str) -> str:
@@ -160,14 +172,40 @@ class KafkaSettings:
 
     # -- names -----------------------------------------------------------------------
 
+    def txn_scope(self) -> str:
+        """What scopes the transactional ids besides runtime and sink: the data topic,
+        readable, when the progress topic is its default and the name is short; else a
+        shortened name and a stable digest of both topics (sha256, the same in every
+        process and release, unlike ``hash()``).
+
+        Two deployments of the same runtime and sink names on one cluster that write
+        different topics then never fence each other's transactions; two that write the
+        same topics share the ids, and fence each other, whatever their meta stores:
+        that fencing is what stops the older of two runtimes of one name (docs/kafka.md,
+        "Fencing and two runtimes of one name")."""
+        topic, progress = self.topic, self.progress_topic
+        if progress == default_progress_topic(topic) and len(topic) <= _SCOPE_READABLE:
+            return topic
+        digest = hashlib.sha256(f"{topic}\n{progress}".encode()).hexdigest()
+        return f"{topic[:_SCOPE_SHORTENED]}.{digest[:12]}"
+
     def writer_txn(self, runtime: str, sink: str, writer: int) -> str:
-        """The transactional id of writer slot ``writer``: every incarnation of the slot
-        uses it, so a new one fences the ones before it."""
-        return f"{self.transactional_id_prefix}.{runtime}.{sink}.w{writer}"
+        """The transactional id of writer slot ``writer``
+        (``<prefix>.<runtime>.<sink>.<scope>.w<k>``, ``txn_scope``): every incarnation of
+        the slot uses it, so a new one fences the ones before it."""
+        return f"{self.transactional_id_prefix}.{runtime}.{sink}.{self.txn_scope()}.w{writer}"
 
     def committer_txn(self, runtime: str, sink: str) -> str:
-        """The transactional id the coordinator commits with (epoch records, replays): a
-        new coordinator fences the one before it."""
+        """The transactional id the coordinator commits with (epoch records, replays;
+        ``<prefix>.<runtime>.<sink>.<scope>.c``): a new coordinator fences the one before
+        it."""
+        return f"{self.transactional_id_prefix}.{runtime}.{sink}.{self.txn_scope()}.c"
+
+    def legacy_committer_txn(self, runtime: str, sink: str) -> str:
+        """The committer's transactional id before ids were scoped by topic
+        (``<prefix>.<runtime>.<sink>.c``): a coordinator of the old scheme may have left a
+        transaction open under it (an epoch record), which a new coordinator ends by
+        fencing it once (``KafkaSink._claim``)."""
         return f"{self.transactional_id_prefix}.{runtime}.{sink}.c"
 
     # -- client configurations ---------------------------------------------------------

@@ -76,7 +76,7 @@ def replay(sink: KafkaSink, epoch: int, attempt: int,
                           record_value(epoch, attempt, writer=int(manifest["writer"]),
                                        replayed=True),
                           part_key(sink.runtime, sink.name, int(manifest["writer"])))
-    committer.produce(sink.settings.progress_topic, record_value(epoch, attempt),
+    committer.produce(sink.settings.progress_topic, sink.epoch_record(epoch, attempt),
                       epoch_key(sink.runtime, sink.name))
     sink.end_committer_transaction(committer, epoch)
     log.warning("kafka sink %s/%s: epoch %s: replayed %d records of writers %s (their "

@@ -2,7 +2,7 @@
 
 ``commit(E)``, in the coordinator:
 
-1. the committer (``_committer``: transactional id ``<prefix>.<runtime>.<sink>.c``, taken
+1. the committer (``_committer``: transactional id ``<prefix>.<runtime>.<sink>.<topic>.c``, taken
    over once per coordinator process, a new coordinator fencing the one before it, and
    again after an error that ends its producer; a commit that timed out is resumed at the
    next try, not begun again) begins a transaction
@@ -22,6 +22,7 @@ committed twice. ``committed_epoch()`` is the epoch record's epoch.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
@@ -34,7 +35,7 @@ from raysink.errors import (
     SinkUnavailableError,
     TransactionHeldError,
 )
-from raysink.sinks.base import CommitResult, Held, Manifest, Sink
+from raysink.sinks.base import CommitResult, Held, Manifest, Sink, decision_id
 from raysink.sinks.kafka import _hanging, _replay
 from raysink.sinks.kafka._committer import Committer
 from raysink.sinks.kafka._config import (
@@ -42,6 +43,7 @@ from raysink.sinks.kafka._config import (
     check_client_config,
     check_producer_config,
     check_topic,
+    default_progress_topic,
     kafka_module,
     unavailable,
 )
@@ -61,6 +63,7 @@ __all__ = ["KafkaSink"]
 log = logging.getLogger("raysink.sinks.kafka")
 
 _HEAL_ROUNDS = 4  # transactions ended one after another before the marker is read as it is
+_PROBE = 5.0  # seconds a first read of the progress topic waits (``_read_to_end``)
 _LIVE = ("_topics", "_reader", "_committer", "_read_at")
 
 
@@ -113,7 +116,7 @@ class KafkaSink(Sink):
                               f"{transaction_timeout!r}")
         self.settings = KafkaSettings(
             bootstrap_servers=bootstrap_servers, topic=topic,
-            progress_topic=progress_topic or f"{topic}-raysink-progress",
+            progress_topic=progress_topic or default_progress_topic(topic),
             partitions=partitions, replication_factor=replication_factor,
             min_insync_replicas=min_insync_replicas,
             topic_config={str(k): str(v) for k, v in (topic_config or {}).items()},
@@ -128,6 +131,7 @@ class KafkaSink(Sink):
         self._reader: ProgressReader | None = None
         self._committer: Committer | None = None
         self._read_at = 0.0
+        self._decision: tuple[int, str] | None = None  # the epoch being committed, its id
         self._ready = False  # both topics seen by this process's last commit
 
     # -- description ----------------------------------------------------------------
@@ -181,14 +185,26 @@ class KafkaSink(Sink):
         """The committer (``_committer``): its producer, transaction and errors."""
         if self._committer is None:
             self._committer = Committer(self.settings, self.runtime, self.name)
+            self._fence_legacy_committer()
         return self._committer
+
+    def _fence_legacy_committer(self) -> None:
+        """Fence the committer's id of the scheme before ids were scoped by topic, once
+        per coordinator process: a coordinator of that scheme (an upgrade) may have left
+        its epoch record in a transaction that, open, hides every later record of the
+        progress topic from ``read_committed`` readers. Its writers' ids need no such
+        step: a PENDING epoch's manifests name them, and a commit fences a part's id that
+        no writer vouches for (``_vouched``)."""
+        legacy = self.settings.legacy_committer_txn(self.runtime, self.name)
+        if legacy != self.settings.committer_txn(self.runtime, self.name):
+            _replay.fence(self, legacy)
 
     def _begin(self, epoch: int, attempt: int) -> Any:
         """Begin the committer's transaction with the epoch record, flushed: fails with
         ``FencedError`` when another coordinator took the committer over."""
         committer = self.begin_committer_transaction(epoch)
         try:
-            committer.produce(self.settings.progress_topic, record_value(epoch, attempt),
+            committer.produce(self.settings.progress_topic, self.epoch_record(epoch, attempt),
                               epoch_key(self.runtime, self.name))
         except kafka_module().KafkaException as exc:
             raise self._claim().failed(exc, epoch) from exc
@@ -210,6 +226,7 @@ class KafkaSink(Sink):
         """Make ``epoch`` visible with its progress records (see the module docstring)."""
         started = time.monotonic()
         parts = [m for m in kafka_manifests(manifests) if m.get("txn")]
+        self._decision = (epoch, decision_id(epoch, manifests))
         try:
             if not self._ready and not self._topics_ready(epoch, parts):
                 return CommitResult.NO_TARGET
@@ -310,7 +327,15 @@ class KafkaSink(Sink):
             except Exception as exc:
                 log.info("a writer of epoch %s did not finish: %s", epoch, exc)
                 outcomes.append(Held.UNKNOWN)
-        return outcomes
+        return [self._vouched(m, held) for m, held in zip(parts, outcomes, strict=True)]
+
+    def _vouched(self, manifest: KafkaManifest, held: Held) -> Held:
+        """``GONE`` says the writer took the part's transactional id over, which holds
+        only if the part was made under the id the writer uses now: a part made under
+        another (a manifest of the scheme before ids were scoped by topic, decided
+        before an upgrade) is ``UNKNOWN``, so its id is fenced before a replay."""
+        own = self.settings.writer_txn(self.runtime, self.name, int(manifest["writer"]))
+        return Held.UNKNOWN if held is Held.GONE and manifest.get("txn") != own else held
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Abort the parts' held transactions; a part no writer vouches for is fenced.
@@ -401,6 +426,77 @@ class KafkaSink(Sink):
         held = self._open_on_progress()
         if held is not None:
             self._end_held(held, truth=epoch - 1)
+
+    def epoch_record(self, epoch: int, attempt: int) -> bytes:
+        """The epoch record's value: with the id of the decision being committed
+        (``decision_id`` of its manifests), which ``holds_decision`` compares."""
+        decision = self._decision
+        if decision is None or decision[0] != epoch:
+            return record_value(epoch, attempt)
+        return record_value(epoch, attempt, decision=decision[1])
+
+    def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
+        """Whether the epoch record of ``epoch`` names this decision (``decision``): the
+        coordinator asks after a commit was skipped because the record holds the epoch,
+        e.g. its predecessor died after the epoch record and before recording the
+        commit, so the report counts the epoch's rows, not ``skipped``. ``None`` when the
+        record is past ``epoch`` (compaction keeps the newest only) or names no decision
+        (written by a release before it did, or re-created for a lost marker)."""
+        self._committed_recently()
+        record = self.progress().latest.get(epoch_key(self.runtime, self.name))
+        if record is None or int(record["epoch"]) != epoch or "decision" not in record:
+            return None
+        return bool(record["decision"] == decision_id(epoch, manifests))
+
+    def partly_committed(self) -> tuple[int, tuple[int, ...]] | None:
+        """An epoch above the epoch record that writers' part records say is partly in
+        the data topic, and those writers. A writer commits its own part (with its part
+        record) before the committer commits the epoch record, so a commit cut in between
+        leaves the epoch partly visible; the coordinator's alignment then refuses to
+        decide that epoch again without the meta store that decided it
+        (``raysink.coordinator.markers``): a new decision would write those parts twice.
+
+        Read to the partition's end (``strict``, ``_read_to_end``)."""
+        if not self.topics().exists(self.settings.progress_topic):
+            return None
+        prefix = epoch_key(self.runtime, self.name)
+        latest = self._read_to_end()
+        record = latest.get(prefix)
+        done = None if record is None else int(record["epoch"])
+        above: dict[int, int] = {}
+        for key, value in latest.items():
+            writer = key.removeprefix(prefix + ":w")
+            if key != prefix and writer.isdigit() and (done is None
+                                                       or int(value["epoch"]) > done):
+                above[int(writer)] = int(value["epoch"])
+        if not above:
+            return None
+        epoch = max(above.values())
+        return epoch, tuple(sorted(w for w, e in above.items() if e == epoch))
+
+    def _read_to_end(self) -> dict[str, dict[str, Any]]:
+        """The progress records, read to the partition's end (``strict``). A committer
+        that died mid-commit leaves its epoch record in a transaction open until
+        ``transaction_timeout``, and ``read_committed`` readers stop there, before the
+        part records written after it. So when a short read (``_PROBE`` seconds, longer
+        than a commit's epoch record is normally open) cannot get to the end, the
+        committer is taken over, which fences that committer and aborts its transaction,
+        and the partition is read again. Not taken over at once: a live committer of a
+        second runtime of the name would be fenced by a start that alignment may refuse
+        anyway, stopping the runtime that was running for nothing."""
+        if self._committer is None or self._committer.producer is None:
+            settings = dataclasses.replace(self.settings,
+                                           timeout=min(_PROBE, self.settings.timeout))
+            probe = ProgressReader(settings, self.runtime, self.name)
+            try:
+                return dict(probe.read(strict=True))
+            except SinkUnavailableError as exc:
+                log.info("kafka sink %s/%s: progress topic held back (%s); taking the "
+                         "committer over", self.runtime, self.name, exc)
+            finally:
+                probe.close()
+            self._claim().claim()
+        return self.progress().read(strict=True)
 
     def target_exists(self) -> bool:
         """Whether the data topic exists."""

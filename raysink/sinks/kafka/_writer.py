@@ -1,7 +1,7 @@
 """``KafkaWriter``: one writer slot's transactional producer, inside its writer actor.
 
 ``open`` (each start of the writer actor's process) makes the slot's producer
-(transactional id ``<prefix>.<runtime>.<sink>.w<k>``) and runs ``init_transactions`` in a
+(transactional id ``<prefix>.<runtime>.<sink>.<topic>.w<k>``) and runs ``init_transactions`` in a
 thread of its own (``_TakeOver``): the broker then fences every earlier producer of the
 slot (a dead incarnation, or a zombie still running on a lost node) and aborts the
 transaction it left open. Not in ``open`` itself: an actor restarted after a crash must
