@@ -4,15 +4,15 @@ SEED ?= 1
 TRIALS ?= 200
 MINUTES ?= 5
 # The default run: unit, integration, spark, a seeded chaos sample and the cluster layer
-# (a multi-node Ray on this machine, run last); `slow` is left out.
-PYTEST_ARGS ?= -m "not slow"
+# (a multi-node Ray on this machine, run last); `slow` and `kafka_cluster` are left out.
+PYTEST_ARGS ?= -m "not slow and not kafka_cluster"
 # `make check`: one short runtime test per sink (Parquet, Delta, Iceberg, PostgreSQL, Kafka),
 # each through real actors into its real target, after the unit tests.
 CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped \
 	tests/integration/test_sinks_runtime.py::test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped \
 	tests/kafka/test_kafka_sink.py::test_epochs_exactly_once
 
-.PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards
+.PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards kafka-cluster
 
 setup:
 	@bash scripts/setup.sh
@@ -38,6 +38,12 @@ demo: setup
 
 chaos: setup
 	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q $(if $(RESUME),--chaos-resume)
+
+# The sink against a KRaft controller and three brokers (tests/support/kafka_cluster.py):
+# leaders and transaction coordinators killed mid-commit, a broker paused past its session
+# timeout, a rolling restart during a stream.
+kafka-cluster: setup
+	$(PY) -m pytest tests/kafka_cluster -m kafka_cluster -q
 
 bench: setup
 	$(PY) bench/spark_write.py

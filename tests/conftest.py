@@ -4,7 +4,9 @@ layers on parallel workers: ``scripts/run_tests.py`` does for the integration la
 Layers (pytest markers) and their budgets in the default run (``tests.support.layers``):
 unit (no Ray) 1 min, integration (real ray.init) 13 min, kafka (a real Kafka broker,
 one per session) 5 min, spark (RayDP) 8 min, chaos sample 3 min, cluster (a multi-node Ray
-on this machine) 5 min. Modules under
+on this machine) 5 min. ``tests/kafka_cluster/`` (a KRaft controller and three brokers)
+is no layer: its cases are marked ``kafka_cluster`` (``make kafka-cluster``) and left out
+of the default run, but for one counted in the kafka layer. Modules under
 tests/<layer>/ get their layer's marker automatically. The cluster layer runs last: it
 ends the session's single-node Ray before its own cluster starts.
 """

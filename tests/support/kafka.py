@@ -73,8 +73,10 @@ class KafkaBroker:
     the seconds each format, start and restart took."""
 
     def __init__(self, home: Path | None = None, *, heap: str = "512m",
-                 jit: bool = False, settings: dict[str, str] | None = None) -> None:
+                 jit: bool = False, settings: dict[str, str] | None = None,
+                 cluster_id: str | None = None) -> None:
         self.home = home or kafka_home()
+        self.cluster_id = cluster_id or _cluster_id()
         self.port = server_port()
         self.controller_port = server_port()
         self.bootstrap = f"127.0.0.1:{self.port}"
@@ -90,8 +92,9 @@ class KafkaBroker:
         self._write_config()
 
     # configuration ------------------------------------------------------------------
-    def _write_config(self) -> None:
-        settings = {
+    def _properties(self) -> dict[str, str]:
+        """The broker's ``server.properties``, ``settings`` over the defaults."""
+        return {
             "process.roles": "broker,controller",
             "node.id": "1",
             "controller.quorum.voters": f"1@127.0.0.1:{self.controller_port}",
@@ -117,8 +120,10 @@ class KafkaBroker:
             "log.cleaner.backoff.ms": "1000",
             **self._settings,
         }
+
+    def _write_config(self) -> None:
         (self.root / "server.properties").write_text(
-            "".join(f"{k}={v}\n" for k, v in settings.items()))
+            "".join(f"{k}={v}\n" for k, v in self._properties().items()))
         (self.root / "log4j2.properties").write_text(
             "rootLogger.level=INFO\nrootLogger.appenderRef.f.ref=F\n"
             "appender.f.type=File\nappender.f.name=F\n"
@@ -137,7 +142,7 @@ class KafkaBroker:
     def _format(self) -> None:
         started = time.monotonic()
         result = subprocess.run(
-            self._java("kafka.tools.StorageTool", "format", "-t", _cluster_id(), "-c",
+            self._java("kafka.tools.StorageTool", "format", "-t", self.cluster_id, "-c",
                        str(self.root / "server.properties")),
             capture_output=True, text=True, timeout=300, check=False)
         if result.returncode != 0:
