@@ -88,6 +88,12 @@ CLUSTER_AFTER_KAFKA = ("tests/cluster/test_node_loss.py", "tests/cluster/test_pl
 (the node-loss test's broker is that layer's); the rest of the layer in step 4."""
 
 
+KAFKA_CLUSTER_CASE = "tests/kafka_cluster"
+"""The three-broker Kafka cluster's one case of the default run (the progress partition's
+leader killed mid-commit; the module's other cases are marked ``kafka_cluster``, run by
+``make kafka-cluster``): in the kafka process, after the single-broker tests."""
+
+
 def steps(workers: int) -> list[list[Lane]]:
     """The steps in the order they run, each as its lanes."""
     spread = ("-n", str(workers), "--dist", "loadfile") if workers > 1 else ()
@@ -98,7 +104,8 @@ def steps(workers: int) -> list[list[Lane]]:
     alone = tuple(f"--ignore={path}" for path in CLUSTER_AFTER_KAFKA)
     return [[(Phase("unit", ("tests/unit",), spread),)],
             [(Phase("integration", ("tests/integration",), parallel),)],
-            [(Phase("kafka, cluster", ("tests/kafka", *CLUSTER_AFTER_KAFKA)),),
+            [(Phase("kafka, cluster", ("tests/kafka", KAFKA_CLUSTER_CASE,
+                                        *CLUSTER_AFTER_KAFKA)),),
              (Phase("spark", ("tests/spark",)), Phase("chaos", ("tests/chaos",)))],
             [(Phase("cluster", ("tests/cluster",), alone),)]]
 

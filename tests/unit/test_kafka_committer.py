@@ -259,7 +259,7 @@ def test_a_fencing_code_after_the_transaction_timeout_is_the_broker_aborting_it(
 
 
 @pytest.mark.parametrize(("code", "acl"), [
-    (E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "--transactional-id raysink.rt.main.c"),
+    (E.TRANSACTIONAL_ID_AUTHORIZATION_FAILED, "--transactional-id raysink.rt.main.orders.c"),
     (E.TOPIC_AUTHORIZATION_FAILED, "--topic"),
     (E.CLUSTER_AUTHORIZATION_FAILED, "IdempotentWrite"),
 ])

@@ -4,6 +4,7 @@ records say about a partly committed epoch, and whose decision an epoch record h
 from __future__ import annotations
 
 import time
+from types import SimpleNamespace
 from typing import Any
 
 import pytest
@@ -105,7 +106,7 @@ def _scripted(latest: dict[str, dict[str, Any]]) -> tuple[KafkaSink, _Progress]:
     sink._reader = progress  # type: ignore[assignment]
     sink._topics = _Topics()  # type: ignore[assignment]
     sink._read_at = time.monotonic()
-    sink._committer = object()  # claimed
+    sink._committer = SimpleNamespace(producer=object())  # claimed, taken over
     return sink, progress
 
 
@@ -191,7 +192,7 @@ def test_the_committer_is_taken_over_only_when_the_progress_topic_is_held_back(
                          part_key("rt", "main", 0): {"epoch": 3}})
     sink._committer = None
     claims: list[bool] = []
-    monkeypatch.setattr(sink, "_claim", lambda: claims.append(True))
+    monkeypatch.setattr(sink, "_take_over", lambda: claims.append(True))
     monkeypatch.setattr(_Probe, "stuck", stuck)
     monkeypatch.setattr(_Probe, "timeouts", [])
     monkeypatch.setattr(sink_module, "ProgressReader", _Probe)

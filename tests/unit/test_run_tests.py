@@ -133,7 +133,8 @@ def test_the_default_run_puts_kafka_and_cluster_modules_beside_spark_then_chaos(
     lanes = [[tuple(phase.paths for phase in lane) for lane in step] for step in steps]
     after_kafka = run_tests.CLUSTER_AFTER_KAFKA
     assert lanes == [[(("tests/unit",),)], [(("tests/integration",),)],
-                     [(("tests/kafka", *after_kafka),), (("tests/spark",), ("tests/chaos",))],
+                     [(("tests/kafka", "tests/kafka_cluster", *after_kafka),),
+                      (("tests/spark",), ("tests/chaos",))],
                      [(("tests/cluster",),)]]
     assert "-n" in steps[0][0][0].options and "-n" in steps[1][0][0].options
     # every cluster module runs once: after the kafka layer or in the last step
@@ -197,4 +198,4 @@ def test_a_layer_run_in_two_processes_costs_the_sum_of_both(
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert lines["spark"].startswith("spark          250.0 s of   480 s")
     assert "   3 runtime starts" in lines["spark"]
-    assert lines["kafka"].startswith("kafka          150.0 s of   300 s")
+    assert lines["kafka"].startswith("kafka          150.0 s of   420 s")

@@ -185,19 +185,39 @@ class KafkaSink(Sink):
         """The committer (``_committer``): its producer, transaction and errors."""
         if self._committer is None:
             self._committer = Committer(self.settings, self.runtime, self.name)
-            self._fence_legacy_committer()
         return self._committer
 
+    def _taken_over(self) -> bool:
+        return self._committer is not None and self._committer.producer is not None
+
+    def _take_over(self) -> None:
+        """Take the committer's transactional id over now (``init_transactions``), which
+        fences an earlier coordinator's committer and ends the transaction it left open;
+        and, once per process, the id of the scheme before ids were scoped by topic
+        (``_fence_legacy_committer``). Called when something holds the progress topic
+        back, never merely at start: a second runtime of the name that alignment then
+        refuses must not fence the running one."""
+        if self._taken_over():
+            return
+        self._claim().claim()
+        self._fence_legacy_committer()
+
     def _fence_legacy_committer(self) -> None:
-        """Fence the committer's id of the scheme before ids were scoped by topic, once
-        per coordinator process: a coordinator of that scheme (an upgrade) may have left
-        its epoch record in a transaction that, open, hides every later record of the
-        progress topic from ``read_committed`` readers. Its writers' ids need no such
-        step: a PENDING epoch's manifests name them, and a commit fences a part's id that
-        no writer vouches for (``_vouched``)."""
+        """Fence the committer's id of the scheme before ids were scoped by topic: a
+        coordinator of that scheme (an upgrade) may have left its epoch record in a
+        transaction that, open, hides every later record of the progress topic from
+        ``read_committed`` readers. Best effort: such a transaction also ends at its
+        ``transaction_timeout``. Its writers' ids need no such step: a PENDING epoch's
+        manifests name them, and a commit fences a part's id that no writer vouches for
+        (``_vouched``)."""
         legacy = self.settings.legacy_committer_txn(self.runtime, self.name)
-        if legacy != self.settings.committer_txn(self.runtime, self.name):
+        if legacy == self.settings.committer_txn(self.runtime, self.name):
+            return
+        try:
             _replay.fence(self, legacy)
+        except SinkUnavailableError as exc:
+            log.info("kafka sink %s/%s: the legacy committer id %s was not fenced: %s",
+                     self.runtime, self.name, legacy, exc)
 
     def _begin(self, epoch: int, attempt: int) -> Any:
         """Begin the committer's transaction with the epoch record, flushed: fails with
@@ -388,9 +408,8 @@ class KafkaSink(Sink):
     def _fence_holder(self, held: _hanging.OpenTransaction) -> None:
         """End what this sink's own producers may still hold open there."""
         prefix = epoch_key(self.runtime, self.name)
-        if held.key == prefix and (self._committer is None
-                                   or self._committer.producer is None):
-            self._claim().claim()  # an earlier process's committer: fenced by the take-over
+        if held.key == prefix:
+            self._take_over()  # an earlier process's committer: fenced by the take-over
         elif held.key is not None and held.key.startswith(prefix + ":w"):
             try:
                 writer = int(held.key[len(prefix) + 2:])
@@ -484,7 +503,7 @@ class KafkaSink(Sink):
         and the partition is read again. Not taken over at once: a live committer of a
         second runtime of the name would be fenced by a start that alignment may refuse
         anyway, stopping the runtime that was running for nothing."""
-        if self._committer is None or self._committer.producer is None:
+        if not self._taken_over():
             settings = dataclasses.replace(self.settings,
                                            timeout=min(_PROBE, self.settings.timeout))
             probe = ProgressReader(settings, self.runtime, self.name)
@@ -495,7 +514,7 @@ class KafkaSink(Sink):
                          "committer over", self.runtime, self.name, exc)
             finally:
                 probe.close()
-            self._claim().claim()
+            self._take_over()
         return self.progress().read(strict=True)
 
     def target_exists(self) -> bool:
