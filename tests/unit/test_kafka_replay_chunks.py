@@ -87,6 +87,7 @@ class Log:
     stall: bool = False
     retain_from: tuple[int, int] | None = None  # (after this many reads, new log start)
     reads: int = 0
+    assigned: list[int] = field(default_factory=list)
 
     high: int = 0
 
@@ -97,6 +98,7 @@ class Log:
         (tp,) = partitions
         assert tp.topic == TOPIC
         self.position, self.eof_sent = tp.offset, False
+        self.assigned.append(tp.offset)
 
     def unassign(self) -> None:
         self.position = None
@@ -191,6 +193,18 @@ def test_a_part_many_chunks_large_is_copied_once_in_order_holding_one_chunk() ->
     assert producer.peak_queued <= 1000 + record
     assert log.polls_with_queue == 0, "read more while a chunk waited for delivery"
     assert chunks.copied == len(wanted) and chunks.flushes >= len(wanted) * record // 1100
+
+
+def test_a_far_run_is_sought_not_read_through() -> None:
+    """Runs 100,000 offsets apart (other producers' records between): the reader seeks
+    to the second run instead of reading everything between."""
+    records = {o: _value(o) for o in [*range(0, 20), *range(20, 100_020, 1000),
+                                      *range(100_020, 100_040)]}
+    log = Log(records, Clock())
+    _, producer = _copy(log, [(0, 19), (100_020, 100_039)])
+    assert log.assigned == [0, 100_020] and log.reads == 40
+    assert [v for _, v, _, _ in producer.delivered] == [
+        _value(o) for o in [*range(0, 20), *range(100_020, 100_040)]]
 
 
 def test_runs_are_merged_and_sorted() -> None:

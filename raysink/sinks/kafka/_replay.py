@@ -283,6 +283,7 @@ class Chunks:
                     expect = ranges[index][0]
                     if expect - position > _SEEK_GAP:
                         self.consumer.assign([ck.TopicPartition(topic, partition, expect)])
+                        position = expect
         finally:
             self.consumer.unassign()
 
