@@ -145,6 +145,11 @@ class Committer:
             raise SinkUnavailableError(f"the epoch record was not delivered in "
                                        f"{self.settings.timeout:g} s", **self._where(epoch))
 
+    def watch_flush(self, producer: Any, timeout: float) -> int:
+        """Flush in slices for up to ``timeout``; the records left. A fatal error of the
+        producer meanwhile is raised (``KafkaException``): a replay's chunks use it."""
+        return self._watch.flush(producer, timeout)
+
     def commit(self, epoch: int) -> None:
         try:
             self.producer.commit_transaction(self.settings.timeout)

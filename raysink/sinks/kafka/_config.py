@@ -142,6 +142,9 @@ class KafkaSettings:
     transactional_id_prefix: str = "raysink"
     transaction_timeout_ms: int = 900_000
     timeout: float = 60.0
+    # a replay holds at most this many bytes of records read back before it produces
+    # them and waits for their delivery (see ``_replay``)
+    replay_chunk_bytes: int = 16 * 1024 * 1024
 
     def __post_init__(self) -> None:
         if not self.bootstrap_servers or not isinstance(self.bootstrap_servers, str):
@@ -169,6 +172,10 @@ class KafkaSettings:
                               f"default); got {self.transaction_timeout_ms / 1000:g}")
         if not self.timeout > 0:
             raise ConfigError(f"timeout must be positive; got {self.timeout!r}")
+        if isinstance(self.replay_chunk_bytes, bool) or not isinstance(
+                self.replay_chunk_bytes, int) or self.replay_chunk_bytes < 1:
+            raise ConfigError("replay_chunk_bytes must be a positive number of bytes; got "
+                              f"{self.replay_chunk_bytes!r}")
 
     # -- names -----------------------------------------------------------------------
 
@@ -237,6 +244,17 @@ class KafkaSettings:
                 # a fetch with nothing to return waits this long, and holds the
                 # connection: an offset query behind it waited 500 ms (the default)
                 "fetch.wait.max.ms": 10}
+
+    def replay_consumer_config(self) -> dict[str, Any]:
+        """The replay's reader: ``read_uncommitted`` (the lost part's transaction was
+        aborted), an offset the log no longer holds an error rather than a silent jump to
+        the log's end (``auto.offset.reset=error``), and librdkafka's prefetch kept near
+        one chunk (it would buffer 64 MiB by default)."""
+        return {**self.consumer_config(committed=False),
+                "auto.offset.reset": "error",
+                "queued.max.messages.kbytes": max(1, self.replay_chunk_bytes // 1024),
+                "max.partition.fetch.bytes": max(1024, min(self.replay_chunk_bytes,
+                                                           1_048_576))}
 
     def admin_config(self) -> dict[str, Any]:
         return self.base()

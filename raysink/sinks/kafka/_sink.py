@@ -187,6 +187,10 @@ class KafkaSink(Sink):
             self._committer = Committer(self.settings, self.runtime, self.name)
         return self._committer
 
+    def committer(self) -> Committer:
+        """The committer (its producer made at its first use)."""
+        return self._claim()
+
     def _taken_over(self) -> bool:
         return self._committer is not None and self._committer.producer is not None
 
