@@ -35,9 +35,31 @@ if TYPE_CHECKING:
     from raysink.reports import ActorProcess, RuntimeStatus
     from raysink.sinks.base import Held
 
-__all__ = ["Ask", "Call", "CoordinatorClient", "WriterClient"]
+__all__ = ["NAMESPACE", "Ask", "Call", "CoordinatorClient", "WriterClient", "answer"]
 
 R = TypeVar("R")
+
+NAMESPACE = "raysink"
+"""The Ray namespace of every actor of every runtime."""
+
+
+def answer(sent: Any, timeout: float) -> Any:
+    """The answer of a call already sent (``Call.send()``'s ref), a raysink error raised
+    in the actor re-raised as itself (not wrapped in Ray's ``RayTaskError``): for the
+    actors' own calls to each other (the driver's ``calls.result`` and ``calls.ask`` add
+    its deadlines and retries)."""
+    import ray
+    from ray.exceptions import RayTaskError
+
+    from raysink.errors import RaySinkError
+
+    try:
+        return ray.get(sent, timeout=timeout)
+    except RayTaskError as exc:
+        cause = getattr(exc, "cause", None)
+        if isinstance(cause, RaySinkError):
+            raise cause from None
+        raise
 
 
 class Call(Generic[R]):
@@ -168,6 +190,13 @@ class WriterClient:
     """One writer actor's calls."""
 
     actor: Any
+
+    @classmethod
+    def named(cls, name: str) -> WriterClient:
+        """The writer actor of Ray name ``name`` (``ValueError`` when there is none)."""
+        import ray
+
+        return cls(ray.get_actor(name, namespace=NAMESPACE))
 
     def write(self, epoch: int, attempt: int, seq: int, refs: Sequence[Any],
               feed: Any = 0) -> Call[int]:

@@ -62,6 +62,7 @@ from raysink.errors import (
     SinkUnavailableError,
 )
 from raysink.protocol.barrier import CheckpointBarrier
+from raysink.protocol.clients import NAMESPACE as NAMESPACE
 from raysink.protocol.clients import CoordinatorClient
 from raysink.protocol.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.protocol.pull import resolve
@@ -76,9 +77,6 @@ __all__ = ["SinkWriterActor", "WriterConfig"]
 
 log = logging.getLogger(__name__)
 T = TypeVar("T")
-
-NAMESPACE = "raysink"
-
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class WriterConfig:

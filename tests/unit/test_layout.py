@@ -9,6 +9,8 @@ import ast
 import re
 from pathlib import Path
 
+import pytest
+
 REPO = Path(__file__).resolve().parents[2]
 PACKAGE = REPO / "raysink"
 MAX_LINES = 600
@@ -106,39 +108,46 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_actors_packages_never_import_the_drivers() -> None:
-    """What runs in a writer or the coordinator does not reach into the driver's package
-    (the driver imports theirs: it creates the actors)."""
+    """What runs in a writer or the coordinator (the sinks too) does not reach into the
+    driver's package (the driver imports theirs: it creates the actors)."""
     found = {f"{path.relative_to(REPO)}: {module}"
-             for package in ("writer", "coordinator")
+             for package in ("writer", "coordinator", "sinks")
              for path in sorted((PACKAGE / package).rglob("*.py"))
              for module in _imports(path) if module.startswith("raysink.driver")}
     assert found == set()
 
 
-def _postgres_layers() -> dict[str, int]:
-    """Each module of ``raysink.sinks.postgres`` by its layer in the package's docstring
+LAYERED = ("postgres", "kafka")
+"""The sink packages whose docstring draws their modules in layers."""
+
+
+def _layers(name: str) -> dict[str, int]:
+    """Each module of ``raysink.sinks.<name>`` by its layer in the package's docstring
     (0 the top); modules on one line share a layer."""
-    package = PACKAGE / "sinks" / "postgres"
+    package = PACKAGE / "sinks" / name
     modules = {path.stem for path in package.glob("_*.py") if path.stem != "__init__"}
     doc = ast.get_docstring(ast.parse((package / "__init__.py").read_text()))
     assert doc is not None and "in layers" in doc
-    block = doc.split("in layers", 1)[1].split("\n\n", 2)[1]
+    block = doc.split("in layers", 1)[1].split("::", 1)[1].split("\n\n", 2)[1]
     layers: dict[str, int] = {}
     for line in block.splitlines():
         names = [n for n in re.findall(r"(?<!\w)_[a-z]+", line) if n in modules]
         if names:
             level = len(set(layers.values()))
             layers.update(dict.fromkeys(names, level))
-    assert set(layers) == modules, "every module of the package has its layer"
+    assert set(layers) == modules, f"every module of {name} has its layer"
     return layers
 
 
-def test_the_postgres_package_imports_downward_only() -> None:
-    layers = _postgres_layers()
-    prefix = "raysink.sinks.postgres"
+@pytest.mark.parametrize("name", LAYERED)
+def test_the_layered_sink_packages_import_downward_only(name: str) -> None:
+    """No module imports one drawn at or above its own layer, also not for type checking
+    only (a cycle read through ``TYPE_CHECKING`` is still a cycle)."""
+    layers = _layers(name)
+    prefix = f"raysink.sinks.{name}"
     upward: list[str] = []
     for module, level in layers.items():
-        tree = ast.parse((PACKAGE / "sinks" / "postgres" / f"{module}.py").read_text())
+        tree = ast.parse((PACKAGE / "sinks" / name / f"{module}.py").read_text())
         for node in ast.walk(tree):
             if not isinstance(node, ast.ImportFrom) or not node.module:
                 continue
@@ -148,6 +157,6 @@ def test_the_postgres_package_imports_downward_only() -> None:
                 imported = [node.module.rsplit(".", 1)[1]]
             else:
                 continue
-            upward += [f"{module} imports {name}" for name in imported
-                       if name in layers and layers[name] <= level]
+            upward += [f"{module} imports {other}" for other in imported
+                       if other in layers and layers[other] <= level and other != module]
     assert upward == []

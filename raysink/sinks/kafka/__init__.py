@@ -10,12 +10,22 @@ two-phase-commit participation are not in the brokers or clients here), so a par
 writer was lost after the decision is written again by the coordinator from the records
 still in the log. ``docs/kafka.md`` gives the design, its alternatives and measurements.
 
-Modules: ``_config`` (settings, names, refused producer settings), ``_encode`` (rows to
-records), ``_progress`` (the progress topic, topic creation), ``_writer``
-(``KafkaWriter``, in the writer actor), ``_sink`` (``KafkaSink``: the description and the
-coordinator's calls), ``_replay`` (a lost part written again), ``_committer`` (the coordinator's
-transactional producer: its takeover, a timed-out commit resumed, its errors),
-``_failures`` (what a librdkafka error means: fencing, a missing ACL).
+The modules, in layers: each imports only those below it (``_sink`` runs in the
+coordinator, ``_writer`` in each writer actor)::
+
+    _sink        KafkaSink: the description and the coordinator's calls (commit, abort,
+                 markers, a marker held back healed)
+    _writer      KafkaWriter: one writer slot's transactional producer
+    _replay      a lost part written again, from the log, in bounded chunks
+    _hanging     a transaction left open on the progress partition: found, named, ended
+    _roles       what the modules above need of KafkaSink, as protocols
+    _committer   the coordinator's transactional producer: its takeover, a timed-out
+                 commit resumed, its errors
+    _progress    the progress topic (epoch and part records), topic creation
+    _failures    what a librdkafka error means: fencing, a missing ACL
+    _encode      rows to records
+    _wire        the requests librdkafka lacks (DescribeProducers, WriteTxnMarkers, Fetch)
+    _config      settings, names, refused producer settings, the client module
 """
 
 from raysink.sinks.kafka._sink import KafkaSink

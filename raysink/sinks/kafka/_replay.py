@@ -52,7 +52,7 @@ from raysink.sinks.kafka._config import kafka_module, unavailable
 from raysink.sinks.kafka._progress import KafkaManifest, epoch_key, part_key, record_value
 
 if TYPE_CHECKING:
-    from raysink.sinks.kafka._sink import KafkaSink
+    from raysink.sinks.kafka._roles import CommittingSink
 
 __all__ = ["Chunks", "Gone", "fence", "part_ranges", "replay"]
 
@@ -64,7 +64,7 @@ Range = tuple[int, int]  # first and last offset, inclusive
 _SEEK_GAP = 10_000
 
 
-def fence(sink: KafkaSink, txn: str) -> None:
+def fence(sink: CommittingSink, txn: str) -> None:
     """Take ``txn`` over and let it go: its earlier holder is fenced, and the transaction
     it left open is aborted."""
     ck = kafka_module()
@@ -79,7 +79,7 @@ def fence(sink: KafkaSink, txn: str) -> None:
     log.info("kafka sink %s/%s: fenced %s", sink.runtime, sink.name, txn)
 
 
-def replay(sink: KafkaSink, epoch: int, attempt: int,
+def replay(sink: CommittingSink, epoch: int, attempt: int,
            parts: Sequence[tuple[KafkaManifest, Held]]) -> bool:
     """Write ``parts`` of ``epoch`` again with the progress records, in one transaction of
     the sink's committer. Returns ``False`` when the progress topic says the epoch is in."""
@@ -181,7 +181,7 @@ def _outside(ranges: Sequence[Range], low: int, high: int) -> list[Range]:
     return [(a, b) for a, b in out if a <= b]
 
 
-def check_retained(consumer: Any, sink: KafkaSink, epoch: int,
+def check_retained(consumer: Any, sink: CommittingSink, epoch: int,
                    manifests: Sequence[KafkaManifest]) -> None:
     """``DataLossError`` naming every partition whose log no longer holds offsets of the
     parts (asked of the partition leaders, not a cache)."""

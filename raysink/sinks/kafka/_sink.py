@@ -324,19 +324,14 @@ class KafkaSink(Sink):
         actor answers. A writer's own error (the broker down) is raised: asked again."""
         if not parts:
             return []
-        import ray
-
-        from raysink.driver.calls import get
         from raysink.errors import RaySinkError
-        from raysink.protocol.clients import WriterClient
-        from raysink.writer.writer import NAMESPACE
+        from raysink.protocol.clients import WriterClient, answer
 
         calls: list[Any] = []
         for manifest in parts:
             try:
-                actor = ray.get_actor(str(manifest["actor"]), namespace=NAMESPACE)
-                calls.append(WriterClient(actor).finish(epoch, int(manifest["attempt"]),
-                                                        commit).send())
+                writer = WriterClient.named(str(manifest["actor"]))
+                calls.append(writer.finish(epoch, int(manifest["attempt"]), commit).send())
             except Exception as exc:  # no such actor (gone), or Ray not here
                 log.info("writer %s of epoch %s unreachable: %s", manifest["writer"], epoch,
                          exc)
@@ -345,7 +340,7 @@ class KafkaSink(Sink):
         for call in calls:
             try:
                 outcomes.append(Held.UNKNOWN if call is None
-                                else get(call, timeout=self.settings.timeout))
+                                else answer(call, timeout=self.settings.timeout))
             except RaySinkError:
                 raise
             except Exception as exc:

@@ -57,7 +57,7 @@ from raysink.sinks.kafka._progress import (
 if TYPE_CHECKING:
     import pyarrow as pa
 
-    from raysink.sinks.kafka._sink import KafkaSink
+    from raysink.sinks.kafka._roles import SinkView
 
 __all__ = ["KafkaWriter", "Runs"]
 
@@ -129,7 +129,7 @@ class _TakeOver:
 class KafkaWriter(SinkWriter):
     """See the module docstring. Calls arrive one at a time (the actor's lock)."""
 
-    def __init__(self, sink: KafkaSink, writer_id: int) -> None:
+    def __init__(self, sink: SinkView, writer_id: int) -> None:
         self.sink = sink
         self.writer_id = writer_id
         self.settings = sink.settings
