@@ -13,7 +13,6 @@ from typing import Any, NoReturn
 import pytest
 from ray.exceptions import ActorDiedError, RayError, RayTaskError
 
-from raysink.driver.calls import public_error, unreachable
 from raysink.driver.feed import FeedRoute
 from raysink.driver.handle import EpochHandle
 from raysink.errors import (
@@ -99,6 +98,8 @@ def test_abort_raises_raysink_errors_only(error: RayError) -> None:
 
 
 def test_a_remote_raysink_error_is_itself_and_only_unreachable_actors_are_retriable() -> None:
+    from raysink.driver.calls import public_error, unreachable
+
     stale = StaleAttemptError("attempt 2 is gone", epoch=3)
     wrapped = RayTaskError("seal", "Traceback: ...", stale)
     assert public_error(wrapped, what="x", runtime="rt") is stale
