@@ -45,6 +45,14 @@ What the runtime does meanwhile, and guarantees:
 
 Every epoch is committed exactly once: its rows reach every target once, whatever of the
 above happens, provided producers follow the contract.
+
+Nothing waits for ever, and only raysink errors come out: ``close`` waits for its barrier
+up to a deadline (the runtime's options give the default), then names what held it (no
+tick, the coordinator or a writer silent). A call is sent again only while the
+coordinator cannot be reached; one that raised there is a fault and would fail again. A
+poll thread that dies (its polls failing ``_POLL_FAILURES`` times in a row, or anything
+else) is raised by the producer's next call, which polls anew: a producer that learns of
+it late would otherwise wait for barriers that no poll brings.
 """
 
 from __future__ import annotations
@@ -195,6 +203,8 @@ class StreamFeed:
                 if time.monotonic() > deadline:
                     self._stalled(wait)
                 self._check_polling()
+                if self._stop is None:  # no poll thread (it died): the barrier comes by one
+                    self._poll()
                 time.sleep(self.poll_interval)
             if self._stop is not None:
                 self._stop.set()

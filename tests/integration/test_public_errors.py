@@ -24,10 +24,10 @@ import ray
 from ray.exceptions import RayError
 
 from raysink import SinkRuntime
+from raysink.coordinator.stream_state import StreamPosition
 from raysink.driver.feed import FeedRoute
 from raysink.driver.stream_feed import StreamFeed
 from raysink.errors import EpochFailedError, RaySinkError, RuntimeUnavailableError
-from raysink.testing import arm_fault
 from tests.integration.helpers import end_for_good, epoch_table
 from tests.integration.real_targets import ParquetTarget
 
@@ -72,22 +72,6 @@ def test_a_feed_whose_writer_is_gone_raises_runtime_unavailable(tmp_path: Path,
         assert rt.write_arrow(epoch_table(1, 100), epoch=1).committed
 
 
-def test_a_fault_in_the_writers_seal_fails_the_commit_with_a_raysink_error(
-        tmp_path: Path, name: str) -> None:
-    """The writers' seal raises (``writer.before_pre_commit``): ``commit`` raises
-    ``EpochFailedError`` saying to feed the epoch again, the fault as its cause."""
-    with _runtime(tmp_path, name) as rt:
-        ep = rt.open_epoch()
-        with ep.feed() as feed:
-            feed.write(epoch_table(1, 100))
-        arm_fault(name, "writer.before_pre_commit", action="raise", times=4)
-        with pytest.raises(RaySinkError) as failed:
-            ep.commit()
-        assert isinstance(failed.value, EpochFailedError), repr(failed.value)
-        assert not isinstance(failed.value, RayError)
-        assert "feed it again" in str(failed.value)
-
-
 @ray.remote(max_restarts=0)
 class _BrokenCoordinator:
     """A coordinator whose stream calls raise (a bug in it): the same call fails the
@@ -102,6 +86,20 @@ class _BrokenCoordinator:
 
     def count(self) -> int:
         return self.polls
+
+
+@ray.remote(max_restarts=0)
+class _FailingCoordinator:
+    """A coordinator that answers a feed's first poll, then raises at every poll."""
+
+    def __init__(self) -> None:
+        self.polls = 0
+
+    def stream_poll(self, *args: Any) -> StreamPosition:
+        self.polls += 1
+        if self.polls > 1:
+            raise ZeroDivisionError("a bug in the coordinator")
+        return StreamPosition(epoch=1, attempt=0, rewinds=0, committed=None)
 
 
 def _route(coordinator: Any) -> FeedRoute:
@@ -136,6 +134,24 @@ def test_a_stream_feed_does_not_retry_a_call_that_raised_in_the_coordinator() ->
     error = _within(20.0, feed.committed)
     _typed(error, EpochFailedError, "ZeroDivisionError: a bug in the coordinator")
     assert ray.get(coordinator.count.remote()) == 1
+    ray.kill(coordinator)
+
+
+def test_a_poll_thread_whose_polls_keep_failing_ends_and_the_next_call_raises() -> None:
+    """The coordinator answers the feed's first poll, then every poll raises: the poll
+    thread logs each failure and, after ``_POLL_FAILURES`` in a row, ends; the feed's
+    next call raises ``RuntimeUnavailableError`` saying its poll ended, the last
+    failure its cause (was: the thread swallowed every failure, and the call sent the
+    failing poll again for 300 s)."""
+    coordinator = _FailingCoordinator.remote()  # type: ignore[attr-defined]
+    feed = StreamFeed(_route(coordinator), 1, poll_interval=0.05, timeout=300.0)
+    assert feed.committed() is None  # the first poll: the thread starts
+    time.sleep(2.0)  # the thread's polls fail (0.05 s apart)
+    error = _within(20.0, feed.committed)
+    assert isinstance(error, RuntimeUnavailableError), repr(error)
+    assert "its poll of the coordinator" in str(error)
+    assert isinstance(error.__cause__, EpochFailedError), repr(error.__cause__)
+    assert "ZeroDivisionError" in str(error.__cause__)
     ray.kill(coordinator)
 
 
