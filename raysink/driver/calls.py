@@ -70,7 +70,8 @@ def watched(probe: Callable[[], Any],
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:
-    """``ray.get`` that re-raises raysink errors as themselves, not wrapped."""
+    """``ray.get`` that re-raises raysink errors as themselves, not wrapped (Ray's error,
+    with the remote traceback, their cause)."""
     import ray
     from ray.exceptions import RayTaskError
 
@@ -82,7 +83,7 @@ def get(refs: Any, timeout: float | None = None) -> Any:
     except RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, RaySinkError):
-            raise cause from None
+            raise cause from exc  # Ray's error (the remote traceback) as its cause
         raise
 
 

@@ -439,12 +439,15 @@ class StreamFeed:
                         f"{self.timeout:g} s ({short(exc)}): is the runtime still open?",
                         runtime=self.route.runtime) from exc
                 log.debug("%r: %s; looking the coordinator up", self, exc)
-                self._relocate()
+                self._relocate(deadline)
 
-    def _relocate(self) -> None:
+    def _relocate(self, deadline: float) -> None:
+        """Look the coordinator up by name (the driver replaces a lost one), within
+        ``deadline``."""
         from raysink.driver.lifecycle import find_coordinator
 
-        handle = find_coordinator(self.route.runtime)
+        handle = find_coordinator(self.route.runtime,
+                                  wait=max(0.1, min(5.0, deadline - time.monotonic())))
         if handle is None:
             time.sleep(self.poll_interval)
             return
