@@ -6,7 +6,12 @@ wrapped in Ray's ``RayTaskError``); ``result`` and ``results`` send typed calls
 while its actor restarts (Ray answers ``ActorUnavailableError`` meanwhile), up to a
 deadline, then raises ``RuntimeUnavailableError`` with the Ray error as its cause.
 ``typed_errors`` guards a public method: any other failure leaves it as the given raysink
-error, again with the original as its cause.
+error, again with the original as its cause; ``public_error`` is that translation for the
+doors that are not a runtime's methods (feeds, epoch handles, the datasink's hooks):
+an actor that cannot be reached is ``RuntimeUnavailableError``, a remote raysink error is
+itself, anything else (a bug in an actor or a sink) the door's own kind. ``unreachable``
+tells the first (worth waiting and asking again) from the rest (the same call fails the
+same way again: never retried).
 
 Not waiting for Ray's failure detector: a call to an actor whose node was lost may hang
 (no answer and no error) until Ray declares the node dead, 15-20 s later or more. So
@@ -33,8 +38,8 @@ from typing import Any, Protocol, TypeVar, cast
 from raysink.errors import RaySinkError, RuntimeUnavailableError
 from raysink.protocol.clients import Call
 
-__all__ = ["PROBE_EVERY", "QUICK_EVERY", "ask", "get", "result", "results", "short",
-           "typed_errors", "watched"]
+__all__ = ["PROBE_EVERY", "QUICK_EVERY", "ask", "get", "public_error", "result", "results",
+           "short", "typed_errors", "unreachable", "watched"]
 
 log = logging.getLogger(__name__)
 
@@ -65,7 +70,8 @@ def watched(probe: Callable[[], Any],
 
 
 def get(refs: Any, timeout: float | None = None) -> Any:
-    """``ray.get`` that re-raises raysink errors as themselves, not wrapped."""
+    """``ray.get`` that re-raises raysink errors as themselves, not wrapped (Ray's error,
+    with the remote traceback, their cause)."""
     import ray
     from ray.exceptions import RayTaskError
 
@@ -77,7 +83,7 @@ def get(refs: Any, timeout: float | None = None) -> Any:
     except RayTaskError as exc:
         cause = getattr(exc, "cause", None)
         if isinstance(cause, RaySinkError):
-            raise cause from None
+            raise cause from exc  # Ray's error (the remote traceback) as its cause
         raise
 
 
@@ -193,6 +199,38 @@ def typed_errors(kind: type[RaySinkError], what: str) -> Callable[
                 raise kind(f"{what} failed: {short(exc)}", runtime=self.name) from exc
         return guarded
     return decorate
+
+
+def unreachable(exc: BaseException) -> bool:
+    """Whether ``exc`` says an actor could not be reached (gone, restarting, or no answer
+    in time): asking again, or another actor, may go through. A task error (the actor ran
+    the call and it raised) is deterministic: the same call fails the same way."""
+    from ray.exceptions import ActorUnavailableError, GetTimeoutError, RayActorError
+
+    return isinstance(exc, (RayActorError, ActorUnavailableError, GetTimeoutError))
+
+
+def public_error(exc: BaseException, *, what: str, runtime: str | None,
+                 kind: type[RaySinkError] = RaySinkError, epoch: int | None = None,
+                 then: str = "") -> RaySinkError:
+    """The raysink error a public call raises for ``exc`` (raise it ``from exc``): a
+    raysink error as itself (unwrapped from Ray's ``RayTaskError``); an actor that could
+    not be reached, ``RuntimeUnavailableError``; anything else ``kind`` naming ``what``
+    failed, as a fault to report. ``then`` says what to do next."""
+    if isinstance(exc, RaySinkError):
+        return exc
+    cause = getattr(exc, "cause", None)
+    if isinstance(cause, RaySinkError):
+        return cause
+    tail = f"; {then}" if then else ""
+    if unreachable(exc):
+        return RuntimeUnavailableError(
+            f"{what}: an actor of the runtime could not be reached ({short(exc)}): it is "
+            f"gone or restarting; check that the runtime is open (rt.status()){tail}",
+            runtime=runtime, epoch=epoch)
+    return kind(f"{what} failed: {short(exc)}; this is not a fault of your data or of the "
+                f"runtime's state: report it with the traceback{tail}",
+                runtime=runtime, epoch=epoch)
 
 
 def short(exc: BaseException | None) -> str:

@@ -31,9 +31,9 @@ import pyarrow as pa
 
 from raysink import _faults
 from raysink.driver import routing
-from raysink.driver.calls import result, results
+from raysink.driver.calls import public_error, result, results
 from raysink.driver.sender import Sender
-from raysink.errors import ConfigError, EpochFailedError, SchemaMismatchError
+from raysink.errors import ConfigError, EpochFailedError, RaySinkError, SchemaMismatchError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.protocol.clients import CoordinatorClient, WriterClient
 from raysink.protocol.vnodes import Bitmap
@@ -117,7 +117,23 @@ class Feed:
 
     def write(self, data: pa.Table | pa.RecordBatch | Sequence[Any]) -> int:
         """Send a Table, a RecordBatch (or a list of them, or object refs to them) to the
-        writers; returns the rows sent (0 for an epoch the targets hold already)."""
+        writers; returns the rows sent (0 for an epoch the targets hold already). Raises
+        raysink errors only (a writer gone: ``RuntimeUnavailableError``); after one, the
+        feed is given up and the epoch's commit fails."""
+        try:
+            return self._write(data)
+        except Exception as exc:
+            raise self._public(exc, "a write") from exc
+
+    def _public(self, exc: Exception, what: str) -> RaySinkError:
+        return public_error(exc, what=f"{self!r}: {what}", runtime=self.route.runtime,
+                            kind=EpochFailedError, epoch=self.epoch,
+                            then=f"nothing of epoch {self.epoch} attempt {self.attempt} "
+                                 "becomes visible: open the epoch again and feed it again")
+
+    def _write(self, data: pa.Table | pa.RecordBatch | Sequence[Any]) -> int:
+        """``write``, raising what failed as it is (a stream's feed tells a writer gone
+        from a fault)."""
         with self._lock:
             self._check_open()
             if self.skip:
@@ -143,7 +159,14 @@ class Feed:
         """End this producer's part of the epoch: every write acknowledged, the barrier to
         each writer it sent data to, the coordinator told. Returns the rows sent.
         Closing twice is harmless. ``checkpoint_id``: the barrier's, when the stream's
-        tick chose it after the feed was made."""
+        tick chose it after the feed was made. Raises raysink errors only."""
+        try:
+            return self._close(checkpoint_id)
+        except Exception as exc:
+            raise self._public(exc, "its close") from exc
+
+    def _close(self, checkpoint_id: int | None = None) -> int:
+        """``close``, raising what failed as it is."""
         with self._lock:
             if self._failed is not None:
                 raise EpochFailedError(

@@ -23,10 +23,10 @@ from collections.abc import Iterable
 from typing import TYPE_CHECKING, Any
 
 from raysink.coordinator.producers import FeedsState
-from raysink.driver.calls import result
+from raysink.driver.calls import public_error, result, short
 from raysink.driver.feed import Feed, FeedRoute
 from raysink.driver.routing import Barriers
-from raysink.errors import ConfigError, EpochFailedError
+from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.protocol.clients import WriterClient
 from raysink.reports import EpochReport
@@ -88,42 +88,60 @@ class EpochHandle:
                timeout: float | None = None) -> EpochReport:
         """Wait for every feed handed out (or ``feeds``) to close, then have the epoch
         decided and committed; returns its report. ``timeout`` bounds the wait for the
-        feeds (default: ``commit_timeout``)."""
+        feeds (default: ``commit_timeout``). Raises raysink errors only."""
         self._check_open()
         self._ended = True
         try:
-            if self.skipped:
-                return self._driver.skipped(self.epoch, self._skipped_sinks, self._started)
-            expected = sorted(self._handed if feeds is None else set(feeds))
-            try:
-                state = wait_for_feeds(
-                    self._actors, self.epoch, self.attempt, expected, lease=self._feed_timeout,
-                    timeout=self._commit_timeout if timeout is None else timeout)
-            except Exception as exc:
-                self._driver.give_up(self._actors, self.epoch, self.attempt)
-                raise EpochFailedError(
-                    f"epoch {self.epoch}: could not learn whether its feeds closed ({exc}); "
-                    f"nothing of it is visible; open epoch {self.epoch} again and feed it "
-                    "again", runtime=self._route.runtime, epoch=self.epoch) from exc
-            if state.lost or state.waiting:
-                self._driver.give_up(self._actors, self.epoch, self.attempt)
-                raise EpochFailedError(self._why_lost(state), runtime=self._route.runtime,
-                                       epoch=self.epoch, attempts=1)
-            barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
-            return self._driver.commit_fed(
-                self._actors, self.epoch, self.attempt,
-                lambda: seal_writers(self._actors, barrier, self.attempt, state), self._started)
+            return self._commit(feeds, timeout)
+        except Exception as exc:
+            raise public_error(
+                exc, what=f"committing epoch {self.epoch}", runtime=self._route.runtime,
+                kind=EpochFailedError, epoch=self.epoch,
+                then=f"rt.status().last_committed_epoch says whether epoch {self.epoch} "
+                     "was committed; if not, open it again and feed it again") from exc
         finally:
             self._end()
 
+    def _commit(self, feeds: Iterable[int] | None, timeout: float | None) -> EpochReport:
+        """``commit`` after its checks, raising what failed as it is."""
+        if self.skipped:
+            return self._driver.skipped(self.epoch, self._skipped_sinks, self._started)
+        expected = sorted(self._handed if feeds is None else set(feeds))
+        try:
+            state = wait_for_feeds(
+                self._actors, self.epoch, self.attempt, expected, lease=self._feed_timeout,
+                timeout=self._commit_timeout if timeout is None else timeout)
+        except Exception as exc:
+            self._driver.give_up(self._actors, self.epoch, self.attempt)
+            raise EpochFailedError(
+                f"epoch {self.epoch}: could not learn whether its feeds closed ({short(exc)}); "
+                f"nothing of it is visible; open epoch {self.epoch} again and feed it "
+                "again", runtime=self._route.runtime, epoch=self.epoch) from exc
+        if state.lost or state.waiting:
+            self._driver.give_up(self._actors, self.epoch, self.attempt)
+            raise EpochFailedError(self._why_lost(state), runtime=self._route.runtime,
+                                   epoch=self.epoch, attempts=1)
+        barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
+        return self._driver.commit_fed(
+            self._actors, self.epoch, self.attempt,
+            lambda: seal_writers(self._actors, barrier, self.attempt, state), self._started)
+
     def abort(self) -> None:
-        """Give the epoch's attempt up: nothing of it becomes visible."""
+        """Give the epoch's attempt up: nothing of it becomes visible. Raises raysink
+        errors only (the runtime's actors unreachable: ``RuntimeUnavailableError``)."""
         if self._ended:
             return
         self._ended = True
         try:
             if not self.skipped:
                 self._driver.give_up(self._actors, self.epoch, self.attempt)
+        except Exception as exc:
+            raise public_error(
+                exc, what=f"aborting epoch {self.epoch} attempt {self.attempt}",
+                runtime=self._route.runtime, kind=RuntimeUnavailableError, epoch=self.epoch,
+                then="the attempt is given up when the runtime recovers (a new coordinator "
+                     "sweeps undecided attempts); rt.status() says what was committed"
+                ) from exc
         finally:
             self._end()
 

@@ -84,6 +84,7 @@ class StreamController:
         self._pids: Pids = {}  # the writers' processes when the epoch written now began
         self._routed: list[Any] = []  # the writer handles producers were last given
         self._unrecovered: str | None = None  # a failure whose recovery failed too
+        self.died: BaseException | None = None  # what ended the tick thread, if anything
 
     @classmethod
     def begin(cls, driver: EpochDriver, actors: ActorSet,
@@ -112,7 +113,8 @@ class StreamController:
     def new_feed(self, route: FeedRoute, poll_interval: float) -> StreamFeed:
         """A feed of the stream for one more producer, sending by ``route`` (the writers
         now); its calls wait for the runtime as long as a commit and a lost feed may take
-        (``_FEED_WAIT`` at least)."""
+        (``_FEED_WAIT`` at least). ``RuntimeUnavailableError`` when the ticks stopped."""
+        self._check_ticking()
         return StreamFeed(route, self.next_feed_id(), poll_interval, route_number=self.route,
                           timeout=max(_FEED_WAIT, 2 * self._commit_timeout + self._feed_timeout))
 
@@ -127,19 +129,40 @@ class StreamController:
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
+        if self.died is not None and self._unrecovered is None:
+            self._unrecovered = f"the tick thread died ({short(self.died)})"  # recover first
         for attempt in range(1, _DRAIN_TRIES + 1):
             if self._step(drain=True):
                 return
             if attempt == _DRAIN_TRIES:
                 raise EpochFailedError(f"the stream's last epoch could not be drained: "
                                        f"{self.failures[-1] if self.failures else '?'}",
-                                       runtime=self._driver.name)
+                                       runtime=self._driver.name) from self.died
+
+    def _check_ticking(self) -> None:
+        """``RuntimeUnavailableError`` (the thread's error its cause) when the tick thread
+        died: no epoch of the stream is committed until the runtime is closed (its drain
+        recovers the stream first) and opened again."""
+        if self.died is not None:
+            raise RuntimeUnavailableError(
+                f"the stream's tick thread died ({short(self.died)}): no epoch is committed "
+                "any more. Close the runtime (rt.close() recovers and drains the stream), "
+                "open it again and start the stream again; producers resume from "
+                "feed.committed()", runtime=self._driver.name) from self.died
 
     # ------------------------------------------------------------------ ticking
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.interval):
-            self._step(drain=False)
+        """Tick until ``drain``. A failure a step cannot handle (a ``BaseException``, a bug
+        in the recovery) ends the thread: it is recorded (``died``, logged) and raised by
+        the next ``new_feed``; producers' calls then time out naming the missing ticks."""
+        try:
+            while not self._stop.wait(self.interval):
+                self._step(drain=False)
+        except BaseException as exc:
+            self.died = exc
+            log.error("%s: the stream's tick thread died: %s; no epoch is committed until "
+                      "the runtime is closed and opened again", self._driver.name, short(exc))
 
     def _step(self, *, drain: bool) -> bool:
         """One tick, after the recovery a failure left to do. True when it went through;

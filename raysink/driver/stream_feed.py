@@ -45,23 +45,38 @@ What the runtime does meanwhile, and guarantees:
 
 Every epoch is committed exactly once: its rows reach every target once, whatever of the
 above happens, provided producers follow the contract.
+
+Nothing waits for ever, and only raysink errors come out: ``close`` waits for its barrier
+up to a deadline (the runtime's options give the default), then names what held it (no
+tick, the coordinator or a writer silent). A call is sent again only while the
+coordinator cannot be reached; one that raised there is a fault and would fail again. A
+poll thread that dies (its polls failing ``_POLL_FAILURES`` times in a row, or anything
+else) is raised by the producer's next call, which polls anew: a producer that learns of
+it late would otherwise wait for barriers that no poll brings.
 """
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import logging
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
 import pyarrow as pa
 
 from raysink.coordinator.stream_state import StreamPosition
-from raysink.driver.calls import result, short
+from raysink.driver.calls import public_error, result, short, unreachable
 from raysink.driver.feed import Feed, FeedRoute
-from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError, StreamRewind
+from raysink.errors import (
+    ConfigError,
+    EpochFailedError,
+    RaySinkError,
+    RuntimeUnavailableError,
+    StreamRewind,
+)
 from raysink.protocol.barrier import CheckpointBarrier
 from raysink.protocol.clients import Call, CoordinatorClient
 
@@ -69,6 +84,10 @@ __all__ = ["StreamFeed"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
+
+_POLL_FAILURES = 5
+"""Polls failing in a row (each after the coordinator answered with an error, or after
+``timeout`` unreachable) that end the poll thread: the producer's next call raises."""
 
 
 class StreamFeed:
@@ -94,6 +113,10 @@ class StreamFeed:
         self._broken: str | None = None  # a part lost (a failed send): await the rewind
         self._stop: threading.Event | None = None
         self._joined = False  # polled once from this process
+        self._answered: float | None = None  # when the coordinator last answered a poll
+        self._poll_error: str | None = None  # the last poll's failure, while they fail
+        self._died: BaseException | None = None  # why the poll thread ended, not told yet
+        self._closing: str | None = None  # a part being closed (what close waits for)
         self.last_epoch: int | None = None  # the epoch the last write went into
 
     def __getstate__(self) -> dict[str, Any]:
@@ -111,7 +134,7 @@ class StreamFeed:
         """Where to resume: the last epoch decided (every target holds it, or will), or,
         with a rewind not yet applied, this producer's cut (a restarted producer resumes
         after it; its first call returns once the rewind its restart forces happened)."""
-        with self._lock:
+        with self._guarded("committed()"), self._lock:
             position = self._position(fresh=True)
             if self._raised is None:
                 self._raised = position.rewinds  # told where to resume
@@ -122,14 +145,17 @@ class StreamFeed:
         """Send data into the stream's current epoch; returns the rows sent. ``on_sent``
         gets that epoch before the epoch's part can be closed: note your source offset
         there. Raises ``StreamRewind`` after a failed epoch or a failed send (replay from
-        its ``committed``)."""
-        with self._lock:
+        its ``committed``); raysink errors only (a fault in an actor: ``EpochFailedError``,
+        its epoch failed, the error its cause)."""
+        with self._guarded("write()"), self._lock:
             current = self._catch_up(raising=True)
             assert current is not None
             try:
-                rows = current.write(data)
+                rows = current._write(data)
             except _ray_errors() as exc:
                 self._lose_part(current, f"a send failed: {short(exc)}")
+                if not unreachable(exc):  # the same send fails the same way: not replayed
+                    raise self._public(exc, f"writing into epoch {current.epoch}") from exc
                 self._raise_rewind()
             self.last_epoch = current.epoch
             if on_sent is not None:
@@ -142,7 +168,7 @@ class StreamFeed:
         rows). Raises ``StreamRewind`` when the stream rewinds meanwhile."""
         deadline = time.monotonic() + timeout
         while True:
-            with self._lock:
+            with self._guarded("wait_committed()"), self._lock:
                 self._catch_up(raising=True, start_epoch=False)
                 seen = self._position(fresh=True)
                 if self.last_epoch is None or (
@@ -154,19 +180,90 @@ class StreamFeed:
                     f"{timeout:g} s", runtime=self.route.runtime, epoch=self.last_epoch)
             time.sleep(self.poll_interval)
 
-    def close(self) -> None:
+    def close(self, timeout: float | None = None) -> None:
         """Leave the stream: the part of the current epoch written so far is closed with
-        the epoch's barrier when the driver's next tick brings it (this waits for it).
-        Raises ``StreamRewind`` when the stream rewound first: replay, then close."""
-        while True:
-            with self._lock:
-                if self._current is None:
-                    break
-                self._catch_up(raising=True, start_epoch=False)
-            time.sleep(self.poll_interval)
-        if self._stop is not None:
-            self._stop.set()
-        self._call(lambda c: c.stream_leave(self.id))
+        the epoch's barrier when the driver's next tick brings it (this waits for it, up
+        to ``timeout`` seconds: by default the feed's ``timeout``, from the runtime's
+        ``commit_timeout`` and ``feed_timeout``). Raises ``StreamRewind`` when the stream
+        rewound first: replay, then close; ``RuntimeUnavailableError`` naming what held
+        it past the deadline (no barrier: the driver's stream not ticking; the
+        coordinator or the writers not answering)."""
+        wait = self.timeout if timeout is None else timeout
+        deadline = time.monotonic() + wait
+        with self._guarded("close()"):
+            while True:
+                if not self._lock.acquire(timeout=max(0.0, deadline - time.monotonic())):
+                    self._stalled(wait)
+                try:
+                    if self._current is None:
+                        break
+                    self._catch_up(raising=True, start_epoch=False)
+                finally:
+                    self._lock.release()
+                if time.monotonic() > deadline:
+                    self._stalled(wait)
+                self._check_polling()
+                if self._stop is None:  # no poll thread (it died): the barrier comes by one
+                    self._poll()
+                time.sleep(self.poll_interval)
+            if self._stop is not None:
+                self._stop.set()
+            self._call(lambda c: c.stream_leave(self.id), deadline=deadline)
+
+    # ------------------------------------------------------------------ errors
+
+    @contextlib.contextmanager
+    def _guarded(self, what: str) -> Iterator[None]:
+        """A public call: what the poll thread died of first, then raysink errors only
+        (a fault in an actor: ``EpochFailedError``, the error its cause)."""
+        try:
+            self._check_polling()
+            yield
+        except RaySinkError:
+            raise
+        except Exception as exc:
+            raise self._public(exc, what) from exc
+
+    def _public(self, exc: BaseException, what: str) -> RaySinkError:
+        return public_error(exc, what=f"{self!r}: {what}", runtime=self.route.runtime,
+                            kind=EpochFailedError,
+                            then="the stream rewinds: replay your source from "
+                                 "feed.committed() and write on")
+
+    def _check_polling(self) -> None:
+        """Raise, once, what ended the poll thread (the next call polls again)."""
+        died, self._died = self._died, None
+        if died is None:
+            return
+        self._stop = None  # the next poll starts a new thread
+        raise RuntimeUnavailableError(
+            f"{self!r}: its poll of the coordinator (its heartbeat, and how its barriers "
+            f"come) ended: {short(died)}. Its part of the current epoch may be lost: "
+            "replay your source from feed.committed() and write on (a new poll starts); "
+            "if this repeats, check the runtime (rt.status())",
+            runtime=self.route.runtime, epoch=self.last_epoch) from died
+
+    def _stalled(self, wait: float) -> NoReturn:
+        """``RuntimeUnavailableError`` for a close held past its deadline, naming what
+        holds it."""
+        current = self._current
+        epoch = current.epoch if current is not None else self.last_epoch
+        if self._closing is not None:
+            why = (f"{self._closing} did not finish: a writer it sent data to, or the "
+                   "coordinator, does not answer")
+        elif self._poll_error is not None:
+            why = (f"the coordinator does not answer its polls (last: {self._poll_error}), "
+                   "so the epoch's barrier cannot come")
+        else:
+            ago = ("never" if self._answered is None
+                   else f"{time.monotonic() - self._answered:.1f} s ago")
+            why = (f"the barrier of epoch {epoch} did not come (the coordinator last "
+                   f"answered a poll {ago}): the driver's stream is not ticking; is the "
+                   "runtime still open, its driver alive (rt.close() drains the stream)?")
+        raise RuntimeUnavailableError(
+            f"{self!r}: close() waited {wait:g} s: {why}. Nothing written after the last "
+            "committed epoch is kept unless the stream commits it: replay from "
+            "feed.committed() once it runs again", runtime=self.route.runtime, epoch=epoch)
 
     # ------------------------------------------------------------------ the position
 
@@ -269,9 +366,10 @@ class StreamFeed:
         assert self._barrier is not None
         (barrier, attempt), self._barrier = self._barrier, None
         current = self._current
+        self._closing = f"closing its part of epoch {barrier.epoch}"
         try:
             if current is not None and current.epoch == barrier.epoch:
-                current.close(barrier.checkpoint_id)
+                current._close(barrier.checkpoint_id)
                 self._current = None
             else:
                 self._call(lambda c: c.feed_closed(barrier.epoch, attempt, self.id, {}))
@@ -281,6 +379,8 @@ class StreamFeed:
             else:
                 self._broken = f"closing epoch {barrier.epoch}: {short(exc)}"
             return False
+        finally:
+            self._closing = None
         return True
 
     def _position(self, fresh: bool = False) -> StreamPosition:
@@ -307,6 +407,7 @@ class StreamFeed:
                 # joined only once a coordinator that knows the stream answered (a
                 # successor taking the stream over knows it a moment later)
                 self._joined = True
+                self._answered, self._poll_error = time.monotonic(), None
                 if position.writers is not None:
                     self.route = dataclasses.replace(self.route, writers=position.writers)
                     self.route_number = position.route
@@ -317,25 +418,36 @@ class StreamFeed:
                 self._start_polling()
         return position
 
-    def _call(self, make: Callable[[CoordinatorClient], Call[R]]) -> R:
-        """A call to the coordinator (``make`` picks it); one that is gone is looked up
-        again by name (the driver replaces it), up to ``timeout``."""
-        deadline = time.monotonic() + self.timeout
+    def _call(self, make: Callable[[CoordinatorClient], Call[R]],
+              deadline: float | None = None) -> R:
+        """A call to the coordinator (``make`` picks it); one that is gone, restarting or
+        silent is looked up again by name (the driver replaces it), up to ``deadline``
+        (default: ``timeout`` from now). A call the coordinator ran and that raised is
+        not sent again: it would fail the same way (a raysink error passes as itself)."""
+        if deadline is None:
+            deadline = time.monotonic() + self.timeout
         while True:
+            left = deadline - time.monotonic()
             try:
-                return result(make(self.route.coordinator_client))
+                return result(make(self.route.coordinator_client), timeout=max(0.1, left))
             except _ray_errors() as exc:
-                if time.monotonic() > deadline:
+                if not unreachable(exc):
+                    raise self._public(exc, "a call to the coordinator") from exc
+                if time.monotonic() >= deadline:
                     raise RuntimeUnavailableError(
-                        f"{self!r}: the coordinator did not answer within {self.timeout:g} "
-                        f"s ({short(exc)})", runtime=self.route.runtime) from exc
+                        f"{self!r}: the coordinator did not answer within "
+                        f"{self.timeout:g} s ({short(exc)}): is the runtime still open?",
+                        runtime=self.route.runtime) from exc
                 log.debug("%r: %s; looking the coordinator up", self, exc)
-                self._relocate()
+                self._relocate(deadline)
 
-    def _relocate(self) -> None:
+    def _relocate(self, deadline: float) -> None:
+        """Look the coordinator up by name (the driver replaces a lost one), within
+        ``deadline``."""
         from raysink.driver.lifecycle import find_coordinator
 
-        handle = find_coordinator(self.route.runtime)
+        handle = find_coordinator(self.route.runtime,
+                                  wait=max(0.1, min(5.0, deadline - time.monotonic())))
         if handle is None:
             time.sleep(self.poll_interval)
             return
@@ -345,23 +457,41 @@ class StreamFeed:
         stop = self._stop = threading.Event()
 
         def poll() -> None:
-            while not stop.wait(self.poll_interval):
-                try:
-                    seen = self._poll()
-                except Exception as exc:  # the coordinator restarting: poll again
-                    log.debug("%r: poll failed: %s", self, exc)
-                    continue
-                if seen is not None and seen.ended and self._barrier is None:
-                    return  # drained: nothing more to close
-                if self._barrier is not None and self._lock.acquire(blocking=False):
-                    try:  # idle: close the epoch from here
-                        self._catch_up(raising=False)
-                    except Exception as exc:
-                        log.warning("%r: closing its epoch: %s", self, short(exc))
-                    finally:
-                        self._lock.release()
+            try:
+                self._poll_until(stop)
+            except BaseException as exc:  # recorded: the producer's next call raises it
+                log.error("%r: its poll thread died: %s", self, short(exc))
+                self._died = exc
 
         threading.Thread(target=poll, daemon=True, name=f"raysink-stream-{self.id}").start()
+
+    def _poll_until(self, stop: threading.Event) -> None:
+        """Poll every ``poll_interval`` until ``stop`` or the stream drained; close a
+        claimed barrier's part when the producer is idle. A poll that fails was already
+        sent again while the coordinator was unreachable (``_call``): ``_POLL_FAILURES``
+        failures in a row end the thread with the last one (the producer's next call
+        raises it)."""
+        failures = 0
+        while not stop.wait(self.poll_interval):
+            try:
+                seen = self._poll()
+            except Exception as exc:
+                failures += 1
+                self._poll_error = short(exc)
+                log.warning("%r: poll failed (%d in a row): %s", self, failures, short(exc))
+                if failures >= _POLL_FAILURES or isinstance(exc, RuntimeUnavailableError):
+                    raise
+                continue
+            failures = 0
+            if seen is not None and seen.ended and self._barrier is None:
+                return  # drained: nothing more to close
+            if self._barrier is not None and self._lock.acquire(blocking=False):
+                try:  # idle: close the epoch from here
+                    self._catch_up(raising=False)
+                except Exception as exc:
+                    log.warning("%r: closing its epoch: %s", self, short(exc))
+                finally:
+                    self._lock.release()
 
 
 def _ray_errors() -> type[Exception]:

@@ -21,6 +21,7 @@ from ray.data.block import BlockAccessor
 
 from raysink import SinkRuntime
 from raysink.driver.datasink import EpochDatasink
+from raysink.errors import EpochFailedError
 from tests.integration.helpers import end_for_good, epoch_table, unique_name
 from tests.integration.real_targets import (
     ParquetTarget,
@@ -150,8 +151,10 @@ def test_a_failed_write_aborts_the_epoch(shared: tuple[SinkRuntime, Target]) -> 
         return batch
 
     failing = _dataset(epoch).map_batches(fail_on_one_block, batch_format="pyarrow")
-    with pytest.raises(Exception, match="a bad record upstream"):
-        failing.write_datasink(rt.datasink(epoch=epoch))
+    with pytest.raises(EpochFailedError, match="ValueError: a bad record upstream") as failed:
+        failing.write_datasink(rt.datasink(epoch=epoch))  # not Ray's UserCodeException
+    assert "run ds.write_datasink(rt.datasink(epoch=" in str(failed.value)
+    assert isinstance(failed.value.__cause__, ray.exceptions.RayError)
     assert sorted(_ids(target)) == sorted(before)  # nothing of the failed write is visible
     sink = rt.datasink(epoch=epoch)
     _dataset(epoch).write_datasink(sink)

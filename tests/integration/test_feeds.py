@@ -246,7 +246,6 @@ def test_a_feed_whose_close_failed_fails_the_commit_at_once(
     naming it, instead of waiting ``commit_timeout`` for a feed whose heartbeat went on
     (seed 1126: 65 s); a write to it, or closing it again, says it failed. Then the epoch
     is fed again, exactly."""
-    from raysink._faults import InjectedFault
     from raysink.testing import arm_fault
 
     rt, path = shared
@@ -256,8 +255,9 @@ def test_a_feed_whose_close_failed_fails_the_commit_at_once(
     feed = ep.feed()
     feed.write(_part(epoch, 0))
     arm_fault(rt.name, "feed.before_close", action="raise")
-    with pytest.raises(InjectedFault):
-        feed.close()
+    with pytest.raises(EpochFailedError, match="its close failed: InjectedFault") as raised:
+        feed.close()  # a raysink error, the fault its cause
+    assert type(raised.value.__cause__).__name__ == "InjectedFault"
     with pytest.raises(EpochFailedError, match=r"failed \(.*\) and cannot close"):
         feed.close()
     with pytest.raises(EpochFailedError, match="takes no more data"):
