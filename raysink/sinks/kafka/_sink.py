@@ -387,6 +387,8 @@ class KafkaSink(Sink):
         for _ in range(_HEAL_ROUNDS):
             if marker is not None and marker >= expected:
                 return marker
+            if not self.topics().exists(self.settings.progress_topic):
+                return marker  # deleted: nothing holds it back (re-created by the caller)
             held = self._open_on_progress()
             if held is None:
                 return marker  # nothing held back: the record is gone
