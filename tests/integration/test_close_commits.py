@@ -12,6 +12,7 @@ epoch uncommitted; a stream whose last epoch could not be drained closed without
 
 from __future__ import annotations
 
+import time
 from collections import Counter
 from pathlib import Path
 
@@ -20,7 +21,14 @@ import pytest
 from raysink import SinkRuntime
 from raysink.errors import EpochFailedError, RuntimeUnavailableError
 from raysink.testing import FailingSink, ListSink, arm_fault, disarm_faults, fired
-from tests.integration.helpers import actor_pid, epoch_table, sigkill
+from tests.integration.helpers import (
+    actor_pid,
+    epoch_table,
+    run_in_thread,
+    sigkill,
+    wait_fired,
+)
+from tests.support.postgres import PostgresServer
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(120)]
 
@@ -57,6 +65,31 @@ def test_a_meta_store_error_during_recovery_is_retried_and_the_runtime_heals(
         for epoch in (2, 3):
             assert rt.write_arrow(epoch_table(epoch, ROWS)).committed
         assert fired(name, "metastore.recover")
+        assert rt.status().error is None
+    _assert_target_holds(tmp_path, [1, 2, 3])
+
+
+def test_a_postgres_failover_right_after_the_coordinators_claim_heals(
+        pg_server: PostgresServer, tmp_path: Path, name: str) -> None:
+    """The real meta store: the coordinator is restarted, claims its generation, and
+    PostgreSQL goes down (a crash) before the recovery reads it; it is back 3 s later.
+    The recovery retries until it answers and the next epochs commit, with no restart."""
+    sink = ListSink(tmp_path / "target")
+    with SinkRuntime(name, sink, writers=1, metastore=pg_server.dsn(), retry_cap=0.3,
+                     commit_timeout=10.0, progress=False) as rt:
+        assert rt.write_arrow(epoch_table(1, ROWS)).committed
+        arm_fault(name, "metastore.recover", action="sleep", seconds=2.0)
+        sigkill(actor_pid(rt))
+        asking, _ = run_in_thread(rt.status)  # a call starts the restarted one's recovery
+        wait_fired(name, "metastore.recover")  # claimed; the recovery holds 2 s
+        pg_server.stop("immediate")
+        try:
+            time.sleep(3.0)  # the recovery's first reads fail meanwhile
+        finally:
+            pg_server.start()
+        asking.join(timeout=60)
+        for epoch in (2, 3):
+            assert rt.write_arrow(epoch_table(epoch, ROWS)).committed
         assert rt.status().error is None
     _assert_target_holds(tmp_path, [1, 2, 3])
 
