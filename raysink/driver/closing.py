@@ -13,11 +13,12 @@ behind. So the decided epochs are taken from a coordinator that says it has reco
 recovery while the meta store fails over), and they are committed before any writer is
 told to close (a Kafka writer still holds a decided epoch's transaction until then). The
 first two steps raise, after the other steps ran: the stream's last epoch not drained
-(``EpochFailedError``), the coordinator not recovered within ``timeout``
-(``RuntimeUnavailableError`` naming why), a decided epoch still uncommitted
-(``SinkUnavailableError`` naming the sink, or ``RuntimeUnavailableError``; the epoch
-stays decided in the meta store and the runtime's next start commits it). The last two
-are housekeeping: their failure is logged.
+(``EpochFailedError``); the coordinator not recovered within ``timeout``
+(``RuntimeUnavailableError`` naming why) or stopped for good (its own error, such as
+``FencedError`` when a second runtime of the name took the sink over); a decided epoch
+still uncommitted (``SinkUnavailableError`` naming the sink, or
+``RuntimeUnavailableError``; the epoch stays decided in the meta store and the runtime's
+next start commits it). The last two are housekeeping: their failure is logged.
 """
 
 from __future__ import annotations
@@ -96,6 +97,9 @@ def commit_decided_epochs(name: str, coordinator: CoordinatorClient, *, timeout:
     what is left otherwise."""
     state = _recovered(coordinator, time.monotonic() + timeout, ask)
     if not state.recovered:
+        if state.fatal is not None:  # stopped for good (fenced, a target deleted): its
+            # own error says why and what to do; a call that needs it recovered raises it
+            ask("the coordinator's error", coordinator.committed_through())
         why = state.fatal or state.retrying or "still recovering"
         raise RuntimeUnavailableError(
             f"close: the coordinator has not recovered within {timeout:.0f}s ({why}), so "
