@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ALL_POINTS", "APPLY_POINTS", "ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS",
-           "LIFECYCLE_POINTS", "POINTS", "SINK_POINTS", "InjectedFault", "enabled",
-           "fault_dir", "hit"]
+           "LIFECYCLE_POINTS", "METASTORE_POINTS", "POINTS", "SINK_POINTS", "InjectedFault",
+           "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -100,8 +100,17 @@ to commit the transaction it holds (context ``sink``, ``epoch``). Unlike
 here holds the epoch decided and uncommitted."""
 
 
+METASTORE_POINTS = (
+    "metastore.recover",
+)
+"""Points where the meta store fails on demand: ``metastore.recover``, a coordinator
+(re)started and claimed its generation, and its recovery is about to read the meta store
+(no context). Its ``raise`` is a ``MetaStoreError``, as a store failing over raises; a
+``sleep`` holds the coordinator unrecovered."""
+
+
 ALL_POINTS = (POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS
-              + APPLY_POINTS)
+              + APPLY_POINTS + METASTORE_POINTS)
 """Every point a fault can be armed at."""
 
 

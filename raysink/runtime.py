@@ -17,6 +17,7 @@ packages is in ``raysink``'s docstring); this module only ties it together.
 
 from __future__ import annotations
 
+import logging
 from collections.abc import Iterable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
@@ -41,7 +42,7 @@ from raysink.driver.runtime_options import (
 from raysink.driver.starting import start_actors
 from raysink.driver.stream_controller import StreamController
 from raysink.driver.stream_feed import StreamFeed
-from raysink.errors import ConfigError, EpochFailedError, RuntimeUnavailableError
+from raysink.errors import ConfigError, EpochFailedError, RaySinkError, RuntimeUnavailableError
 from raysink.progress import Progress
 from raysink.protocol.clients import Call
 from raysink.reports import ActorProcess, EpochReport, RuntimeStatus, SinkStatus
@@ -55,6 +56,7 @@ __all__ = ["ActorProcess", "EpochReport", "RuntimeOptions", "RuntimeStatus", "Si
            "SinkStatus"]
 
 R = TypeVar("R")
+log = logging.getLogger(__name__)
 
 QUERY_SECONDS = 30.0
 """The least a query of the runtime's actors (``status()``, the committed epochs, the
@@ -166,17 +168,33 @@ class SinkRuntime:
     def __enter__(self) -> SinkRuntime:
         return self.start()
 
-    def __exit__(self, *exc: object) -> None:
-        self.close()
+    def __exit__(self, kind: type[BaseException] | None, error: BaseException | None,
+                 *_: object) -> None:
+        """Close; when the block raised, a failure of the close is logged and added to
+        that error as a note instead (the block's error is the one to see first)."""
+        if error is None:
+            self.close()
+            return
+        try:
+            self.close()
+        except RaySinkError as exc:
+            log.error("%s: close after %s failed: %s", self.name, kind.__name__ if kind
+                      else "an error", exc)
+            error.add_note(f"then rt.close() failed: {exc}")
 
     def close(self) -> None:
         """Drain and end the runtime; it may be started again.
 
-        Outstanding epochs finish, or stay durably decided (up to ``commit_timeout``);
-        each writer gets the DRAIN barrier: it drops what an undecided attempt staged and
-        closes its sink writer (files and connections closed); the coordinator pauses the
-        sinks and closes its connections and the meta store; then the actors end and
-        their names are free. A step that fails is logged and the rest still runs."""
+        The stream's last epoch is drained and every decided epoch committed (up to
+        ``commit_timeout``) before each writer gets the DRAIN barrier: it drops what an
+        undecided attempt staged and closes its sink writer (files and connections
+        closed); the coordinator pauses the sinks and closes its connections and the meta
+        store; then the actors end and their names are free. Every step runs; then close
+        raises when something decided may not be committed: ``EpochFailedError`` (the
+        stream's last epoch could not be drained), ``RuntimeUnavailableError`` (the
+        coordinator did not recover in time, naming why), ``SinkUnavailableError`` (a
+        decided epoch is still uncommitted: the next start commits it). See
+        ``raysink.driver.closing``."""
         actors = self._actors
         if actors is None:
             return

@@ -48,7 +48,7 @@ from raysink.errors import (
     RaySinkError,
 )
 from raysink.protocol.messages import CommitRequest, CommitWait, OpenedEpoch
-from raysink.protocol.results import EpochSource, WriterLayout
+from raysink.protocol.results import EpochSource, RecoveryState, WriterLayout
 from raysink.protocol.vnodes import Bitmap, assign
 from raysink.reports import ActorProcess, RuntimeStatus, SinkStatus
 from raysink.sinks.base import Sink
@@ -61,6 +61,7 @@ T = TypeVar("T")
 _BACKOFF_START = 0.01
 _RECENT_EPOCHS = 256
 _STATUS_WAITS_FOR_RECOVERY = 10.0
+_RECOVERY_WAIT = 10.0
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -105,6 +106,7 @@ class CoordinatorActor(StreamCalls):
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
         self._fatal: BaseException | None = None
+        self._recovering: BaseException | None = None  # why recovery is being retried
         self._lock: asyncio.Lock | None = None
         self._changed: asyncio.Condition | None = None
         self._recovered: asyncio.Event | None = None
@@ -152,9 +154,19 @@ class CoordinatorActor(StreamCalls):
                 await asyncio.wait_for(self._changed.wait(), timeout)
 
     async def _until_recovered(self) -> None:
+        """Wait for recovery; while it is retried on the meta store's errors, for
+        ``_RECOVERY_WAIT`` seconds at most, then ``MetaStoreError`` naming it (a call
+        without a deadline of its own must not wait for as long as the store is down)."""
         self._ensure_started()
         assert self._recovered is not None
-        await self._recovered.wait()
+        while not self._recovered.is_set():
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self._recovered.wait(), _RECOVERY_WAIT)
+            if not self._recovered.is_set() and self._recovering is not None:
+                raise MetaStoreError(
+                    f"the coordinator has not recovered: the meta store failed "
+                    f"({self._recovering}); it tries again with backoff, retry once the "
+                    f"meta store answers", runtime=self._config.runtime)
         if self._fatal is not None:
             raise self._fatal
 
@@ -177,19 +189,43 @@ class CoordinatorActor(StreamCalls):
             self._recovered.set()
 
     async def _recover(self) -> None:
+        """Recover, again after a meta store error: that is transient until proven
+        otherwise (a PostgreSQL failover right after the claim), so it is retried with
+        backoff (up to ``retry_cap`` between tries) for as long as it lasts, ``status()``
+        and ``recovery()`` naming it meanwhile. A newer generation (``FencedError``) or a
+        target deleted after commits stops this coordinator for good."""
+        backoff = _BACKOFF_START
+        while True:
+            try:
+                await self._recover_once()
+                break
+            except MetaStoreError as exc:
+                self._recovering = exc
+                self._take_snapshot()
+                delay = min(backoff, self._config.retry_cap) * random.uniform(0.5, 1.0)
+                log.warning("%s: recovery failed on the meta store (%s); trying again in "
+                            "%.2fs", self._config.runtime, exc, delay)
+                await asyncio.sleep(delay)
+                backoff = min(max(backoff * 2, 0.1), self._config.retry_cap)
+        self._recovering = None
+        self._take_snapshot()
+        assert self._recovered is not None
+        self._recovered.set()
+
+    async def _recover_once(self) -> None:
         aborted = await self._locked(self._core.recover)
         if aborted:
             log.info("%s: aborted unfinished epochs %s on recovery", self._config.runtime,
                      aborted)
         try:
             await self._locked(self._core.reconcile_markers)
+        except MetaStoreError:
+            raise
         except RaySinkError as exc:
             self._health.commit_failed(exc.sink or "", exc)
             self._fatal = exc
         self._health.started()
         await self._locked(self._persist_health)
-        assert self._recovered is not None
-        self._recovered.set()
 
     async def _commit_workers(self) -> None:
         """One commit worker per sink; a fenced coordinator stops them all."""
@@ -496,6 +532,20 @@ class CoordinatorActor(StreamCalls):
             await asyncio.wait_for(self._recovered.wait(), _STATUS_WAITS_FOR_RECOVERY)
         return self._snapshot
 
+    async def recovery(self, timeout: float) -> RecoveryState:
+        """Whether this coordinator has recovered, waiting up to ``timeout`` seconds for it:
+        ``pending_epochs`` (the decided epochs still to commit) only mean something then."""
+        self._ensure_started()
+        assert self._recovered is not None
+        with contextlib.suppress(asyncio.TimeoutError):
+            await asyncio.wait_for(self._recovered.wait(), timeout)
+        fatal = None if self._fatal is None else f"{type(self._fatal).__name__}: {self._fatal}"
+        retrying = None if self._recovering is None else (
+            f"{type(self._recovering).__name__}: {self._recovering}")
+        return RecoveryState(recovered=self._recovered.is_set() and fatal is None,
+                             pending_epochs=tuple(self._core.pending_epochs()),
+                             retrying=retrying, fatal=fatal)
+
     def _take_snapshot(self) -> None:
         sinks = {name: SinkStatus(state=health.state,
                                   last_committed_epoch=self._core.sink_last_committed(name),
@@ -510,7 +560,9 @@ class CoordinatorActor(StreamCalls):
             last_committed_epoch=self._core.last_committed,
             pending_epochs=self._core.pending_epochs(),
             open_epoch=self._core.open_epoch_number(),
-            error=None if self._fatal is None else str(self._fatal), sinks=sinks)
+            error=(str(self._fatal) if self._fatal is not None else None
+                   if self._recovering is None else f"recovering (retried on the meta "
+                   f"store's error): {self._recovering}"), sinks=sinks)
         self._metrics.status(self._snapshot)
 
     async def close(self) -> None:

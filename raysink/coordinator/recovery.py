@@ -14,6 +14,7 @@ import logging
 from collections.abc import Sequence
 from typing import cast
 
+from raysink import _faults
 from raysink.coordinator.epoch_book import (
     EpochBook,
     EpochEntry,
@@ -41,7 +42,14 @@ class Recovery(EpochBook):
         """Load the meta store: keep COMMITTED, queue PENDING, abort OPEN and ABORTED.
 
         Returns the epochs that were aborted. PENDING epochs are left for the commits.
+        Safe to run again after a ``MetaStoreError`` (the coordinator retries it): every
+        step sets what the store says, or sweeps again what was swept.
         """
+        try:
+            _faults.hit("metastore.recover", runtime=self.runtime)
+        except _faults.InjectedFault as exc:
+            raise MetaStoreError(f"injected meta store failure during recovery ({exc})",
+                                 runtime=self.runtime) from exc
         by_epoch: dict[int, list[EpochRecord]] = {}
         for record in self.store.records(self.runtime):
             if record.sink in self.sinks:

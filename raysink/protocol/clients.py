@@ -31,7 +31,7 @@ if TYPE_CHECKING:
         DrainReport,
         OpenedEpoch,
     )
-    from raysink.protocol.results import EpochSource, Resolution, WriterLayout
+    from raysink.protocol.results import EpochSource, RecoveryState, Resolution, WriterLayout
     from raysink.reports import ActorProcess, RuntimeStatus
     from raysink.sinks.base import Held
 
@@ -124,6 +124,10 @@ class CoordinatorClient:
 
     def status(self) -> Call[RuntimeStatus]:
         return Call(lambda: self.actor().status.remote())
+
+    def recovery(self, timeout: float) -> Call[RecoveryState]:
+        """Whether it has recovered, waiting up to ``timeout`` seconds for it."""
+        return Call(lambda: self.actor().recovery.remote(timeout))
 
     def process(self) -> Call[ActorProcess]:
         """Where it runs (a standby's too: it is a coordinator not started yet)."""

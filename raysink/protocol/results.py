@@ -7,6 +7,7 @@
     coordinator.set_layout(writers)        -> WriterLayout    (rescale)
     coordinator.epoch_source()             -> EpochSource | None
     coordinator.bind_source(EpochSource)
+    coordinator.recovery(timeout)          -> RecoveryState   (has it recovered?)
     writer.process()                       -> ActorProcess (raysink.reports), whose
                                               mailbox is the writer's WriterStatus
 
@@ -20,7 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["EpochSource", "Resolution", "WriterLayout", "WriterStatus"]
+__all__ = ["EpochSource", "RecoveryState", "Resolution", "WriterLayout", "WriterStatus"]
 
 
 class Resolution(str, enum.Enum):
@@ -50,6 +51,19 @@ class EpochSource:
             return None
         return cls(kind=str(record.get("kind", "")), id=str(record.get("id", "")),
                    offset=int(record.get("offset", 0)))
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class RecoveryState:
+    """Whether the coordinator has recovered from the meta store (only then are its
+    ``pending_epochs`` the decided epochs to commit: before, it knows none). ``retrying``:
+    why recovery is being tried again (a meta store that fails over); ``fatal``: why this
+    coordinator stopped for good (fenced, or a target deleted after commits)."""
+
+    recovered: bool
+    pending_epochs: tuple[int, ...] = ()
+    retrying: str | None = None
+    fatal: str | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -15,8 +15,18 @@ from typing import Any
 import pyarrow as pa
 import pyarrow.dataset as ds
 
+from raysink.errors import SinkUnavailableError
 from raysink.reports import ActorProcess
 from raysink.testing import fired
+
+
+def closes_with_epoch_pending() -> Any:
+    """``pytest.raises`` for a runtime closed while a decided epoch cannot commit (its
+    sink stalled): ``rt.close()`` raises, naming the epoch the next start commits."""
+    import pytest
+
+    return pytest.raises(SinkUnavailableError,
+                         match=r"is decided but not committed.*next start of runtime")
 
 
 def epoch_table(epoch: int, rows: int = 500, *, writers_hint: int = 0) -> pa.Table:

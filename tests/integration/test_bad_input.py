@@ -37,7 +37,13 @@ from raysink import (
     SinkUnavailableError,
 )
 from raysink.sinks import DeltaSink, ParquetSink
-from tests.integration.helpers import assert_exactly, epoch_table, read_ids, unique_name
+from tests.integration.helpers import (
+    assert_exactly,
+    closes_with_epoch_pending,
+    epoch_table,
+    read_ids,
+    unique_name,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -160,8 +166,9 @@ def test_regression_message_names_both_epochs(tmp_path: Path, meta: str) -> None
 
     sink = FailingSink(ParquetSink(str(tmp_path / "table")), fail_commit_times=1000,
                        state_dir=str(tmp_path / "faults"))
-    with SinkRuntime("bad-regress-msg", sink, metastore=meta, commit_timeout=1.0,
-                     retry_cap=0.2, progress=False) as rt:
+    with closes_with_epoch_pending(), SinkRuntime(
+            "bad-regress-msg", sink, metastore=meta, commit_timeout=1.0, retry_cap=0.2,
+            progress=False) as rt:
         assert not rt.write_arrow(epoch_table(4, 5), epoch=4).committed
         with pytest.raises(EpochRegressionError) as info:
             rt.write_arrow(epoch_table(2, 5), epoch=2)

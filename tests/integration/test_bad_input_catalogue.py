@@ -21,6 +21,7 @@ from raysink.spark.binding import source_offset
 from raysink.testing import arm_fault
 from tests.chaos.faults import run_in_thread, wait_fired
 from tests.chaos.targets import epoch_table
+from tests.integration.helpers import closes_with_epoch_pending
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 # One writer: each case is met by the driver or the coordinator (a query's binding, the
@@ -94,8 +95,9 @@ def test_target_deleted_after_commit_is_data_loss(tmp_path: Path, meta: str) -> 
 
 def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path, meta: str) -> None:
     name, out = "bad-marker-pending", tmp_path / "out"
-    with SinkRuntime(name, ParquetSink(str(out)), writers=WRITERS, metastore=meta,
-                     commit_timeout=3, retry_cap=0.2) as rt:
+    with closes_with_epoch_pending(), SinkRuntime(
+            name, ParquetSink(str(out)), writers=WRITERS, metastore=meta, commit_timeout=3,
+            retry_cap=0.2) as rt:
         assert rt.write_arrow(epoch_table(1, 20, 1), epoch=1).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,
                   when={"epoch": 2})

@@ -28,7 +28,13 @@ from raysink import (
 from raysink.cli import main
 from raysink.sinks import ParquetSink
 from raysink.testing import FailingSink
-from tests.integration.helpers import assert_exactly, epoch_table, read_ids, unique_name
+from tests.integration.helpers import (
+    assert_exactly,
+    closes_with_epoch_pending,
+    epoch_table,
+    read_ids,
+    unique_name,
+)
 
 pytestmark = pytest.mark.usefixtures("ray_session")
 
@@ -161,7 +167,7 @@ def test_epoch_regression_below_a_pending_epoch(tmp_path: Path) -> None:
                        state_dir=str(tmp_path / "faults"))
     rt = SinkRuntime("regress", sink, writers=1, metastore=f"sqlite:///{tmp_path / 'meta.db'}",
                      commit_timeout=1.0, retry_cap=0.2)
-    with rt:
+    with closes_with_epoch_pending(), rt:
         report = rt.write_arrow(epoch_table(5, 10), epoch=5)
         assert not report.committed  # decided, rolling forward while the sink stalls
         status = rt.status()
@@ -195,8 +201,9 @@ def test_changed_sink_set_refused_then_added_while_an_epoch_is_pending_then_drop
     meta = f"sqlite:///{tmp_path / 'meta.db'}"
     main = ParquetSink(str(tmp_path / "a"))
     # one writer per sink: the sink set and its epochs are the coordinator's
-    with SinkRuntime(name, main, writers=1, metastore=meta, commit_timeout=3, retry_cap=0.2,
-                     progress=False) as rt:
+    with closes_with_epoch_pending(), SinkRuntime(
+            name, main, writers=1, metastore=meta, commit_timeout=3, retry_cap=0.2,
+            progress=False) as rt:
         assert rt.write_arrow(epoch_table(1, 5)).committed
         arm_fault(name, "sink.mid_commit", action="raise", times=10_000, when={"epoch": 2})
         assert not rt.write_arrow(epoch_table(2, 5)).committed  # decided, not visible

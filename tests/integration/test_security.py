@@ -34,7 +34,12 @@ from raysink.coordinator.metastore import open_metastore
 from raysink.sinks import DeltaSink, ParquetSink, PostgresSink
 from raysink.sinks.base import Sink
 from raysink.testing import arm_fault
-from tests.integration.helpers import read_ids, run_in_thread, wait_fired
+from tests.integration.helpers import (
+    closes_with_epoch_pending,
+    read_ids,
+    run_in_thread,
+    wait_fired,
+)
 from tests.support.postgres import PostgresServer
 
 pytestmark = pytest.mark.usefixtures("ray_session")
@@ -252,8 +257,9 @@ def test_metastore_holds_json_only_and_manifest_paths_cannot_escape_on_recovery(
 
     _forge_pending(db, name, 3, ESCAPES)
     before = {sink: sorted(p.name for p in root.iterdir()) for sink, root in roots.items()}
-    with SinkRuntime(name, sinks(), writers=1, metastore=f"sqlite:///{db}", commit_timeout=2,
-                     retry_cap=0.2) as rt:
+    with closes_with_epoch_pending(), SinkRuntime(
+            name, sinks(), writers=1, metastore=f"sqlite:///{db}", commit_timeout=2,
+            retry_cap=0.2) as rt:
         deadline = time.monotonic() + 30
         while (any(s.last_error is None for s in rt.status().sinks.values())
                and time.monotonic() < deadline):

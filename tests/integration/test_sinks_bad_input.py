@@ -27,7 +27,12 @@ from raysink.sinks.base import Sink
 from raysink.sinks.delta import DeltaSink
 from raysink.sinks.postgres import PostgresSink
 from raysink.testing import arm_fault
-from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
+from tests.integration.helpers import (
+    closes_with_epoch_pending,
+    epoch_table,
+    run_in_thread,
+    wait_fired,
+)
 from tests.integration.real_targets import (
     DeltaTarget,
     IcebergTarget,
@@ -216,7 +221,8 @@ def test_postgres_marker_deleted_while_an_epoch_is_pending(
     """Nothing can tell whether the pending epoch reached the table: DataLossError, shown
     in status as a stalled sink, and the epoch is not committed."""
     target = PostgresTarget(pg_server, schema)
-    with _runtime(name, target.sink(method="staging"), meta, commit_timeout=3) as rt:
+    with closes_with_epoch_pending(), _runtime(name, target.sink(method="staging"), meta,
+                                               commit_timeout=3) as rt:
         assert rt.write_arrow(epoch_table(1, ROWS)).committed
         arm_fault(name, "coordinator.after_pending", action="sleep", seconds=2.0,
                   when={"epoch": 2})

@@ -18,7 +18,12 @@ from raysink import SinkRuntime
 from raysink.coordinator.metastore import open_metastore
 from raysink.sinks.base import CommitResult, Sink
 from raysink.testing import FailingSink, arm_fault, fired
-from tests.integration.helpers import epoch_table, run_in_thread, wait_fired
+from tests.integration.helpers import (
+    closes_with_epoch_pending,
+    epoch_table,
+    run_in_thread,
+    wait_fired,
+)
 from tests.integration.real_targets import (
     DeltaTarget,
     IcebergTarget,
@@ -153,7 +158,8 @@ def test_fresh_runtime_recovers_a_pending_epoch(kind: str, name: str, meta: str,
             assert rt.write_arrow(epoch_table(epoch, ROWS)).committed
     failing = FailingSink(target.sink(), state_dir=tmp_path / "failing",
                           fail_commit_times=1_000_000)
-    with _runtime(name, failing, meta, commit_timeout=3, retry_cap=0.2) as rt:
+    with closes_with_epoch_pending(), _runtime(name, failing, meta, commit_timeout=3,
+                                               retry_cap=0.2) as rt:
         third = rt.write_arrow(epoch_table(3, ROWS))
         assert (third.epoch, third.committed) == (3, False)  # durable, not yet visible
         stalled = rt.status()

@@ -198,7 +198,8 @@ def test_two_runtimes_of_one_name(kafka_broker: KafkaBroker, topic: str, name: s
     conflict, and nothing of its epoch is visible."""
     from raysink import FencedError, RaySinkError
 
-    with _runtime(name, kafka_broker, topic, meta) as rt:
+    # close raises it too: its decided epoch 2 never commits
+    with pytest.raises(FencedError), _runtime(name, kafka_broker, topic, meta) as rt:
         assert rt.write_arrow(halves(1)).committed
         other = sink(kafka_broker, topic).bind(name, "main")
         other.recreate_marker(1)  # the other coordinator's committer: the last claim wins
