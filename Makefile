@@ -36,8 +36,19 @@ unit: setup
 demo: setup
 	$(VENV)/bin/raysink demo
 
+# Trials named as goals (`make chaos SEED=29 TRIALS=40 -k t0021`, or `make t0021 SEED=29
+# TRIALS=40`) run alone: the plan's other trials are deselected.
+TRIAL_GOALS := $(filter t0% t1% t2% t3% t4% t5% t6% t7% t8% t9%,$(MAKECMDGOALS))
+empty :=
+space := $(empty) $(empty)
+
 chaos: setup
-	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q $(if $(RESUME),--chaos-resume)
+	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q $(if $(RESUME),--chaos-resume) $(if $(TRIAL_GOALS),-k "$(subst $(space), or ,$(strip $(TRIAL_GOALS)))")
+
+ifneq ($(TRIAL_GOALS),)
+$(TRIAL_GOALS): chaos
+	@:
+endif
 
 # The sink against a KRaft controller and three brokers (tests/support/kafka_cluster.py):
 # leaders and transaction coordinators killed mid-commit, a broker paused past its session
