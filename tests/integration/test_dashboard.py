@@ -23,7 +23,7 @@ import ray
 
 from raysink import SinkRuntime
 from raysink.dashboards import ALERTS_FILE, alerts_text
-from raysink.dashboards.alerts import AlertSettings
+from raysink.dashboards.alerts import AlertSettings, alert_rules
 from raysink.dashboards.definition import RATE, VARIABLES, Panel, panels
 from raysink.reports import EpochReport
 from raysink.testing import arm_fault
@@ -63,7 +63,7 @@ def test_the_alert_rules_pass_promtool(rules: Path | None, tmp_path: Path) -> No
         rules.write_text(alerts_text(FAST))
     checked = promtool("check", "rules", str(rules))
     assert checked.returncode == 0, checked.stdout + checked.stderr
-    assert "SUCCESS: 5 rules found" in checked.stdout, checked.stdout
+    assert f"SUCCESS: {len(alert_rules())} rules found" in checked.stdout, checked.stdout
 
 
 def test_every_panel_answers_and_agrees_with_status(
