@@ -16,7 +16,7 @@ import pytest
 
 from raysink import SinkRuntime
 from raysink.testing import arm_fault
-from tests.integration.helpers import run_in_thread, sigkill, wait_fired
+from tests.integration.helpers import closes_with_epoch_pending, run_in_thread, sigkill, wait_fired
 from tests.kafka.conftest import Records, assert_aborted_reached_log, halves, sink
 from tests.kafka.test_kafka_faults import _progress, _runtime, _writer_pid
 from tests.support.kafka import KafkaBroker
@@ -46,8 +46,9 @@ def test_a_replay_after_retention_is_data_loss_at_once(kafka_broker: KafkaBroker
     within seconds. Before: the replay consumer jumped to the log's end, its read timed
     out after ``timeout`` and the commit was retried for ever as ``SinkUnavailableError``
     (the status said "unavailable")."""
-    with _runtime(name, kafka_broker, topic, meta, commit_timeout=5,
-                  sink_options={"timeout": 30.0}) as rt:
+    with closes_with_epoch_pending(), _runtime(name, kafka_broker, topic, meta,
+                                               commit_timeout=5,
+                                               sink_options={"timeout": 30.0}) as rt:
         rt.write_arrow(halves(1))  # epoch 2's writers pre-commit once it is in
         pid = _writer_pid(rt)
         arm_fault(name, "kafka.before_finish", action="sleep", seconds=3.0,

@@ -198,4 +198,4 @@ def test_a_layer_run_in_two_processes_costs_the_sum_of_both(
     lines = {line.split()[0]: line for line in capsys.readouterr().out.splitlines() if line}
     assert lines["spark"].startswith("spark          250.0 s of   480 s")
     assert "   3 runtime starts" in lines["spark"]
-    assert lines["kafka"].startswith("kafka          150.0 s of   420 s")
+    assert lines["kafka"].startswith("kafka          150.0 s of   480 s")
