@@ -28,6 +28,7 @@ from raysink.sinks.kafka._wire import (
     compact_array,
     compact_string,
     request,
+    uvarint,
 )
 
 __all__ = ["allow_unverified_writes", "hang_committed_epoch_record", "hang_transaction",
@@ -38,17 +39,7 @@ _PRODUCE = (0, 9)
 
 
 def compact_bytes(raw: bytes) -> bytes:
-    return _uvarint(len(raw) + 1) + raw
-
-
-def _uvarint(value: int) -> bytes:
-    out = bytearray()
-    while True:
-        byte = value & 0x7F
-        value >>= 7
-        out.append(byte | 0x80 if value else byte)
-        if not value:
-            return bytes(out)
+    return uvarint(len(raw) + 1) + raw
 
 
 def _crc32c_table() -> list[int]:
@@ -72,16 +63,7 @@ def crc32c(data: bytes) -> int:
 
 
 def _zigzag(value: int) -> bytes:
-    raw = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while True:
-        byte = raw & 0x7F
-        raw >>= 7
-        if raw:
-            out.append(byte | 0x80)
-        else:
-            out.append(byte)
-            return bytes(out)
+    return uvarint((value << 1) ^ (value >> 63))
 
 
 def _record(index: int, key: bytes | None, value: bytes) -> bytes:

@@ -16,11 +16,11 @@ if TYPE_CHECKING:
     from raysink.sinks.kafka._config import KafkaSettings
     from raysink.sinks.kafka._progress import ProgressReader
 
-__all__ = ["CommittingSink", "SinkView"]
+__all__ = ["BoundSink", "CommittingSink", "SinkView"]
 
 
-class SinkView(Protocol):
-    """The bound sink as a writer slot sees it."""
+class BoundSink(Protocol):
+    """A sink bound to its runtime: its settings and names."""
 
     @property
     def settings(self) -> KafkaSettings: ...
@@ -30,6 +30,10 @@ class SinkView(Protocol):
 
     @property
     def name(self) -> str: ...
+
+
+class SinkView(BoundSink, Protocol):
+    """The bound sink as a writer slot sees it."""
 
     @property
     def key_column(self) -> str | None: ...
@@ -41,17 +45,8 @@ class SinkView(Protocol):
     def headers(self) -> Sequence[str]: ...
 
 
-class CommittingSink(Protocol):
+class CommittingSink(BoundSink, Protocol):
     """The bound sink as the coordinator's replay of a lost part uses it."""
-
-    @property
-    def settings(self) -> KafkaSettings: ...
-
-    @property
-    def runtime(self) -> str: ...
-
-    @property
-    def name(self) -> str: ...
 
     def progress(self) -> ProgressReader: ...
 

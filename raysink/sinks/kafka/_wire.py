@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from typing import Any
 
 __all__ = ["Batch", "ProducerState", "WireError", "describe_producers", "fetch_batches",
-           "write_txn_marker"]
+           "uvarint", "write_txn_marker"]
 
 _DESCRIBE_PRODUCERS = (61, 0)
 _WRITE_TXN_MARKERS = (27, 1)
@@ -59,7 +59,8 @@ class ProducerState:
 
 # -- encoding -------------------------------------------------------------------------
 
-def _uvarint(value: int) -> bytes:
+def uvarint(value: int) -> bytes:
+    """An unsigned varint (Kafka's flexible versions: lengths, tag counts)."""
     out = bytearray()
     while True:
         byte = value & 0x7F
@@ -73,16 +74,16 @@ def _uvarint(value: int) -> bytes:
 
 def compact_string(text: str | None) -> bytes:
     if text is None:
-        return _uvarint(0)
+        return uvarint(0)
     raw = text.encode()
-    return _uvarint(len(raw) + 1) + raw
+    return uvarint(len(raw) + 1) + raw
 
 
 def compact_array(items: list[bytes]) -> bytes:
-    return _uvarint(len(items) + 1) + b"".join(items)
+    return uvarint(len(items) + 1) + b"".join(items)
 
 
-NO_TAGS = _uvarint(0)
+NO_TAGS = uvarint(0)
 
 
 class Reader:
