@@ -51,6 +51,7 @@ from raysink.errors import (
 )
 from raysink.reports import ActorProcess, EpochReport, RuntimeStatus, SinkStatus
 from raysink.runtime import RuntimeOptions, SinkRuntime
+from raysink.sinks._maintenance import Maintenance
 
 __all__ = [
     "ActorProcess",
@@ -63,6 +64,7 @@ __all__ = [
     "EpochReport",
     "Feed",
     "FencedError",
+    "Maintenance",
     "MetaStoreError",
     "Placement",
     "RaySinkError",

@@ -89,6 +89,13 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, TypedDict, TypeVar
 
 from raysink._schema import Rules, SchemaEvolution
+from raysink.sinks._maintenance import (
+    OFF,
+    Maintenance,
+    MaintenanceReport,
+    MaintenanceWindow,
+    TableStats,
+)
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -311,6 +318,22 @@ class Sink(ABC):
         the coordinator calls this before it takes the marker for lost. By default the
         marker is read as it is."""
         return self.committed_epoch()
+
+    maintenance: Maintenance = OFF
+    """How this sink keeps its table small over a long stream (``raysink.Maintenance``);
+    set from the ``maintenance=`` option by sinks that implement ``maintain``."""
+
+    def maintain(self, window: MaintenanceWindow) -> MaintenanceReport:
+        """One maintenance pass (compaction, expiry, log cleanup), run by the coordinator
+        in this sink's commit worker between two of its commits, so it never races one;
+        it stops at a step boundary once ``window.deadline`` has passed. It never touches
+        the marker of ``window.committed_epoch`` nor anything staged for an uncommitted
+        epoch (``raysink.sinks._maintenance``). By default there is nothing to do."""
+        return MaintenanceReport(sink=self.name)
+
+    def table_stats(self) -> TableStats | None:
+        """Files, bytes and snapshots of the target now; ``None``: not a table."""
+        return None
 
     def recreate_marker(self, epoch: int) -> None:  # noqa: B027 - optional hook
         """Re-create a deleted progress marker at ``epoch`` (no epoch is pending)."""

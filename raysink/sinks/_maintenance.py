@@ -1,0 +1,131 @@
+"""Table maintenance over a long stream: the shapes a sink and the coordinator share.
+
+A stream commits an epoch every few seconds for months. Each epoch adds small files (and,
+for Iceberg, a snapshot and manifests; for Delta, a log entry), so a table left alone gets
+slower to commit to and to read with every epoch. A sink that can keep its table small
+implements ``Sink.maintain`` (compaction, snapshot expiry, log cleanup, checkpoints) and
+``Sink.table_stats``; the coordinator runs ``maintain`` in the sink's own commit worker,
+between two of its commits, so maintenance never races an epoch commit of that sink, and
+stops a pass at a step boundary once ``MaintenanceWindow.deadline`` has passed, so a commit
+waits for at most one step (``Maintenance.step_seconds`` is the bound a sink keeps its steps
+within).
+
+What maintenance must never touch: the sink's progress marker (the epoch the meta store
+says is committed must still read back from the target afterwards), and anything staged
+for an epoch that is not committed yet (a pending epoch's files are not in the table; a
+sweep of unreferenced files would take them).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+from raysink.errors import ConfigError
+
+_MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Maintenance:
+    """How a sink keeps its table small (the ``maintenance=`` option of the Delta and
+    Iceberg sinks; ``maintenance=False`` switches it off for that sink).
+
+    Retention keeps a snapshot (an Iceberg snapshot, a Delta version) while it is among
+    the newest ``keep_snapshots`` *or* younger than ``keep_seconds``; older ones expire,
+    and with them the files only they referenced. The newest snapshot, and the one holding
+    the sink's marker, are always kept.
+    """
+
+    enabled: bool = True
+    every_epochs: int = 10
+    """A pass runs after at most this many committed epochs of the sink..."""
+    min_interval_s: float = 10.0
+    """...and no more often than this (``rt.maintain()`` runs one now regardless)."""
+    target_file_bytes: int = 128 * _MIB
+    """Compaction rewrites small files into files of about this size."""
+    min_compact_files: int = 16
+    """A partition (or the table, unpartitioned) is compacted once it holds at least this
+    many files smaller than ``target_file_bytes / 2``."""
+    keep_snapshots: int = 100
+    keep_seconds: float = 600.0
+    checkpoint_every: int = 100
+    """Delta: write a checkpoint every this many versions, so opening the table reads one
+    checkpoint and at most this many commits."""
+    step_seconds: float = 5.0
+    """The longest one maintenance step should hold the sink's commits."""
+
+    def __post_init__(self) -> None:
+        for name in ("every_epochs", "target_file_bytes", "min_compact_files",
+                     "keep_snapshots", "checkpoint_every"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"Maintenance({name}=...) must be at least 1, "
+                                  f"got {getattr(self, name)!r}")
+        for name in ("min_interval_s", "keep_seconds", "step_seconds"):
+            if getattr(self, name) < 0:
+                raise ConfigError(f"Maintenance({name}=...) must not be negative, "
+                                  f"got {getattr(self, name)!r}")
+
+    @classmethod
+    def of(cls, option: Maintenance | bool | None, sink: str) -> Maintenance:
+        """The policy a sink's ``maintenance=`` option stands for."""
+        if option is None or option is True:
+            return cls()
+        if option is False:
+            return cls(enabled=False)
+        if isinstance(option, Maintenance):
+            return option
+        raise ConfigError(f"{sink} maintenance= takes True, False or raysink.Maintenance(...), "
+                          f"got {option!r}")
+
+    def replace(self, **changes: object) -> Maintenance:
+        return dataclasses.replace(self, **changes)  # type: ignore[arg-type]
+
+
+OFF = Maintenance(enabled=False)
+
+
+@dataclass(frozen=True)
+class MaintenanceWindow:
+    """What the coordinator tells one pass."""
+
+    deadline: float
+    """``time.monotonic()`` after which the pass stops at the next step boundary (and
+    returns ``complete=False``; the next pass goes on from there)."""
+    committed_epoch: int | None
+    """The epoch the meta store says this sink committed last: its marker must read back
+    the same after the pass."""
+    force: bool = False
+    """``rt.maintain()``: run every step that has anything to do, thresholds aside."""
+
+
+@dataclass(frozen=True)
+class MaintenanceReport:
+    """What one pass did (summed into ``status()``, the metrics and the dashboard)."""
+
+    sink: str
+    steps: tuple[str, ...] = ()
+    """The steps that changed something, in order (``compact``, ``expire_snapshots``,
+    ``delete_metadata``, ``merge_manifests``, ``checkpoint``, ``cleanup_log``, ...)."""
+    files_compacted: int = 0
+    """Data files rewritten into larger ones (removed from the table)."""
+    files_written: int = 0
+    bytes_rewritten: int = 0
+    snapshots_expired: int = 0
+    files_deleted: int = 0
+    """Files removed from storage (data files no retained snapshot needs, old metadata,
+    expired log entries)."""
+    seconds: float = 0.0
+    complete: bool = True
+
+
+@dataclass(frozen=True)
+class TableStats:
+    """The size of a sink's table now (cheap to read: from the latest metadata)."""
+
+    data_files: int
+    data_bytes: int
+    snapshots: int
+    """Retained Iceberg snapshots, or Delta versions still in the log."""
+    metadata_files: int
+    metadata_bytes: int
