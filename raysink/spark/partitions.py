@@ -164,11 +164,15 @@ def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url:
 
     Any failure of the call means "ask the next one": the actor is gone (``ValueError``
     from the lookup, ``RayActorError``), slow (``GetTimeoutError``), or raised in Java (a
-    restarted executor that never started has no Spark environment and throws). The
+    restarted executor that never started has no Spark environment and throws). A gone
+    or slow one is also asked last for ``UNAVAILABLE_SECONDS``: an executor SIGKILLed
+    while a writer pulled from it was restarted by Ray and then left each call waiting
+    for the whole ``EXECUTOR_CALL_TIMEOUT``, and asking it first again for each of the
+    partitions located on it stretched one epoch to 433 s (a clean-clone run). The
     handle is looked up on every pull (one GCS call): a cached one would outlive a Spark
     session restarted under the same executor names."""
     import ray
-    from ray.exceptions import RayActorError, RayError
+    from ray.exceptions import GetTimeoutError, RayActorError, RayError
 
     try:
         actor = ray.get_actor(name)
@@ -182,7 +186,7 @@ def _ask(name: str, rdd_id: int, index: int, schema_json: str, driver_agent_url:
         _unavailable.pop(name, None)
         return ipc
     except (ValueError, RayError) as exc:
-        if isinstance(exc, RayActorError):
+        if isinstance(exc, (RayActorError, GetTimeoutError)):
             _unavailable[name] = time.monotonic()
         problems.append(f"{name}: {type(exc).__name__}")
         logger.warning("executor %s did not serve partition %s of RDD %s (%s: %s); asking "

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import pytest
@@ -83,3 +84,33 @@ def test_an_old_failure_is_forgotten(names: _Names) -> None:
     pull._unavailable["raydp-executor-0"] = time.monotonic() - pull.UNAVAILABLE_SECONDS - 1
     assert next(pull._candidates("raydp-executor-0", 0)) == "raydp-executor-0"
     assert pull._unavailable == {}
+
+
+class _SlowExecutor:
+    """An executor actor whose calls never answer in time (restarted, no Spark in it)."""
+
+    class _Method:
+        def remote(self, *args: object) -> str:
+            return "ref"
+
+    getRDDPartition = _Method()  # RayDP's Java method name
+
+
+@pytest.mark.parametrize("failure", ["timeout", "actor_died"])
+def test_an_executor_that_timed_out_or_died_is_asked_last_afterwards(
+        names: _Names, monkeypatch: pytest.MonkeyPatch, failure: str) -> None:
+    import ray
+    from ray.exceptions import GetTimeoutError, RayActorError
+
+    def get(ref: object, timeout: float | None = None) -> object:
+        raise GetTimeoutError("timed out") if failure == "timeout" else RayActorError()
+
+    monkeypatch.setattr(ray, "get_actor", lambda name: _SlowExecutor())
+    monkeypatch.setattr(ray, "get", get)
+    monkeypatch.setattr(pull, "cross_language_calls", contextlib.nullcontext)
+    problems: list[str] = []
+    assert pull._ask("raydp-executor-0", 1, 0, "{}", "", "", problems, 0.01) is None
+    assert problems and problems[0].startswith("raydp-executor-0: ")
+    # the next partition located on it asks the others first
+    assert list(pull._candidates("raydp-executor-0", 1)) == [
+        "raydp-executor-3", "raydp-executor-1", "raydp-executor-0"]
