@@ -10,7 +10,9 @@ whole again (every node up, every partition in sync) before each. The victim is 
 broker leading the progress partition or a data partition (``TrialSpec.victim``:
 ``progress`` or ``data``, with ``extra["partition"]``): its replicas elsewhere take over,
 the transactions it coordinated move with their ``__transaction_state`` partitions, and
-the killed broker comes back ``extra["down"]`` seconds later and catches up.
+the killed broker comes back ``extra["down"]`` seconds later and catches up. A stream
+trial's kill comes ``delay`` seconds into the stream, maybe before its first commit made
+the progress topic: the kill then waits for the topic (``_leader``).
 """
 
 from __future__ import annotations
@@ -24,6 +26,8 @@ from tests.chaos.plan import TrialSpec
 
 __all__ = ["kill_leader"]
 
+_TOPIC_WAIT = 120.0  # seconds the victim's topic may take to appear (a stream's first commit)
+
 
 def kill_leader(cluster: Any, spec: TrialSpec, main: Mapping[str, Any]) -> str:
     """SIGKILL the broker leading the trial's victim partition, start it again after
@@ -33,7 +37,7 @@ def kill_leader(cluster: Any, spec: TrialSpec, main: Mapping[str, Any]) -> str:
         target, partition = default_progress_topic(topic), 0
     else:
         target, partition = topic, int(spec.extra.get("partition", 0))
-    leader = cluster.leader_of(target, partition)
+    leader = _leader(cluster, target, partition)
     if leader < 0:
         return f"{target}[{partition}] had no leader to kill"
     cluster.kill(leader)
@@ -42,3 +46,15 @@ def kill_leader(cluster: Any, spec: TrialSpec, main: Mapping[str, Any]) -> str:
     took = cluster.start_node(leader)
     return (f"broker {leader}, leader of {target}[{partition}], SIGKILLed; started again "
             f"after {down:g} s (answering {took:.1f} s later)")
+
+
+def _leader(cluster: Any, topic: str, partition: int) -> int:
+    """The broker leading ``topic[partition]``, once the topic exists (-1: no leader)."""
+    deadline = time.monotonic() + _TOPIC_WAIT
+    while True:
+        try:
+            return int(cluster.leader_of(topic, partition))
+        except (RuntimeError, KeyError):  # not created yet
+            if time.monotonic() > deadline:
+                raise
+            time.sleep(0.2)
