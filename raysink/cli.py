@@ -36,10 +36,10 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, get_args
 
 from raysink.errors import ConfigError, RaySinkError
-from raysink.reports import ActorProcess, RuntimeStatus, SinkStatus
+from raysink.reports import ActorProcess, RuntimeStatus, SinkState, SinkStatus
 
 if TYPE_CHECKING:
     from raysink.protocol.results import WriterStatus
@@ -124,8 +124,7 @@ def read_status(name: str, metastore: str | None = None) -> StoredStatus:
 
 
 def _state(value: str) -> Any:
-    known = ("starting", "running", "stalled", "paused", "dropped")
-    return value if value in known else "starting"
+    return value if value in get_args(SinkState) else "starting"
 
 
 def _require_sqlite_file(url: str, name: str) -> None:

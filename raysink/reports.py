@@ -14,7 +14,7 @@ if TYPE_CHECKING:
 __all__ = ["ActorProcess", "ActorRole", "EpochReport", "RuntimeStatus", "SinkState",
            "SinkStatus"]
 
-SinkState = Literal["starting", "running", "stalled", "paused", "dropped"]
+SinkState = Literal["starting", "running", "stalled", "paused", "dropped", "failed"]
 ActorRole = Literal["coordinator", "standby", "writer"]
 
 
@@ -41,9 +41,11 @@ class EpochReport:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class SinkStatus:
     """One sink: ``stalled`` while its commits fail or a writer cannot reach its target
-    (``last_error`` says why); ``history`` holds its recent state changes. ``held_by``:
-    what holds its commits back when the target can name it, such as a Kafka transaction
-    left open (``{"kind": "kafka_open_transaction", "topic", "partition", "producer_id",
+    (``last_error`` says why), ``failed`` while a commit cannot complete because the data
+    it needs is lost (``DataLossError``; tried again at ``retry_cap`` only, in case it is
+    restored); ``history`` holds its recent state changes. ``held_by``: what holds its
+    commits back when the target can name it, such as a Kafka transaction left open
+    (``{"kind": "kafka_open_transaction", "topic", "partition", "producer_id",
     "first_offset", "age_seconds", ...}``)."""
 
     state: SinkState

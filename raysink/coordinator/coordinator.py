@@ -40,6 +40,7 @@ from raysink.coordinator.epochs import (
 )
 from raysink.coordinator.health import SinkHealthBook
 from raysink.coordinator.producers import FeedRegistry, FeedsState
+from raysink.coordinator.retries import BACKOFF_START, CommitRetries
 from raysink.coordinator.stream_calls import StreamCalls
 from raysink.errors import (
     BackpressureError,
@@ -58,7 +59,6 @@ __all__ = ["CoordinatorActor", "CoordinatorConfig"]
 log = logging.getLogger(__name__)
 T = TypeVar("T")
 
-_BACKOFF_START = 0.01
 _RECENT_EPOCHS = 256
 _STATUS_WAITS_FOR_RECOVERY = 10.0
 _RECOVERY_WAIT = 10.0
@@ -194,7 +194,7 @@ class CoordinatorActor(StreamCalls):
         backoff (up to ``retry_cap`` between tries) for as long as it lasts, ``status()``
         and ``recovery()`` naming it meanwhile. A newer generation (``FencedError``) or a
         target deleted after commits stops this coordinator for good."""
-        backoff = _BACKOFF_START
+        backoff = BACKOFF_START
         while True:
             try:
                 await self._recover_once()
@@ -240,8 +240,8 @@ class CoordinatorActor(StreamCalls):
 
     async def _sink_worker(self, sink: str) -> None:
         """Commit ``sink``'s share of each PENDING epoch, in epoch order, retrying with its
-        own backoff."""
-        backoff = _BACKOFF_START
+        own backoff (``retries``: a ``DataLossError`` at the cap, logged once)."""
+        retries = CommitRetries(self._config.runtime, sink, self._config.retry_cap)
         while True:
             step = self._core.next_commit(sink)
             if step is None:
@@ -260,13 +260,9 @@ class CoordinatorActor(StreamCalls):
                 self._health.commit_failed(sink, exc)
                 self._metrics.retried(sink)
                 await self._record_health()
-                delay = min(backoff, self._config.retry_cap) * random.uniform(0.5, 1.0)
-                log.warning("%s: commit of epoch %s to sink %s failed (%s); retrying in "
-                            "%.2fs", self._config.runtime, step.epoch, sink, exc, delay)
-                await asyncio.sleep(delay)
-                backoff = min(backoff * 2, self._config.retry_cap)
+                await asyncio.sleep(retries.failed(step.epoch, exc))
                 continue
-            backoff = _BACKOFF_START
+            retries.succeeded()
             self._metrics.committed(outcome, time.monotonic() - started)
             self._after_commit(outcome, started)
             await self._record_health()

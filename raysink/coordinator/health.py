@@ -4,7 +4,10 @@ A sink is ``stalled`` while its commits fail (the coordinator's own retries) or 
 its writers cannot reach the target (a ``SinkUnavailableError`` a writer reported, as
 Materialize reports connection errors through its sink statuses); ``last_error`` says
 why, and ``held_by`` what holds it (a transaction left open on the target) when the sink
-names it. Otherwise it is ``starting`` until recovery is done, ``running`` while the runtime is
+names it. A commit that failed with ``DataLossError`` (the data a decided epoch needs is
+gone: no retry brings it back) makes it ``failed`` instead, until a commit succeeds (the
+data restored); the recovery's marker check fails the coordinator the same way. Otherwise
+it is ``starting`` until recovery is done, ``running`` while the runtime is
 open and ``paused`` once it is closed. A writer that reaches the target again clears its
 error; a successful commit clears every error of the sink.
 """
@@ -16,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysink.coordinator.metastore.base import SinkStatusRecord
+from raysink.errors import DataLossError
 from raysink.reports import SinkState
 
 __all__ = ["SinkHealth", "SinkHealthBook"]
@@ -30,9 +34,12 @@ class SinkHealth:
     writer_errors: dict[int, str] = field(default_factory=dict)
     failures: int = 0
     held_by: dict[str, Any] | None = None  # what holds the commits back, when the sink says
+    lost: bool = False  # the last commit error was a DataLossError
 
     @property
     def state(self) -> SinkState:
+        if self.commit_error is not None and self.lost:
+            return "failed"
         if self.commit_error is not None or self.writer_errors:
             return "stalled"
         return self.phase
@@ -77,6 +84,7 @@ class SinkHealthBook:
         health = self._health.get(sink)
         if health is not None:
             health.commit_error = _describe(exc)
+            health.lost = isinstance(exc, DataLossError)
             health.failures += 1
             held = getattr(exc, "held", None)
             health.held_by = dict(held) if isinstance(held, Mapping) else None
@@ -88,6 +96,7 @@ class SinkHealthBook:
         health = self._health.get(sink)
         if health is not None:
             health.commit_error, health.failures, health.held_by = None, 0, None
+            health.lost = False
             health.writer_errors.clear()
 
     def writer(self, sink: str, writer_id: int, error: str | None) -> None:

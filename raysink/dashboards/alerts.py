@@ -82,13 +82,14 @@ def alert_rules(settings: AlertSettings | None = None) -> list[AlertRule]:
     return [
         AlertRule(
             name="RaysinkSinkStalled", for_=s.stalled_for, severity="critical",
-            expr=f'max {_by(*_SESSION, "sink")} ({series["sink_state"]}{{state="stalled"}})'
-                 " == 1",
+            expr=f'max {_by(*_SESSION, "sink")} '
+                 f'({series["sink_state"]}{{state=~"stalled|failed"}}) == 1',
             summary=f"raysink {sink} stalled for more than {s.stalled_for}",
             description="Its commits fail, or a writer cannot reach its target. The other "
                         "sinks go on; this one catches up once its target is back, within "
                         "max_pending_epochs. `raysink status {{ $labels.runtime }}` shows "
-                        "the last error."),
+                        "the last error. State failed: the data a decided epoch needs is "
+                        "lost (DataLossError); it does not come back by itself."),
         AlertRule(
             name="RaysinkTransactionHeld", for_="1m", severity="critical",
             expr=f"max {_by(*_SESSION, 'sink')} ({series['held_seconds']}) > 0",

@@ -27,7 +27,7 @@ RATE = "$__rate_interval"
 """Grafana's window for ``rate`` and ``increase`` (at least four scrape intervals)."""
 
 STATE_COLOURS = {"starting": "blue", "running": "green", "stalled": "red",
-                 "paused": "text", "dropped": "purple"}
+                 "paused": "text", "dropped": "purple", "failed": "dark-red"}
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

@@ -13,6 +13,7 @@ The report (JSON and Markdown) is written and printed at the end of the session.
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -84,6 +85,26 @@ def _earlier(config: pytest.Config, plan: list[TrialSpec]) -> dict[str, TrialRes
 def chaos_results(request: pytest.FixtureRequest) -> list[TrialResult]:
     """Every trial's result, for the report at the end of the session."""
     return request.config.stash.setdefault(_RESULTS, [])
+
+
+@pytest.fixture(scope="session")
+def chaos_kafka_cluster_session() -> Iterator[Any]:
+    """The ``leader_kill`` trials' three-broker cluster: started at the first of them
+    (``request.getfixturevalue``), so a session without one starts none."""
+    from tests.support.kafka_cluster import started_cluster
+
+    cluster = started_cluster(brokers=3)
+    try:
+        yield cluster
+    finally:
+        cluster.cleanup()
+
+
+@pytest.fixture
+def chaos_kafka_cluster(chaos_kafka_cluster_session: Any) -> Any:
+    """The session's cluster whole again (every node up, every partition in sync)."""
+    chaos_kafka_cluster_session.restore()
+    return chaos_kafka_cluster_session
 
 
 def report_dir(config: pytest.Config) -> Path:

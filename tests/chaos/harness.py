@@ -40,6 +40,7 @@ from tests.chaos.faults import (
     run_in_thread,
     wait_fired,
 )
+from tests.chaos.leader_kill import kill_leader
 from tests.chaos.plan import TrialSpec
 from tests.chaos.streams import StreamRun, expected_rows
 from tests.chaos.targets import (
@@ -316,6 +317,8 @@ class _Trial:
             self._broker_pause(work)
         elif kind == "hanging_txn":
             self._hanging_txn(work)
+        elif kind == "leader_kill":
+            self._leader_kill(work)
         elif kind in ("fs_readonly", "fs_full"):
             if self.stream is not None:
                 self._filesystem_stream(rt, work)
@@ -474,6 +477,20 @@ class _Trial:
             # a stream went on while the record was found: the kill comes two epochs on
             self.fault_epoch = max(self.fault_epoch, held + 2)
         self._self_kill(work)
+
+    def _leader_kill(self, work: Callable[[], Any]) -> None:
+        """SIGKILL the leader of the victim partition on the three-broker cluster and
+        start it again (``tests.chaos.leader_kill``): ``delay`` seconds into the epoch, or
+        while the epoch is held at the trial's point."""
+        cluster, main = self.env.kafka, self.specs["main"]
+
+        def kill() -> str:
+            return kill_leader(cluster, self.spec, main)
+
+        if self.spec.point is None:
+            self._after_delay(work, kill)
+        else:
+            self._point_then(work, kill)
 
     # ------------------------------------------------------------------ filesystem faults
 

@@ -16,9 +16,9 @@ way in             how the trial's data reaches the runtime
                    following the producer's contract; the runtime cuts the epochs
 =================  ==========================================================================
 
-The mix repeats in blocks of 20 trials (25 from the second block on, with one
-``node_loss``, two ``broker_restart``, one ``broker_pause`` and one ``hanging_txn``),
-shuffled per block; each block holds every
+The mix repeats in blocks of 20 trials (26 from the second block on, with one
+``node_loss``, two ``broker_restart``, one ``broker_pause``, one ``hanging_txn`` and one
+``leader_kill``), shuffled per block; each block holds every
 fault kind, producer kills on each producer way in, and writer and coordinator kills
 during streams and Ray Data writes:
 
@@ -64,6 +64,12 @@ kind                   /20   what happens (the ways in it is drawn with)
                              ``coordinator.after_pending`` or ``sink.mid_commit``); two
                              per block from the second block on (a Kafka target, any way
                              in; the default sample never starts a broker)
+``leader_kill``         (1)  on a three-broker cluster (replication factor 3,
+                             ``min.insync.replicas=2``; one per chaos session, started at
+                             its first such trial), the leader of the progress partition
+                             or of a data partition (drawn) is SIGKILLed mid-epoch or
+                             mid-commit (as ``broker_restart``), and started again after
+                             0-3 s (a Kafka target, any way in)
 =====================  ====  ============================================================
 
 Targets: a trial's ``main`` sink is Parquet, Delta, Iceberg or PostgreSQL (a kind's own
@@ -111,10 +117,13 @@ BLOCK: tuple[tuple[str, str], ...] = (
 """One block of the mix: (fault kind, way in or how it is drawn)."""
 LATER_BLOCKS: tuple[tuple[str, str], ...] = (
     ("node_loss", "arrow"), ("broker_restart", _ANY), ("broker_restart", _ANY),
-    ("broker_pause", _ANY), ("hanging_txn", _ANY),
+    ("broker_pause", _ANY), ("hanging_txn", _ANY), ("leader_kill", _ANY),
 )
 """Added to every block from the second on (the default sample starts no cluster and no
-Kafka broker); the ``broker_restart`` trials alternate mid-epoch and mid-commit."""
+Kafka broker); the ``broker_restart`` trials alternate mid-epoch and mid-commit. A kind
+added here goes last: each addition draws its place in the block after the earlier ones,
+so the trials before it stay where they were (seed 29's t0021 is still its
+``broker_restart``)."""
 FAULT_KINDS = (*dict.fromkeys(kind for kind, _ in BLOCK),
                *dict.fromkeys(kind for kind, _ in LATER_BLOCKS))
 _DRAWN = {"producers": ("feeds", "datasink", "stream"), "spark-ways": SPARK_WAYS,
@@ -133,6 +142,7 @@ _SINKS_FOR = {
     "broker_restart": ("kafka",),
     "broker_pause": ("kafka",),
     "hanging_txn": ("kafka",),
+    "leader_kill": ("kafka",),
 }
 _ALL_SINKS = ("parquet", "delta", "iceberg", "postgres")
 _LATER_SINKS = (*_ALL_SINKS, "kafka")
@@ -318,6 +328,8 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         _broker_pause(rng, spec)
     elif kind == "hanging_txn":
         _hanging_txn(rng, spec)
+    elif kind == "leader_kill":
+        _leader_kill(rng, spec)
     elif kind == "driver_kill":
         spec.point = rng.choice([None, None, "writer.after_pre_commit",
                                  "coordinator.after_pending", "sink.mid_commit"])
@@ -327,7 +339,7 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
     if spec.via == "stream" and kind == "driver_kill":
         spec.point = None  # killed once the producers write: a stream's epochs are its own
     if spec.via == "stream" and (kind in ("random_kill", "driver_kill") or (
-            kind == "broker_restart" and spec.point is None)):
+            kind in ("broker_restart", "leader_kill") and spec.point is None)):
         spec.delay = round(rng.uniform(0.3, 1.5), 3)  # into the stream, not into an epoch
 
 
@@ -379,6 +391,23 @@ def _hanging_txn(rng: random.Random, spec: TrialSpec) -> None:
     spec.victim, spec.how = "coordinator", "self"
     if spec.via == "stream":
         spec.delay = round(rng.uniform(0.3, 1.5), 3)
+
+
+def _leader_kill(rng: random.Random, spec: TrialSpec) -> None:
+    """On the three-broker cluster: the leader of the progress partition or of data
+    partition ``extra["partition"]`` (``victim``: ``progress`` or ``data``) SIGKILLed
+    mid-epoch (``delay`` seconds in, or while a writer is held writing) or while the
+    decided epoch is held at a point of its commit, and started again ``extra["down"]``
+    seconds later. After a committed epoch, so that both topics exist."""
+    spec.fault_epoch = max(2, spec.fault_epoch)
+    spec.variant = rng.choice(["mid_epoch", "mid_commit"])
+    points = BROKER_MID_COMMIT if spec.variant == "mid_commit" else BROKER_MID_EPOCH
+    spec.point = rng.choice(points)
+    spec.victim, spec.how = rng.choice(["progress", "data"]), "sigkill"
+    spec.writer = rng.randrange(2)
+    spec.delay = round(rng.uniform(0.0, 0.3), 3)
+    spec.extra["partition"] = rng.randrange(3)
+    spec.extra["down"] = round(rng.uniform(0.0, 3.0), 1)
 
 
 def _node_loss(rng: random.Random, spec: TrialSpec) -> None:

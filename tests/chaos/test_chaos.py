@@ -66,7 +66,8 @@ def test_trial(trial: TrialSpec, tmp_path: Path, request: pytest.FixtureRequest,
     import ray
 
     pg = request.getfixturevalue("pg_server") if _needs_postgres(trial) else None
-    kafka = request.getfixturevalue("kafka_broker") if trial.sink == "kafka" else None
+    kafka = (request.getfixturevalue("chaos_kafka_cluster") if trial.fault == "leader_kill"
+             else request.getfixturevalue("kafka_broker") if trial.sink == "kafka" else None)
 
     def restart_spark() -> Any:
         _restart_spark(spark_sessions)

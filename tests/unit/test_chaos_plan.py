@@ -108,3 +108,29 @@ def test_a_datasink_fault_epoch_carries_rows(seed: int) -> None:
     trials = [t for t in make_plan(seed, 700) if t.via == "datasink"]
     assert trials
     assert all(t.rows[t.fault_epoch - 1] >= 1 for t in trials)
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_every_later_block_kills_a_leader_on_the_cluster(seed: int) -> None:
+    """One ``leader_kill`` per block from the second on, on a Kafka target; never in the
+    first block (the default sample starts no cluster)."""
+    size = len(BLOCK) + len(LATER_BLOCKS)
+    plan = make_plan(seed, len(BLOCK) + 3 * size)
+    assert "leader_kill" not in {t.fault for t in plan[:len(BLOCK)]}
+    assert "leader_kill" not in {t.fault for t in sample(seed)}
+    for k in range(3):
+        block = plan[len(BLOCK) + k * size:len(BLOCK) + (k + 1) * size]
+        kills = [t for t in block if t.fault == "leader_kill"]
+        assert len(kills) == 1 and kills[0].sink == "kafka", block
+        kill = kills[0]
+        points = BROKER_MID_COMMIT if kill.variant == "mid_commit" else BROKER_MID_EPOCH
+        assert kill.point in points and kill.victim in ("progress", "data")
+        assert kill.fault_epoch >= 2  # both topics exist by then
+
+
+def test_seed_29s_t0021_is_still_its_broker_restart() -> None:
+    """``make chaos SEED=29 TRIALS=40 -k t0021`` runs the trial issue 36 was found with:
+    kinds added to the later blocks go last, so the trials drawn before stay put."""
+    trial = make_plan(29, 40)[21]
+    assert trial.name == "chaos-s29-t0021-brokerrestart-feeds"
+    assert (trial.sink, trial.variant, trial.point) == ("kafka", "mid_epoch", None)

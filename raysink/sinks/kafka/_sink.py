@@ -358,12 +358,56 @@ class KafkaSink(Sink):
 
     def abort(self, epoch: int, manifests: Sequence[Manifest] | None) -> None:
         """Abort the parts' held transactions; a part no writer vouches for is fenced.
-        With ``None`` nothing is known: each writer's next start fences its own."""
+        With ``None`` (the sweep of an aborted or unrecorded attempt) nothing is known of
+        the writers: each one's next start fences its own id, but what this sink's
+        producers left open on the progress partition is fenced now
+        (``_fence_progress_holders``)."""
         parts = [m for m in kafka_manifests(manifests) if m.get("txn")]
         for manifest, held in zip(parts, self._finish(epoch, parts, commit=False),
                                   strict=True):
             if held is Held.UNKNOWN:
                 _replay.fence(self, str(manifest["txn"]))
+        if manifests is None:
+            self._fence_progress_holders(epoch)
+
+    def _fence_progress_holders(self, epoch: int) -> None:
+        """Fence each of this sink's transactional ids whose open transaction holds the
+        progress partition back: a writer that added its part record and died before
+        committing (its id is taken over only when a writer of that number starts again,
+        maybe never after a rescale), or a dead committer (taken over only at its
+        successor's first commit). Open, such a transaction hides every later progress
+        record from ``read_committed`` readers until ``transaction_timeout``: the marker
+        reads as behind. The coordinator sweeps and commits a sink one at a time, so
+        none of its own producers holds the partition now; one of another process (a
+        second runtime of the name) would be inside a commit, so a transaction younger
+        than ``_PROBE`` seconds is looked at again after that, as ``_read_to_end`` does.
+        Only ids named by the record at the last stable offset are fenced, one after
+        another: fencing every writer number blindly would also fence a second runtime's
+        live writers before alignment refuses it. Best effort: a broker that cannot be
+        asked leaves it to ``heal_marker`` and the transactions' timeout."""
+        prefix = epoch_key(self.runtime, self.name)
+        fenced: set[int] = set()  # first offsets of the transactions fenced
+        waited = False
+        try:
+            if not self.topics().exists(self.settings.progress_topic):
+                return
+            for _ in range(_HEAL_ROUNDS + 1):
+                held = self._open_on_progress()
+                if held is None or held.first_offset in fenced or not (
+                        held.key == prefix or (held.key or "").startswith(prefix + ":w")):
+                    return  # nothing held, still held after fencing (hanging), not ours
+                if not waited and (held.age_seconds or 0.0) < _PROBE:
+                    waited = True
+                    time.sleep(_PROBE - (held.age_seconds or 0.0))
+                    continue
+                log.info("kafka sink %s/%s: sweeping epoch %d, fencing %s: %s", self.runtime,
+                         self.name, epoch, held.holder(prefix),
+                         held.describe(prefix, self.settings.bootstrap_servers))
+                self._fence_holder(held)
+                fenced.add(held.first_offset)
+        except SinkUnavailableError as exc:
+            log.info("kafka sink %s/%s: what holds the progress topic back was not fenced "
+                     "at the sweep of epoch %d: %s", self.runtime, self.name, epoch, exc)
 
     def committed_epoch(self) -> int | None:
         """The last epoch the progress topic records committed (``None``: no record, or
