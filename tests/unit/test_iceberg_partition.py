@@ -159,6 +159,7 @@ def events(ids: list[int], *, nulls: bool = False) -> pa.RecordBatch:
         "d": pa.array([dt.date(2023, 11, 1) + dt.timedelta(days=20 * i) for i in ids]),
         "region": pa.array([["eu", "us", "apac"][i % 3] for i in ids]),
         "name": pa.array([f"{'abc'[i % 3]}{'xyz'[i % 2]}-{i}" for i in ids]),
+        "amount": pa.array([Decimal(i % 4) / 4 - 1 for i in ids], pa.decimal128(9, 2)),
     }
     if nulls:
         for column in ("ts", "d", "region", "name"):
@@ -198,6 +199,8 @@ SPECS = {
                                         ("name", "truncate[1]")],
     "hour, month": [("ts", "hour"), ("d", "month")],
     "year": [("d", "year")],
+    "identity of date, timestamp, decimal; bucket of decimal": [
+        "d", ("ts", "identity"), "amount", ("amount", "bucket[3]")],
 }
 
 
@@ -226,6 +229,11 @@ def test_rows_land_in_their_partitions_and_scans_prune(tmp_path: Path, spec: str
         cut = dt.datetime(2024, 3, 31, 12, tzinfo=UTC)  # id 3 is at 13:00
         n, ids = _planned(t, GreaterThanOrEqual("ts", cut.isoformat()))
         assert ids == everything[3:] and n < files
+    elif spec.startswith("identity"):
+        n, ids = _planned(t, EqualTo("amount", Decimal("-0.25")))
+        assert ids == [i for i in everything if i % 4 == 3] and n < files
+        n, ids = _planned(t, EqualTo("d", "2023-11-21"))
+        assert ids == [1] and n == 1
     else:
         n, ids = _planned(t, GreaterThanOrEqual("d", "2025-01-01"))
         assert ids == [i for i in everything if dt.date(2023, 11, 1)
