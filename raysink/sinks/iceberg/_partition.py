@@ -74,10 +74,15 @@ class WriteSpec:
                 for i, f in enumerate(self.fields)}
         grouped = pa.table({**keys, "row": pa.array(np.arange(len(batch), dtype=np.int64))}) \
             .group_by(list(keys), use_threads=False).aggregate([("row", "list")])
-        rows = grouped.column("row_list")
+        if grouped.num_rows == 1:
+            yield tuple(_json(grouped.column(k)[0].as_py()) for k in keys), batch
+            return
+        rows = grouped.column("row_list").combine_chunks()
+        ordered = batch.take(rows.flatten())  # one gather; each partition a slice of it
+        offsets = rows.offsets.to_pylist()
         for i in range(grouped.num_rows):
             values = tuple(_json(grouped.column(k)[i].as_py()) for k in keys)
-            yield values, batch if grouped.num_rows == 1 else batch.take(rows[i].values)
+            yield values, ordered.slice(offsets[i] - offsets[0], offsets[i + 1] - offsets[i])
 
 
 def _json(value: Any) -> Any:
