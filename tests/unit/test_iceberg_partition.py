@@ -324,3 +324,35 @@ def test_a_partition_column_missing_or_of_the_wrong_type_fails_the_write(
     bad = sink_at(tmp_path, partition_by=[("region", "day")])
     with pytest.raises(ConfigError, match="day"):
         bad.create_writer(0).write(events([1]))
+
+
+def test_a_split_at_commit_interrupted_before_the_table_commit_is_written_again(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The commit splits a file staged under an older spec, then dies before its table
+    commit (a coordinator crash): the commit run again writes the same files again (names
+    derived from the staged file's), so the table holds each row once and no stray split
+    file is left in the epoch's staging directory."""
+    from raysink.sinks.iceberg import _sink as sink_module
+
+    sink = sink_at(tmp_path, partition_by=[("ts", "day")])
+    sink.commit(1, stage(sink, 1, [[events([0])]]))
+    manifests = stage(sink, 2, [[events(list(range(1, 20)))]])
+    with table(tmp_path).update_spec() as update:
+        update.add_identity("region")
+    real = sink_module.epoch_data_files
+
+    def crash_after_the_split(*args: Any, **kwargs: Any) -> Any:
+        real(*args, **kwargs)
+        raise RuntimeError("killed")
+
+    monkeypatch.setattr(sink_module, "epoch_data_files", crash_after_the_split)
+    with pytest.raises(RuntimeError, match="killed"):
+        sink.commit(2, manifests)
+    monkeypatch.setattr(sink_module, "epoch_data_files", real)
+    assert sink.committed_epoch() == 1
+    assert sink.commit(2, manifests) is CommitResult.COMMITTED
+    t = table(tmp_path)
+    assert sorted(t.scan().to_arrow().column("id").to_pylist()) == list(range(20))
+    referenced = set(t.inspect.files().column("file_path").to_pylist())
+    staged_dir = Path(manifests[0]["files"][0]["path"].removeprefix("file://")).parent
+    assert {f"file://{p}" for p in staged_dir.iterdir()} <= referenced
