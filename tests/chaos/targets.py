@@ -62,6 +62,7 @@ def sink_specs(kind: str, trial_dir: Path, table: str, *, data_dir: Path | None 
         main["catalog"] = {"uri": f"sqlite:///{trial_dir / 'catalog.db'}",
                            "warehouse": f"file://{trial_dir / 'warehouse'}"}
         main["identifier"] = "chaos.t"
+        main["partition_by"] = [["id", "bucket[2]"]]  # a writer stages a file per bucket
     elif kind == "postgres":
         main["dsn"] = pg_dsn
         main["table"] = table
@@ -91,7 +92,7 @@ def _build_one(spec: Mapping[str, Any]) -> Sink:
         from raysink.sinks import IcebergSink
 
         sink = IcebergSink(spec["identifier"], catalog=spec["catalog"],
-                           catalog_name="chaos")
+                           catalog_name="chaos", partition_by=spec.get("partition_by"))
     elif kind == "postgres":
         from raysink.sinks import PostgresSink
 

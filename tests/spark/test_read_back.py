@@ -9,8 +9,9 @@ lack it: nulls), and into Iceberg the same rows carry wider types (int to long, 
 double, a decimal's precision). The Delta table is partitioned by a date with null
 partition values, and holds strings longer than the sink's statistics keep, lists and
 structs; Spark's filters on it go through Delta's data skipping on the statistics raysink
-wrote. The Iceberg table is read through Iceberg's JDBC catalog over raysink's SQLite
-catalog, the catalog raysink commits to.
+wrote. The Iceberg table is partitioned (bucket of the id, truncate of a string with
+nulls) and read through Iceberg's JDBC catalog over raysink's SQLite catalog, the
+catalog raysink commits to.
 """
 
 from __future__ import annotations
@@ -245,7 +246,8 @@ def test_iceberg_spark_reads_the_table_raysink_wrote(spark: SparkSession, tmp_pa
     catalog = dict(iceberg_catalog)
     catalog_name = catalog.pop("name")
     sink = IcebergSink("ns.events", catalog=catalog, catalog_name=catalog_name,
-                       schema_evolution="add_columns")
+                       schema_evolution="add_columns",
+                       partition_by=[("id", "bucket[2]"), ("s", "truncate[1]")])
     epochs = _iceberg_epochs()
     with _runtime(name, tmp_path, sink) as rt:
         for epoch, parts in epochs.items():
@@ -278,6 +280,19 @@ def test_iceberg_spark_reads_the_table_raysink_wrote(spark: SparkSession, tmp_pa
     assert _spark_rows(picked, columns) == [
         r for r in want if r[1] == -20 or r[2] == 500.25 or r[3] == Decimal("2005.05")
         or r[7] == "extra-3001"]
+    # the table is partitioned (bucket, truncate; nulls among the truncated strings): Spark
+    # prunes by the partitions raysink recorded, with Iceberg's bucket hash as Java computes
+    # it: ids of bucket 0 (by pyiceberg's reference transform) in files recorded in another
+    # bucket would be lost
+    from pyiceberg.transforms import BucketTransform
+    from pyiceberg.types import LongType
+
+    bucket = BucketTransform(2).transform(LongType())
+    assert len({(p["id_bucket_2"], p["s_trunc_1"])
+                for p in files.column("partition").to_pylist()}) == 4
+    some = [r[0] for r in want[::29] if bucket(r[0]) == 0]
+    assert _spark_rows(df.where(f"id IN ({', '.join(map(str, some))}) OR s IS NULL"),
+                       columns) == [r for r in want if r[0] in some or r[4] is None]
     # the same table from its metadata file alone (no catalog): the same rows
     by_file = spark.read.format("iceberg").load(table.metadata_location)
     assert _spark_rows(by_file, columns) == want

@@ -13,6 +13,13 @@ Manifest of one writer for one attempt::
                 "rows": 1000, "bytes": 5120}],
      "rows": 1000, "bytes": 5120, "schema": "<base64 Arrow IPC schema>" | null}
 
+Partitioning (``docs/iceberg.md``): a table raysink creates gets ``partition_by``'s spec;
+an existing table is written with its current spec. Writers split each batch by the spec
+(``_transforms``: Iceberg's transforms on Arrow columns) into one file or more per
+partition; a file's entry adds ``"spec": [[column, transform], ...]`` and
+``"partition": [values]`` (``_partition``), and the commit builds each data file with
+them (``_data_files``), splitting again a file staged under a spec that changed since.
+
 Commit: one fast-append snapshot of every staged file, whose summary carries
 ``raysink.sink = marker_id``, ``raysink.epoch = epoch`` and ``raysink.decision`` (which
 decision it is: ``holds_decision``); the same table commit sets the
@@ -36,8 +43,10 @@ Default catalog: a ``SqlCatalog`` named ``raysink`` on SQLite at
 warehouse``, ``cwd`` resolved when the sink is built on the driver.
 
 Modules: ``_sink`` (``IcebergSink``: validate, commit, marker), ``_writer``
-(``IcebergSinkWriter``), ``_table`` (the catalog, options, Iceberg's types); the staging
-they share with Delta is ``raysink.sinks._table_format``.
+(``IcebergSinkWriter``), ``_table`` (the catalog, options, Iceberg's types),
+``_partition`` (specs, a batch split by partition, partition values),
+``_transforms`` (the transforms in Arrow), ``_data_files`` (an epoch's data files in
+their partitions); the staging they share with Delta is ``raysink.sinks._table_format``.
 """
 
 from raysink.sinks.iceberg._sink import EPOCH_PROPERTY, SINK_PROPERTY, IcebergSink

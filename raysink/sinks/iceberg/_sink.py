@@ -2,9 +2,10 @@
 calls.
 
 What is Iceberg's own, beside the staged-files base (``raysink.sinks._table_format``):
-the commit (one fast-append of the staged data files, with the schema update when the
-epoch evolves it, in one table transaction), the marker (the snapshot summary and a table
-property) and the table's creation at the first commit.
+the commit (one fast-append of the staged data files, each in its partition, with the
+schema update when the epoch evolves it, in one table transaction), the marker (the
+snapshot summary and a table property) and the table's creation, with its partition
+spec, at the first commit.
 """
 
 from __future__ import annotations
@@ -22,6 +23,13 @@ from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
 from raysink.sinks._files import FileStore
 from raysink.sinks._table_format import StagedFilesSink
 from raysink.sinks.base import CommitResult, Manifest, decision_id
+from raysink.sinks.iceberg._data_files import epoch_data_files
+from raysink.sinks.iceberg._partition import (
+    PartitionBy,
+    WriteSpec,
+    parse_partition_by,
+    table_spec,
+)
 from raysink.sinks.iceberg._table import (
     NO_RETRY,
     IcebergOptions,
@@ -42,6 +50,7 @@ logger = logging.getLogger("raysink.sinks.iceberg")
 SINK_PROPERTY = "raysink.sink"
 EPOCH_PROPERTY = "raysink.epoch"
 DECISION_PROPERTY = "raysink.decision"
+NAME_MAPPING = "schema.name-mapping.default"
 """Snapshot summary keys of a raysink commit: its marker id, epoch and decision; the
 table property ``raysink.epoch.<marker id>`` holds the sink's high-water epoch."""
 
@@ -53,7 +62,12 @@ class IcebergSink(StagedFilesSink):
     ``catalog`` holds pyiceberg catalog properties (default: SQLite under
     ``<cwd>/.raysink/iceberg``); ``catalog_name`` names it. ``table_properties`` apply
     when raysink creates the table. ``commit`` and ``abort`` are idempotent; ``validate``
-    creates nothing. Partitioned tables are not supported yet (``ConfigError``).
+    creates nothing.
+    ``partition_by`` partitions a table raysink creates: a column name (identity) or
+    ``(column, transform)`` (or ``(column, transform, field name)``), the transform one of
+    ``identity``, ``year``, ``month``, ``day``, ``hour``, ``bucket[N]``, ``truncate[W]``. A
+    table that exists keeps its own spec: raysink writes with its current spec, whatever
+    ``partition_by`` says (a differing one is logged).
     ``schema_evolution="add_columns"`` adds new columns and widens int to long, float to
     double and decimal precision, in the epoch's own commit; anything else is a
     ``SchemaMismatchError`` naming the column.
@@ -72,6 +86,7 @@ class IcebergSink(StagedFilesSink):
         compression: str = "zstd",
         commit_attempts: int = 5,
         schema_evolution: _schema.SchemaEvolution = "fail",
+        partition_by: PartitionBy | None = None,
     ) -> None:
         self.schema_evolution = _schema.check_evolution_option("IcebergSink",
                                                                schema_evolution)
@@ -87,7 +102,8 @@ class IcebergSink(StagedFilesSink):
             catalog=dict(catalog) if catalog is not None else default_catalog(),
             table_properties=dict(table_properties or {}), max_file_rows=max_file_rows,
             compression=compression, commit_attempts=commit_attempts,
-            schema_evolution=self.schema_evolution)
+            schema_evolution=self.schema_evolution,
+            partition_by=parse_partition_by(partition_by))
 
     @property
     def identifier(self) -> str:
@@ -102,7 +118,8 @@ class IcebergSink(StagedFilesSink):
         return {"kind": self.kind, "identifier": self._opts.identifier,
                 "catalog_name": self._opts.catalog_name,
                 "catalog": redact(self._opts.catalog),
-                "schema_evolution": self.schema_evolution}
+                "schema_evolution": self.schema_evolution,
+                "partition_by": WriteSpec(self._opts.partition_by).signature()}
 
     def evolution_rules(self) -> _schema.Rules:
         return rules(self._opts.identifier)
@@ -139,10 +156,14 @@ class IcebergSink(StagedFilesSink):
                                        f"{str(path)!r} cannot be created", **self._where())
 
     def _check_table(self, table: Any) -> None:
-        if not table.spec().is_unpartitioned():
-            raise ConfigError(f"the Iceberg table {self._opts.identifier!r} is partitioned "
-                              f"({table.spec()}); IcebergSink writes unpartitioned tables only",
-                              **self._where())
+        """The table's spec is one writers can split by (``ConfigError`` otherwise); a
+        ``partition_by`` that differs from it is logged (the table's spec wins)."""
+        spec = table_spec(table, self._opts.identifier)
+        wanted = WriteSpec(self._opts.partition_by)
+        if wanted.partitioned and wanted.signature() != spec.signature():
+            logger.warning("Iceberg sink %s: the table %s exists with partition spec %s; "
+                           "raysink writes with it, not partition_by=%s", self.marker_id,
+                           self._opts.identifier, spec.signature(), wanted.signature())
 
     # ------------------------------------------------------------------ writer
 
@@ -170,15 +191,16 @@ class IcebergSink(StagedFilesSink):
             if self._is_committed(table, epoch):
                 return CommitResult.ALREADY
             roots = self._opts.staging_roots(table)
-            uris = [str(f["path"]) for f in self._checked_files(epoch, manifests, roots)]
+            files = self._checked_files(epoch, manifests, roots)
             try:
-                self._append(self._without_retry(table), epoch, uris, schema,
-                             decision_id(epoch, manifests))
+                replaced = self._append(self._without_retry(table), epoch, files, schema,
+                                        decision_id(epoch, manifests))
             except (errors.CommitFailedException, errors.CommitStateUnknownException) as exc:
                 last = exc
                 continue
             logger.info("Iceberg sink %s committed epoch %d (%d files)", self.marker_id, epoch,
-                        len(uris))
+                        len(files))
+            self._drop_replaced(epoch, roots, replaced)
             return CommitResult.COMMITTED
         raise SinkUnavailableError(
             f"commits to {self._opts.identifier!r} kept losing to concurrent ones after "
@@ -186,19 +208,46 @@ class IcebergSink(StagedFilesSink):
         ) from last
 
     def _create_table(self, schema: pa.Schema) -> Any:
-        """Create the catalog database, namespace and table (first commit only)."""
+        """Create the catalog database, namespace and table, with ``partition_by``'s spec,
+        in one catalog commit (first commit only)."""
         catalog = self._opts.open_catalog(create=True)
         assert catalog is not None
         errors = pyiceberg_module().exceptions
         catalog.create_namespace_if_not_exists(self._opts.namespace)
         try:
-            table = catalog.create_table(
+            tx = catalog.create_table_transaction(
                 self._opts.identifier, schema=schema, location=self._opts.default_location(),
                 properties={**self._opts.table_properties, **NO_RETRY})
-        except errors.TableAlreadyExistsError:
+            if self._opts.partition_by:
+                self._add_spec(tx)
+            table = tx.commit_transaction()
+        except (errors.TableAlreadyExistsError, errors.CommitFailedException):
             return catalog.load_table(self._opts.identifier)
         logger.info("Iceberg sink %s created table %s", self.marker_id, self._opts.identifier)
         return table
+
+    def _add_spec(self, tx: Any) -> None:
+        """``partition_by`` as the new table's spec; a transform that does not apply to
+        its column's type is a ``ConfigError``."""
+        try:
+            with tx.update_spec() as update:
+                for field in self._opts.partition_by:
+                    update.add_field(field.source, field.transform, field.name)
+        except ValueError as exc:
+            raise ConfigError(f"IcebergSink partition_by does not fit the table "
+                              f"{self._opts.identifier!r}: {exc}", **self._where()) from exc
+
+    def _drop_replaced(self, epoch: int, roots: Sequence[str], paths: Sequence[str]) -> None:
+        """Delete staged files the commit added split by partition (best effort: one left
+        behind is referenced by nothing)."""
+        if not paths:
+            return
+        try:
+            self._delete_staged(epoch, roots, paths)
+        except Exception as exc:  # the commit holds; a stray file costs only space
+            logger.warning("Iceberg sink %s: could not delete staged files %s of epoch %d "
+                           "after splitting them by partition: %s", self.marker_id, paths,
+                           epoch, exc)
 
     def _without_retry(self, table: Any) -> Any:
         """Turn pyiceberg's own commit retry off on the table (a property-only commit)."""
@@ -208,8 +257,12 @@ class IcebergSink(StagedFilesSink):
             tx.set_properties(NO_RETRY)
         return self._opts.load_table()
 
-    def _append(self, table: Any, epoch: int, uris: list[str], schema: pa.Schema | None,
-                decision: str | None = None) -> None:
+    def _append(self, table: Any, epoch: int, files: Sequence[dict[str, Any]],
+                schema: pa.Schema | None, decision: str | None = None) -> list[str]:
+        """The epoch's commit: the schema update, the files in their partitions and the
+        marker in one table transaction. Returns the staged files it replaced by their
+        split (see ``_data_files``)."""
+        replaced: list[str] = []
         evolved = None
         if schema is not None and self._opts.evolving:
             evolution = _schema.evolve(table.schema().as_arrow(), schema,
@@ -225,12 +278,17 @@ class IcebergSink(StagedFilesSink):
             if evolved is not None:  # the schema update, in the data's own commit
                 with tx.update_schema() as update:
                     update.union_by_name(evolved)
-            if uris:
-                tx.add_files(uris, snapshot_properties=props, check_duplicate_files=False)
-            else:
-                with tx.update_snapshot(snapshot_properties=props).fast_append():
-                    pass
+            added = epoch_data_files(tx, table.io, files, self._opts.identifier,
+                                     self._opts.compression)
+            replaced = added.replaced
+            if added.data_files and tx.table_metadata.name_mapping() is None:
+                tx.set_properties({NAME_MAPPING: tx.table_metadata.schema().name_mapping
+                                   .model_dump_json()})
+            with tx.update_snapshot(snapshot_properties=props).fast_append() as append:
+                for data_file in added.data_files:
+                    append.append_data_file(data_file)
             tx.set_properties({self.epoch_property: str(epoch)})
+        return replaced
 
     def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:
         """Whether the snapshot on the ancestry carrying this sink's marker at ``epoch``

@@ -19,6 +19,7 @@ import pyarrow as pa
 from raysink import _schema
 from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.sinks._files import FileStore
+from raysink.sinks.iceberg._partition import SpecField
 
 __all__ = ["NO_RETRY", "IcebergOptions", "check_schema", "default_catalog", "pyiceberg_module",
            "redact", "referenced", "rules", "sqlite_file"]
@@ -72,6 +73,7 @@ class IcebergOptions:
     compression: str
     commit_attempts: int
     schema_evolution: _schema.SchemaEvolution = "fail"
+    partition_by: tuple[SpecField, ...] = ()
 
     @property
     def evolving(self) -> bool:
