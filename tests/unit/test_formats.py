@@ -132,3 +132,20 @@ def test_the_coordinator_stops_on_a_newer_manifest_instead_of_retrying(
         await actor.close()
 
     asyncio.run(scenario())
+
+
+def test_a_kafka_epoch_record_carries_its_format_and_a_newer_one_is_refused() -> None:
+    import json
+
+    from raysink.sinks import KafkaSink
+    from raysink.sinks.kafka._progress import ProgressReader, epoch_key, record_value
+
+    assert json.loads(record_value(3, 0))["format"] == MARKER_FORMAT
+    sink = KafkaSink("127.0.0.1:9", "events").bind("rt", "main")
+    reader = ProgressReader(sink.settings, "rt", "main")
+    reader.latest[epoch_key("rt", "main")] = {"epoch": 3, "attempt": 0}  # raysink 0.1.0's
+    assert reader.committed_epoch(cached=True) == 3
+    reader.latest[epoch_key("rt", "main")] = {"epoch": 4, "attempt": 0,
+                                             "format": MARKER_FORMAT + 1}
+    with pytest.raises(NewerVersionError, match="progress topic"):
+        reader.committed_epoch(cached=True)
