@@ -6,7 +6,8 @@ committed (PENDING in the meta store) and epoch 3 staged and not decided
 it: the release wrote schema version 1) and the same targets: it commits epoch 2 exactly
 once, discards what the old epoch 3 staged, and writes epochs 3 and 4 itself. Each
 target must hold exactly epochs 1 and 2 as the old driver wrote them and epochs 3 and 4 as
-this one did (``feed`` tells the drivers' rows apart).
+this one did (``feed`` tells the drivers' rows apart). Run with a SQLite meta store and
+with a PostgreSQL one.
 
 ``@pytest.mark.upgrade``: not in the default run; ``make upgrade`` runs it (the first run
 builds the release, about a minute; later runs reuse it).
@@ -16,6 +17,8 @@ from __future__ import annotations
 
 import sqlite3
 import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -51,10 +54,34 @@ def _specs(tmp_path: Path, pg: PostgresServer, kafka: KafkaBroker) -> dict[str, 
     }
 
 
-def _meta_rows(path: Path, sql: str) -> list[tuple[Any, ...]]:
-    """Read the meta store behind raysink's back (opening it would migrate it)."""
-    with sqlite3.connect(path) as conn:
-        return [tuple(row) for row in conn.execute(sql).fetchall()]
+@dataclass
+class Meta:
+    """The meta store both releases open, and a way to read it behind raysink's back
+    (opening it would migrate it)."""
+
+    url: str
+    rows: Callable[[str], list[tuple[Any, ...]]]
+    has_table: Callable[[str], bool]
+
+
+def _sqlite_meta(path: Path) -> Meta:
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        with sqlite3.connect(path) as conn:
+            return [tuple(row) for row in conn.execute(sql).fetchall()]
+
+    return Meta(f"sqlite:///{path}", rows, lambda table: bool(rows(
+        f"SELECT 1 FROM sqlite_master WHERE type = 'table' AND name = '{table}'")))
+
+
+def _postgres_meta(pg: PostgresServer) -> Meta:
+    dbname = f"upgrade_{uuid.uuid4().hex[:8]}"
+    pg.create_database(dbname, "raysink")
+
+    def rows(sql: str) -> list[tuple[Any, ...]]:
+        return pg.execute(sql, dbname=dbname)
+
+    return Meta(pg.dsn(dbname=dbname), rows, lambda table: bool(rows(
+        f"SELECT to_regclass('{table}') IS NOT NULL")[0][0]))
 
 
 def _rows(table: pa.Table) -> list[tuple[int, int, int]]:
@@ -68,15 +95,16 @@ def _expected() -> list[tuple[int, int, int]]:
     return sorted(row for table in tables for row in _rows(table))
 
 
+@pytest.mark.parametrize("store", ["sqlite", "postgres"])
 def test_a_pending_epoch_of_the_previous_release_commits_once_after_the_upgrade(
         tmp_path: Path, pg_server: PostgresServer, kafka_broker: KafkaBroker,
-        ray_session: None, name: str) -> None:
+        ray_session: None, name: str, store: str) -> None:
     release = previous_release(PREVIOUS)
     specs = _specs(tmp_path, pg_server, kafka_broker)
-    meta = tmp_path / "meta.db"
+    meta = _sqlite_meta(tmp_path / "meta.db") if store == "sqlite" else _postgres_meta(pg_server)
     (tmp_path / "state").mkdir()
     config = {"name": name, "rows": ROWS, "state": str(tmp_path / "state"), "sinks": specs,
-              "metastore": f"sqlite:///{meta}"}
+              "metastore": meta.url}
 
     # the previous release: epoch 1 committed, 2 decided, 3 staged; then SIGKILLed
     old = OldDriver(release, config, tmp_path)
@@ -91,14 +119,14 @@ def test_a_pending_epoch_of_the_previous_release_commits_once_after_the_upgrade(
         assert old.ray_pids() == []
     finally:
         old.cleanup()
-    assert _meta_rows(meta, "SELECT name FROM sqlite_master WHERE name = 'raysink_schema'") == []
-    states = _meta_rows(meta, "SELECT epoch, sink, state FROM raysink_epochs ORDER BY 1, 2")
+    assert meta.has_table("raysink_epochs") and not meta.has_table("raysink_schema")
+    states = meta.rows("SELECT epoch, sink, state FROM raysink_epochs ORDER BY 1, 2")
     assert [(e, s) for e, _, s in states if e == 2] == [(2, "PENDING")] * len(KINDS)
     assert [s for e, _, s in states if e == 3] in ([], ["OPEN"] * len(KINDS))
 
     # this raysink: the same meta store and targets
     sinks = {kind: build_sink(spec) for kind, spec in specs.items()}
-    rt = reopen(lambda: SinkRuntime(name, sinks, writers=2, metastore=f"sqlite:///{meta}",
+    rt = reopen(lambda: SinkRuntime(name, sinks, writers=2, metastore=meta.url,
                                     flush_interval=0.2, retry_cap=0.5, progress=False),
                 timeout=120.0)
     try:
@@ -108,7 +136,7 @@ def test_a_pending_epoch_of_the_previous_release_commits_once_after_the_upgrade(
     finally:
         rt.close()
 
-    assert _meta_rows(meta, "SELECT version FROM raysink_schema") == [(SCHEMA_VERSION,)]
+    assert meta.rows("SELECT version FROM raysink_schema") == [(SCHEMA_VERSION,)]
     expected = _expected()
     found = {kind: _rows(read_target(spec, pg_server)) for kind, spec in specs.items()}
     assert {kind: rows == expected for kind, rows in found.items()} == {k: True for k in KINDS}
