@@ -17,6 +17,7 @@
     │   └── TransactionHeldError      a transaction left open hides the sink's progress
     ├── DataLossError                 a committed target or a pending marker disappeared
     ├── MetaStoreError                meta store unwritable or corrupt; a manifest escaping its sink
+    │   └── NewerVersionError         a store, manifest or marker written by a newer raysink
     ├── RuntimeInUseError             a runtime with this name is open in another driver
     ├── RuntimeUnavailableError       the runtime's actors could not be reached in time
     ├── RescaleRefusedError           a rescale while an epoch is in flight or actors recover
@@ -43,6 +44,7 @@ __all__ = [
     "EpochRegressionError",
     "FencedError",
     "MetaStoreError",
+    "NewerVersionError",
     "RaySinkError",
     "RescaleRefusedError",
     "RuntimeInUseError",
@@ -227,6 +229,33 @@ class DataLossError(RaySinkError):
 class MetaStoreError(RaySinkError):
     """The meta store is unwritable or corrupt, or a manifest names a path outside its
     sink's directory (refused, never followed)."""
+
+
+class NewerVersionError(MetaStoreError):
+    """The meta store's schema, a decided epoch's manifest or a target's progress marker
+    was written by a newer raysink than this one: ``what`` it is, the ``found`` version and
+    the newest this raysink reads (``supported``). Nothing was changed; the message says to
+    run the newer raysink (or one at least as new) on every driver of the runtime."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        what: str | None = None,
+        found: int | None = None,
+        supported: int | None = None,
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.what = what
+        self.found = found
+        self.supported = supported
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "what": self.what, "found": self.found,
+                "supported": self.supported}
 
 
 class RuntimeInUseError(RaySinkError):

@@ -46,6 +46,7 @@ from raysink.errors import (
     BackpressureError,
     FencedError,
     MetaStoreError,
+    NewerVersionError,
     RaySinkError,
 )
 from raysink.protocol.messages import CommitRequest, CommitWait, OpenedEpoch
@@ -199,6 +200,8 @@ class CoordinatorActor(StreamCalls):
             try:
                 await self._recover_once()
                 break
+            except NewerVersionError:
+                raise  # no retry makes this raysink read a newer one's records
             except MetaStoreError as exc:
                 self._recovering = exc
                 self._take_snapshot()

@@ -28,6 +28,7 @@ from raysink.errors import (
     MetaStoreError,
     SinkUnavailableError,
 )
+from raysink.sinks._format import check_manifests
 from raysink.sinks.base import Manifest, Sink
 
 __all__ = ["Recovery"]
@@ -42,6 +43,8 @@ class Recovery(EpochBook):
         """Load the meta store: keep COMMITTED, queue PENDING, abort OPEN and ABORTED.
 
         Returns the epochs that were aborted. PENDING epochs are left for the commits.
+        Every manifest's format is checked before anything is swept or committed: one
+        of a newer raysink stops the coordinator (``NewerVersionError``).
         Safe to run again after a ``MetaStoreError`` (the coordinator retries it): every
         step sets what the store says, or sweeps again what was swept.
         """
@@ -53,6 +56,8 @@ class Recovery(EpochBook):
         by_epoch: dict[int, list[EpochRecord]] = {}
         for record in self.store.records(self.runtime):
             if record.sink in self.sinks:
+                check_manifests(record.manifests or [], written_by=record.written_by,
+                                runtime=self.runtime, sink=record.sink, epoch=record.epoch)
                 by_epoch.setdefault(record.epoch, []).append(record)
         aborted: list[int] = []
         for epoch in sorted(by_epoch):

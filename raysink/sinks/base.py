@@ -119,6 +119,7 @@ class Manifest(_ManifestRequired, total=False):
     attempt: int
     bytes: int
     schema: str | None  # the schema the writer wrote (raysink._schema.encode), if any
+    format: int  # the manifest format (raysink.sinks._format): none is 1, raysink 0.1.0's
 
 
 class CommitResult(enum.Enum):

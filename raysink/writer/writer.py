@@ -68,6 +68,7 @@ from raysink.protocol.messages import BarrierAck, CommitRequest, DrainReport
 from raysink.protocol.pull import resolve
 from raysink.protocol.results import WriterStatus
 from raysink.reports import ActorProcess, RuntimeStatus
+from raysink.sinks._format import stamp
 from raysink.sinks.base import Held, Sink
 from raysink.writer.held import HeldRows, Key
 from raysink.writer.mailbox import EpochSlot, FeedId, Mailbox, Verdict
@@ -343,7 +344,8 @@ class SinkWriterActor:
         if barrier.is_drain:
             self._close_writer()
         request = CommitRequest(sink=self._config.sink_name, writer=self._config.writer_id,
-                                epoch=epoch, attempt=attempt, manifest=manifest, schema=schema,
+                                epoch=epoch, attempt=attempt, manifest=stamp(manifest),
+                                schema=schema,
                                 rows=rows)
         return BarrierAck(rows=rows, request=request)
 

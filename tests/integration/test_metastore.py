@@ -251,7 +251,11 @@ def test_a_store_from_before_the_marked_column_is_brought_up_to_date(
     gen = store.claim(rt, SINKS).generation
     store.put_open(rt, gen, 1, 0, ["a"], {})
     store.close()
-    backend.raw("ALTER TABLE raysink_epochs DROP COLUMN marked", ())
+    # a build from before raysink 0.1.0: no schema version, no marked (nor written_by)
+    for statement in ("ALTER TABLE raysink_epochs DROP COLUMN marked",
+                      "ALTER TABLE raysink_epochs DROP COLUMN written_by",
+                      "DROP TABLE raysink_schema"):
+        backend.raw(statement, ())
     reopened = backend.open()
     assert [(r.epoch, r.marked) for r in reopened.records(rt)] == [(1, True)]
     reopened.put_pending(rt, gen, 1, 0, {"a": []})
@@ -442,7 +446,9 @@ def test_a_store_from_before_the_lease_table_is_brought_up_to_date(
         backend: Backend, store: MetaStore, rt: str) -> None:
     assert store.claim(rt, SINKS).generation == 1
     store.close()
+    # a build from before raysink 0.1.0: no schema version (version 1), no lease table
     backend.raw("DROP TABLE raysink_leases", ())
+    backend.raw("DROP TABLE raysink_schema", ())
     reopened = backend.open()
     assert reopened.lease(rt) is None
     assert reopened.acquire_lease(rt, "A", A_OWNER, 30.0).holder == "A"

@@ -20,10 +20,11 @@ from typing import Any
 import pyarrow as pa
 import pytest
 
-from raysink.errors import DataLossError
+from raysink.errors import DataLossError, NewerVersionError
 from raysink.sinks.base import CommitResult, Manifest, Sink
 from raysink.testing import InjectedFault, arm_fault, fired
 from tests.integration.real_targets import (
+    PostgresTarget,
     Target,
     make_target,
 )
@@ -257,6 +258,40 @@ def deleted_target(r: Rig) -> None:
             r.sink.recreate_marker(1)
 
 
+def _marker_written_by_a_newer_raysink(r: Rig, epoch: int) -> None:
+    """Commit ``epoch`` as a raysink whose marker format is one above this one's."""
+    from psycopg import sql
+
+    from raysink.sinks import _format
+
+    newer = _format.MARKER_FORMAT + 1
+    writes = {"parquet": "raysink.sinks.parquet._log", "delta": "raysink.sinks.delta._sink",
+              "iceberg": "raysink.sinks.iceberg._sink"}
+    with pytest.MonkeyPatch.context() as patch:
+        if r.kind in writes:
+            patch.setattr(f"{writes[r.kind]}.MARKER_FORMAT", newer)
+        assert r.sink.commit(epoch, r.stage(epoch, 0, [[epoch * 10]])) is \
+            CommitResult.COMMITTED
+    if r.kind.startswith("postgres"):  # its progress rows' format column
+        assert isinstance(r.target, PostgresTarget)
+        r.target.pg.execute(sql.SQL("UPDATE {} SET format = %s WHERE epoch = %s").format(
+            sql.Identifier(r.target.schema, "_raysink_progress")).as_string(None),
+            (newer, epoch), dbname="raysink")
+
+
+def marker_format(r: Rig) -> None:
+    assert r.sink.commit(1, r.stage(1, 0, [[1]])) is CommitResult.COMMITTED
+    assert r.sink.committed_epoch() == 1
+    if r.kind == "list":  # a test sink: no marker format
+        return
+    _marker_written_by_a_newer_raysink(r, 2)
+    fresh = r.fresh()
+    with pytest.raises(NewerVersionError, match="format") as info:
+        fresh.committed_epoch()
+    _close(fresh)
+    assert (info.value.what, info.value.sink) == ("marker", "main")
+
+
 CASES: list[Callable[[Rig], None]] = [
     # commit is idempotent: again, from a fresh instance, and an older epoch after a newer
     commit_twice,
@@ -283,6 +318,8 @@ CASES: list[Callable[[Rig], None]] = [
     crash_inside_commit,
     # target_exists(): False before the first rows and after the target is deleted
     deleted_target,
+    # the marker carries its format: a newer raysink's is refused when read
+    marker_format,
 ]
 
 

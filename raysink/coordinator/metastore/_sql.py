@@ -13,9 +13,14 @@ Tables (the same DDL on both backends; JSON is stored as text, never pickle)::
 
     raysink_runtimes     (name PK, generation, sinks, dropped, epoch_source, updated_at)
     raysink_epochs       (runtime, sink, epoch PK; attempt, state, layout, manifests,
-                          updated_at, marked)
+                          updated_at, marked, written_by)
     raysink_sink_status  (runtime, sink PK; state, last_error, history, updated_at)
     raysink_leases       (runtime PK; holder, owner, token, expires_at)   see _leases
+    raysink_schema       (id PK = 1; version, raysink, updated_at)        see _versions
+
+The schema's version is checked, and an older store migrated, when a store is opened
+(``_versions``); ``written_by`` is the raysink release that recorded the epoch (NULL:
+recorded by raysink 0.1.0).
 
 Durability: OPEN, PENDING and ABORTED records and the runtime's identity are on disk when
 the call returns; COMMITTED records and sink status are written without forcing them
@@ -38,6 +43,7 @@ from typing import Any, ClassVar, Literal
 from urllib.parse import parse_qsl, urlencode, urlsplit, urlunsplit
 
 from raysink.coordinator.metastore import _leases
+from raysink.coordinator.metastore._versions import raysink_version
 from raysink.coordinator.metastore.base import (
     HISTORY_LIMIT,
     EpochRecord,
@@ -77,6 +83,7 @@ SCHEMA: tuple[str, ...] = (
         manifests TEXT,
         updated_at DOUBLE PRECISION NOT NULL,
         marked INTEGER NOT NULL DEFAULT 1,
+        written_by TEXT,
         PRIMARY KEY (runtime, sink, epoch))""",
     f"""CREATE TABLE IF NOT EXISTS {STATUS} (
         runtime TEXT NOT NULL,
@@ -93,13 +100,15 @@ SCHEMA: tuple[str, ...] = (
 COLUMNS_ADDED: tuple[tuple[str, str, str], ...] = (
     (EPOCHS, "marked", "INTEGER NOT NULL DEFAULT 1"),
 )
-"""``(table, column, definition)`` added after the first release of a table: a store
-created before is brought up to date when it is opened (``ALTER TABLE ... ADD COLUMN``)."""
+"""``(table, column, definition)`` added to a table before schema versions were recorded:
+a store created before is brought up to date when it is opened (``ALTER TABLE ... ADD
+COLUMN``). Later changes are steps of ``_versions.STEPS``."""
 
 _RUNTIME_COLUMNS = "name, generation, sinks, dropped, epoch_source"
 SELECT_RUNTIME = f"SELECT {_RUNTIME_COLUMNS} FROM {RUNTIMES} WHERE name = ?"
 
-_EPOCH_COLUMNS = "sink, epoch, attempt, state, layout, manifests, updated_at, marked"
+_EPOCH_COLUMNS = ("sink, epoch, attempt, state, layout, manifests, updated_at, marked, "
+                  "written_by")
 
 _REDACTED = "***"
 _CONNINFO_PASSWORD = re.compile(r"(password\s*=\s*)('(?:[^'\\]|\\.)*'|\S+)", re.IGNORECASE)
@@ -176,7 +185,8 @@ def epoch_from_row(row: Sequence[Any], runtime: str, url: str) -> EpochRecord:
                            state=EpochState(row[3]),
                            layout=_typed(json.loads(row[4]), dict, "layout"),
                            manifests=manifests, updated_at=float(row[6]),
-                           marked=bool(row[7]))
+                           marked=bool(row[7]),
+                           written_by=None if row[8] is None else str(row[8]))
     except (TypeError, ValueError) as exc:
         raise _corrupt(url, EPOCHS, exc, runtime=runtime, sink=sink, epoch=epoch) from exc
 
@@ -370,12 +380,14 @@ class SqlMetaStore(abc.ABC):
             now = time.time()
             for sink in sinks:
                 tx.run(f"INSERT INTO {EPOCHS} (runtime, {_EPOCH_COLUMNS}) "
-                       "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, 1) "
+                       "VALUES (?, ?, ?, ?, ?, ?, NULL, ?, 1, ?) "
                        "ON CONFLICT (runtime, sink, epoch) DO UPDATE SET "
                        "attempt = excluded.attempt, state = excluded.state, "
                        "layout = excluded.layout, manifests = NULL, "
-                       "updated_at = excluded.updated_at, marked = 1",
-                       runtime, sink, epoch, attempt, EpochState.OPEN.value, text, now)
+                       "updated_at = excluded.updated_at, marked = 1, "
+                       "written_by = excluded.written_by",
+                       runtime, sink, epoch, attempt, EpochState.OPEN.value, text, now,
+                       raysink_version())
         logger.debug("runtime %r epoch %d attempt %d OPEN for %s", runtime, epoch, attempt,
                      list(sinks))
 
@@ -395,13 +407,14 @@ class SqlMetaStore(abc.ABC):
             now = time.time()
             for sink, text in texts.items():
                 tx.run(f"INSERT INTO {EPOCHS} (runtime, {_EPOCH_COLUMNS}) "
-                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1) "
+                       "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?) "
                        "ON CONFLICT (runtime, sink, epoch) DO UPDATE SET "
                        "attempt = excluded.attempt, state = excluded.state, "
                        "layout = excluded.layout, manifests = excluded.manifests, "
-                       "updated_at = excluded.updated_at, marked = 1",
+                       "updated_at = excluded.updated_at, marked = 1, "
+                       "written_by = excluded.written_by",
                        runtime, sink, epoch, attempt, EpochState.PENDING.value, layout_text,
-                       text, now)
+                       text, now, raysink_version())
         logger.debug("runtime %r epoch %d attempt %d decided (PENDING) for %s", runtime,
                      epoch, attempt, sorted(texts))
 
@@ -422,9 +435,10 @@ class SqlMetaStore(abc.ABC):
                         runtime=runtime, sink=sink, epoch=epoch)
             now = time.time()
             for sink, text in texts.items():
-                tx.run(f"UPDATE {EPOCHS} SET state = ?, manifests = ?, updated_at = ? "
-                       "WHERE runtime = ? AND sink = ? AND epoch = ?",
-                       EpochState.PENDING.value, text, now, runtime, sink, epoch)
+                tx.run(f"UPDATE {EPOCHS} SET state = ?, manifests = ?, updated_at = ?, "
+                       "written_by = ? WHERE runtime = ? AND sink = ? AND epoch = ?",
+                       EpochState.PENDING.value, text, now, raysink_version(), runtime, sink,
+                       epoch)
         logger.debug("runtime %r epoch %d attempt %d PENDING for %s", runtime, epoch,
                      attempt, sorted(texts))
 

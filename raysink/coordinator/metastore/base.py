@@ -32,6 +32,10 @@ coordinator claims a generation only for the driver that holds the lease (``clai
 holder=)``), so a driver whose lease another took cannot start one.
 Manifests and layouts are stored as JSON text, never pickle; a row that does not decode
 raises ``MetaStoreError``.
+
+The store's schema carries a version (``_versions``): opening a store an older raysink
+made migrates it forward in one locked transaction; one a newer raysink made is refused
+with ``NewerVersionError``.
 """
 
 from __future__ import annotations
@@ -123,6 +127,8 @@ class EpochRecord:
     manifests: list[ManifestJSON] | None = None
     updated_at: float = 0.0
     marked: bool = True
+    written_by: str | None = None
+    """The raysink release that recorded the epoch (``None``: raysink 0.1.0)."""
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

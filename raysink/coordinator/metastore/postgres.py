@@ -1,9 +1,12 @@
 """The cluster meta store: PostgreSQL through psycopg 3 (``postgresql://user:pw@host/db``).
 
-Tables ``raysink_runtimes``, ``raysink_epochs``, ``raysink_sink_status`` and
-``raysink_leases`` are created in the connection's default schema when missing, under an
-advisory lock, so processes opening the store together do not race (a store made by an
-earlier raysink gets the tables and columns it lacks). Every write locks the runtime's
+Tables ``raysink_runtimes``, ``raysink_epochs``, ``raysink_sink_status``,
+``raysink_leases`` and ``raysink_schema`` are created in the connection's default schema
+when missing, or migrated from an older raysink's schema version (``_versions``), in one
+transaction under an advisory lock, so processes opening the store together do not race:
+the second finds the work done. A store at this raysink's version is only read (a role
+that may not CREATE can use it); one a newer raysink wrote is refused
+(``NewerVersionError``). Every write locks the runtime's
 row with ``SELECT ... FOR UPDATE`` and checks its generation before changing anything; a
 lock held longer than ``lock_timeout`` fails the write with ``MetaStoreError`` instead of
 hanging. Lease times are the server's clock (``clock_timestamp()``).
@@ -21,10 +24,10 @@ from contextlib import contextmanager, suppress
 from typing import Any
 from urllib.parse import quote
 
+from raysink.coordinator.metastore import _versions
 from raysink.coordinator.metastore._sql import (
     COLUMNS_ADDED,
     SCHEMA,
-    TABLES,
     SqlMetaStore,
     Tx,
     redact_url,
@@ -35,7 +38,7 @@ __all__ = ["PostgresMetaStore"]
 
 logger = logging.getLogger(__name__)
 
-_DDL_LOCK = 0x72617973696E6B  # "raysink": serialises table creation across processes
+_DDL_LOCK = 0x72617973696E6B  # "raysink": serialises creation and migration across processes
 
 _MIN_SCRUBBED = 4
 
@@ -126,30 +129,26 @@ class PostgresMetaStore(SqlMetaStore):
         except self._pg.Error as exc:
             conn.close()
             raise self._failure("preparing", exc) from self._cause(exc)
+        except BaseException:
+            conn.close()
+            raise
         self._conn = conn
         return conn
 
     def _create_schema(self, conn: Any) -> None:
-        """Create missing tables; a role that may only use existing ones needs no CREATE."""
-        present = conn.execute("SELECT bool_and(to_regclass(t) IS NOT NULL) "
-                               "FROM unnest(%s::text[]) AS t", (list(TABLES),)).fetchone()
-        if present and present[0] and not self._missing_columns(conn):
+        """Create or migrate the tables; a store at this version is only read (a role that
+        may only use existing tables needs no CREATE), a newer one refused."""
+        ddl = _PostgresDdl(conn)
+        found = _versions.stored_version(ddl)
+        _versions.check_not_newer(found, self._url)
+        if found is not None and found[0] == _versions.SCHEMA_VERSION:
             return
         with conn.transaction():
             conn.execute("SELECT pg_advisory_xact_lock(%s)", (_DDL_LOCK,))
-            for statement in SCHEMA:
-                conn.execute(statement)
-            for table, column, definition in self._missing_columns(conn):
-                conn.execute(f"ALTER TABLE {table} ADD COLUMN IF NOT EXISTS {column} "
-                             f"{definition}")
-
-    @staticmethod
-    def _missing_columns(conn: Any) -> list[tuple[str, str, str]]:
-        """Columns a store made by an earlier raysink lacks."""
-        return [(table, column, definition) for table, column, definition in COLUMNS_ADDED
-                if not conn.execute("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE "
-                                    "attrelid = to_regclass(%s) AND attname = %s AND NOT "
-                                    "attisdropped)", (table, column)).fetchone()[0]]
+            before, now = _versions.migrate(ddl, self._url, SCHEMA, COLUMNS_ADDED)
+        if before != now:
+            logger.info("meta store %s migrated from schema version %d to %d", self._url,
+                        before, now)
 
     @contextmanager
     def _transaction(self, *, write: bool, durable: bool = True) -> Iterator[Tx]:
@@ -175,3 +174,22 @@ class PostgresMetaStore(SqlMetaStore):
     def close(self) -> None:
         """Close the connection (idempotent); the next call reconnects."""
         self._discard()
+
+
+class _PostgresDdl:
+    """``_versions.Ddl`` on one connection (inside its transaction, when one is open)."""
+
+    def __init__(self, conn: Any) -> None:
+        self._conn = conn
+
+    def rows(self, sql: str, *params: Any) -> list[tuple[Any, ...]]:
+        cursor = self._conn.execute(sql.replace("?", "%s"), params)
+        return [tuple(row) for row in cursor.fetchall()] if cursor.description else []
+
+    def has_table(self, table: str) -> bool:
+        return bool(self.rows("SELECT to_regclass(?) IS NOT NULL", table)[0][0])
+
+    def has_column(self, table: str, column: str) -> bool:
+        return bool(self.rows("SELECT EXISTS (SELECT 1 FROM pg_attribute WHERE attrelid = "
+                              "to_regclass(?) AND attname = ? AND NOT attisdropped)",
+                              table, column)[0][0])

@@ -21,6 +21,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from raysink.coordinator.metastore import _versions
 from raysink.coordinator.metastore._sql import COLUMNS_ADDED, SCHEMA, SqlMetaStore, Tx
 from raysink.errors import MetaStoreError
 
@@ -86,7 +87,10 @@ class SqliteMetaStore(SqlMetaStore):
             "not exist yet) in a writable directory: fix it or choose another path")
 
     def _configure(self, conn: sqlite3.Connection) -> None:
-        """Busy timeout, WAL, ``synchronous=FULL`` and the tables."""
+        """Busy timeout, WAL, ``synchronous=FULL`` and the tables: created, or migrated to
+        this raysink's schema version under the write lock (``BEGIN IMMEDIATE``: a second
+        process opening the store meanwhile waits, then finds it migrated), or refused
+        (``NewerVersionError``) when a newer raysink wrote them."""
         conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
         mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
         if str(mode).lower() != "wal":
@@ -95,13 +99,14 @@ class SqliteMetaStore(SqlMetaStore):
         conn.execute("PRAGMA synchronous = FULL")
         conn.execute("BEGIN IMMEDIATE")
         try:
-            for statement in SCHEMA:
-                conn.execute(statement)
-            _add_missing_columns(conn)
+            found, now = _versions.migrate(_SqliteDdl(conn), self.url, SCHEMA, COLUMNS_ADDED)
             conn.execute("COMMIT")
         except BaseException:
             _rollback(conn)
             raise
+        if found != now:
+            logger.info("meta store %s migrated from schema version %d to %d", self.url,
+                        found, now)
 
     @contextmanager
     def _transaction(self, *, write: bool, durable: bool = True) -> Iterator[Tx]:
@@ -137,12 +142,21 @@ class SqliteMetaStore(SqlMetaStore):
             self._conn = None
 
 
-def _add_missing_columns(conn: sqlite3.Connection) -> None:
-    """Bring a store made by an earlier raysink up to date (inside the DDL transaction)."""
-    for table, column, definition in COLUMNS_ADDED:
-        present = {str(row[1]) for row in conn.execute(f"PRAGMA table_info({table})")}
-        if column not in present:
-            conn.execute(f"ALTER TABLE {table} ADD COLUMN {column} {definition}")
+class _SqliteDdl:
+    """``_versions.Ddl`` on one connection, inside its open transaction."""
+
+    def __init__(self, conn: sqlite3.Connection) -> None:
+        self._conn = conn
+
+    def rows(self, sql: str, *params: object) -> list[tuple[object, ...]]:
+        return [tuple(row) for row in self._conn.execute(sql, params).fetchall()]
+
+    def has_table(self, table: str) -> bool:
+        return bool(self.rows("SELECT 1 FROM sqlite_master WHERE type = 'table' AND "
+                              "name = ?", table))
+
+    def has_column(self, table: str, column: str) -> bool:
+        return column in {str(row[1]) for row in self.rows(f"PRAGMA table_info({table})")}
 
 
 def _rollback(conn: sqlite3.Connection) -> None:

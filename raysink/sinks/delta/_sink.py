@@ -21,6 +21,7 @@ from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
 from raysink.sinks._files import FilesManifest, FileStore, files_manifests
+from raysink.sinks._format import MARKER_FORMAT, check_marker
 from raysink.sinks._table_format import StagedFilesSink, file_schemas
 from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.delta._table import (
@@ -46,6 +47,9 @@ logger = logging.getLogger("raysink.sinks.delta")
 
 DECISION_KEYS = ("raysink.sink", "raysink.epoch", "raysink.decision")
 """Commit metadata of a raysink commit: its marker id, epoch and decision (``holds_decision``)."""
+FORMAT_KEY = "raysink.format"
+"""Commit metadata: the marker's format (``raysink.sinks._format``; none: raysink 0.1.0's,
+format 1), with the marker id and epoch, in every raysink commit."""
 HISTORY_SEARCHED = 100
 
 
@@ -269,9 +273,10 @@ class DeltaSink(StagedFilesSink):
     def _commit_properties(self, epoch: int, plan: _SchemaPlan | None = None) -> Any:
         """The marker (an app transaction) and, for a decision, which one it is."""
         dl = deltalake_module()
-        metadata = None if plan is None or plan.decision is None else {
-            DECISION_KEYS[0]: self.marker_id, DECISION_KEYS[1]: str(epoch),
-            DECISION_KEYS[2]: plan.decision}
+        metadata = {DECISION_KEYS[0]: self.marker_id, DECISION_KEYS[1]: str(epoch),
+                    FORMAT_KEY: str(MARKER_FORMAT)}
+        if plan is not None and plan.decision is not None:
+            metadata[DECISION_KEYS[2]] = plan.decision
         return dl.CommitProperties(
             custom_metadata=metadata,
             app_transactions=[dl.Transaction(app_id=self.marker_id, version=epoch)])
@@ -434,7 +439,21 @@ class DeltaSink(StagedFilesSink):
         if dt is None:
             return None
         version = dt.transaction_version(self.marker_id)
+        if version is not None:
+            self._check_format(dt)
         return None if version is None else int(version)
+
+    def _check_format(self, dt: Any) -> None:
+        """The newest commit's marker format, when the commit is this sink's (a newer
+        raysink's is refused: ``check_marker``)."""
+        newest = next(iter(dt.history(limit=1)), None) or {}
+        if newest.get(DECISION_KEYS[0]) != self.marker_id:
+            return
+        value = newest.get(FORMAT_KEY)
+        marker = {} if value is None else {"format": int(value) if str(value).isdigit()
+                                           else value}
+        check_marker(marker, runtime=self.runtime or None, sink=self.name or None,
+                     where=f"version {newest.get('version')} of Delta table {self._opts.uri!r}")
 
     def target_exists(self) -> bool:
         """Whether the Delta table exists. With ``committed_epoch() is None`` this tells a

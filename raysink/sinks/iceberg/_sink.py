@@ -21,6 +21,7 @@ from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
 from raysink.sinks._files import FileStore
+from raysink.sinks._format import MARKER_FORMAT, check_marker
 from raysink.sinks._table_format import StagedFilesSink
 from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.iceberg._data_files import epoch_data_files
@@ -51,8 +52,10 @@ SINK_PROPERTY = "raysink.sink"
 EPOCH_PROPERTY = "raysink.epoch"
 DECISION_PROPERTY = "raysink.decision"
 NAME_MAPPING = "schema.name-mapping.default"
-"""Snapshot summary keys of a raysink commit: its marker id, epoch and decision; the
-table property ``raysink.epoch.<marker id>`` holds the sink's high-water epoch."""
+FORMAT_PROPERTY = "raysink.format"
+"""Snapshot summary keys of a raysink commit: its marker id, epoch, decision and marker
+format (``raysink.sinks._format``; none: raysink 0.1.0's, format 1); the table property
+``raysink.epoch.<marker id>`` holds the sink's high-water epoch."""
 
 
 class IcebergSink(StagedFilesSink):
@@ -270,7 +273,8 @@ class IcebergSink(StagedFilesSink):
             evolved = evolution.schema if evolution.changed else None
         elif schema is not None:
             check_schema(table, self._opts.identifier, schema, self._where(epoch))
-        props = {SINK_PROPERTY: self.marker_id, EPOCH_PROPERTY: str(epoch)}
+        props = {SINK_PROPERTY: self.marker_id, EPOCH_PROPERTY: str(epoch),
+                 FORMAT_PROPERTY: str(MARKER_FORMAT)}
         if decision is not None:
             props[DECISION_PROPERTY] = decision
         hit("sink.mid_commit", runtime=self.runtime, sink=self.name, epoch=epoch)
@@ -327,10 +331,17 @@ class IcebergSink(StagedFilesSink):
             value = summary.get(EPOCH_PROPERTY)
             if value is None:
                 continue
+            if not found:  # the newest marker: this raysink must be able to read it
+                self._check_format(summary.get(FORMAT_PROPERTY), snapshot.snapshot_id)
             found.append(int(value))
             if stop_below is not None and int(value) < stop_below:
                 break
         return found
+
+    def _check_format(self, value: str | None, snapshot: int) -> None:
+        marker = None if value is None else {"format": int(value) if value.isdigit() else value}
+        check_marker(marker or {}, runtime=self.runtime or None, sink=self.name or None,
+                     where=f"snapshot {snapshot} of Iceberg table {self._opts.identifier!r}")
 
     def _staging_roots(self, table: Any | None) -> list[str]:
         return self._opts.staging_roots(table)

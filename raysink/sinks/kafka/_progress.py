@@ -9,6 +9,9 @@ record, each written in the same transaction as the data it speaks for:
                                         part of epoch E committed (its own transaction,
                                         or the coordinator's when it replayed the part)
 
+Each record also carries ``"format"`` (``raysink.sinks._format``; none: raysink 0.1.0's,
+format 1); the epoch record of a newer format is refused (``NewerVersionError``).
+
 Compaction keeps the newest record of each key: since a sink commits its epochs in order,
 a writer's newest record at or past epoch E means its part of E is in.
 
@@ -29,6 +32,7 @@ from collections.abc import Sequence
 from typing import Any, cast
 
 from raysink.errors import SinkUnavailableError, TransactionHeldError
+from raysink.sinks._format import MARKER_FORMAT, check_marker
 from raysink.sinks.base import Manifest
 from raysink.sinks.kafka._config import KafkaSettings, kafka_module, unavailable
 
@@ -63,7 +67,8 @@ def part_key(runtime: str, sink: str, writer: int) -> str:
 
 
 def record_value(epoch: int, attempt: int, **extra: Any) -> bytes:
-    return json.dumps({"epoch": epoch, "attempt": attempt, **extra},
+    """A progress record's value, carrying its format (``raysink.sinks._format``)."""
+    return json.dumps({"epoch": epoch, "attempt": attempt, "format": MARKER_FORMAT, **extra},
                       separators=(",", ":")).encode()
 
 
@@ -279,6 +284,8 @@ class ProgressReader:
     def committed_epoch(self, *, strict: bool = False, cached: bool = False) -> int | None:
         """The epoch record's epoch: read on first, unless ``cached`` (what was read last)."""
         record = (self.latest if cached else self.read(strict=strict)).get(self.prefix)
+        check_marker(record, runtime=None, sink=None, where=f"progress topic "
+                     f"{self.settings.progress_topic!r} (key {self.prefix!r})")
         return None if record is None else int(record["epoch"])
 
     def part_committed(self, writer: int, epoch: int) -> bool:

@@ -1,7 +1,8 @@
 """The commit log of a Parquet sink directory: one JSON entry per committed epoch under
 ``_raysink/commits/`` (the newest is the marker; each records the directory's schema
-after its epoch and the decision that committed it), and the claims of epochs whose
-commit is under way (``raysink.sinks._claims``)."""
+after its epoch, the decision that committed it and the entry's ``format``, none in
+raysink 0.1.0's: ``raysink.sinks._format``), and the claims of epochs whose commit is
+under way (``raysink.sinks._claims``)."""
 
 from __future__ import annotations
 
@@ -14,6 +15,7 @@ from typing import Any
 
 from raysink.sinks._claims import claim, claimant
 from raysink.sinks._files import makedirs, write_durably
+from raysink.sinks._format import MARKER_FORMAT, check_marker
 from raysink.sinks.parquet._layout import Layout
 
 __all__ = ["CommitLog"]
@@ -35,6 +37,19 @@ class CommitLog:
             return []
         return [int(found.group(1)) for found in map(_COMMIT_ENTRY.fullmatch, names) if found]
 
+    def newest(self, *, runtime: str | None, sink: str | None) -> int | None:
+        """The newest entry's epoch (the marker), its format checked (``check_marker``:
+        none is raysink 0.1.0's format 1; a newer one is refused)."""
+        epoch = max(self.epochs(), default=None)
+        if epoch is not None:
+            try:
+                entry = self.read(epoch)
+            except (OSError, ValueError):  # gone since listed, or being replaced
+                entry = None
+            check_marker(entry, runtime=runtime, sink=sink,
+                         where=str(self.layout.commit_entry(epoch)))
+        return epoch
+
     def has(self, epoch: int) -> bool:
         return self.layout.commit_entry(epoch).exists()
 
@@ -54,6 +69,7 @@ class CommitLog:
             "rows": sum(int(f["rows"]) for f in files),
             "schema": schema,
             "committed_at": time.time(),
+            "format": MARKER_FORMAT,
             **fields,
         }
         path = self.layout.commit_entry(epoch)

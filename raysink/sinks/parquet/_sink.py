@@ -324,8 +324,8 @@ class ParquetSink(Sink):
     # markers -------------------------------------------------------------------------
     def committed_epoch(self) -> int | None:
         """The highest epoch with a commit log entry; ``None`` when the directory, the log or
-        every entry is missing."""
-        return max(self._log.epochs(), default=None)
+        every entry is missing; ``NewerVersionError`` when a newer raysink wrote it."""
+        return self._log.newest(runtime=self.runtime or None, sink=self.name or None)
 
     def target_exists(self) -> bool:
         """Whether the directory exists (probed by the coordinator before it re-creates a

@@ -13,6 +13,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 
 from raysink import _schema
 from raysink.errors import ConfigError
+from raysink.sinks._format import check_marker
 from raysink.sinks.base import CommitResult, Manifest, Sink, decision_id
 from raysink.sinks.postgres._prepared import abort_prepared, commit_prepared
 from raysink.sinks.postgres._staging import abort_staged, commit_staging
@@ -208,9 +209,14 @@ class PostgresSink(Sink):
         t = self.target().tables()
         if not t.regclass(conn, PROGRESS_TABLE):
             return None
+        # ``format``: none in a progress table raysink 0.1.0 made (format 1)
         row = conn.execute(sql_module().SQL(
-            "SELECT max(epoch) FROM {} WHERE runtime = %s AND sink = %s AND writer = %s"
+            "SELECT max(epoch), max((to_jsonb(p) ->> 'format')::integer) FROM {} p "
+            "WHERE runtime = %s AND sink = %s AND writer = %s"
         ).format(t.ident(PROGRESS_TABLE)), (self.runtime, self.name, EPOCH_ROW)).fetchone()
+        if row is not None and row[1] is not None:
+            check_marker({"format": int(row[1])}, runtime=self.runtime or None,
+                         sink=self.name or None, where=f"table {PROGRESS_TABLE} of {t.schema}")
         return None if row is None or row[0] is None else int(row[0])
 
     def holds_decision(self, epoch: int, manifests: Sequence[Manifest]) -> bool | None:

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Literal, cast
 
+from raysink.sinks._format import MARKER_FORMAT
 from raysink.sinks.base import Manifest
 from raysink.sinks.postgres._types import sql_module
 
@@ -157,6 +158,7 @@ class Tables:
             "CREATE TABLE IF NOT EXISTS {} (runtime text NOT NULL, sink text NOT NULL, "
             "epoch bigint NOT NULL, writer integer NOT NULL, "
             "committed_at timestamptz NOT NULL DEFAULT now(), "
+            f"format integer NOT NULL DEFAULT {int(MARKER_FORMAT)}, "
             "PRIMARY KEY (runtime, sink, epoch, writer))"
         ).format(self.ident(PROGRESS_TABLE)))
 
