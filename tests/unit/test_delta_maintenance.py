@@ -139,12 +139,13 @@ def test_a_table_that_expires_app_transactions_is_not_cleaned(tmp_path: Path) ->
     assert sink.committed_epoch() == 5
 
 
-def test_a_pass_past_its_deadline_does_nothing(tmp_path: Path) -> None:
+def test_a_pass_past_its_deadline_runs_one_step(tmp_path: Path) -> None:
     path = tmp_path / "t"
     sink = sink_at(path)
     commit_epochs(sink, range(1, 6))
     report = sink.maintain(window(sink, seconds=-1))
-    assert (report.steps, report.complete) == ((), False)
+    assert (report.steps, report.complete) == (("compact",), False)
+    assert sink.maintain(window(sink)).steps == ("checkpoint", "expire_files", "cleanup_log")
 
 
 def test_force_compacts_below_the_threshold(tmp_path: Path) -> None:
