@@ -8,6 +8,7 @@ long stream's table does)."""
 
 from __future__ import annotations
 
+import json
 import time
 from collections import Counter
 from collections.abc import Iterator
@@ -18,6 +19,7 @@ import pytest
 deltalake = pytest.importorskip("deltalake")
 
 from raysink import Maintenance, SinkRuntime  # noqa: E402
+from raysink.cli import main  # noqa: E402
 from raysink.errors import ConfigError  # noqa: E402
 from raysink.sinks import ParquetSink  # noqa: E402
 from raysink.sinks.delta import DeltaSink  # noqa: E402
@@ -155,3 +157,13 @@ def test_a_fresh_metastore_aligns_with_the_maintained_table(
     last = rt.status().last_committed_epoch
     assert last is not None
     assert_delta_exactly(table, [*range(1, last + 1), 1000, 1001])
+
+
+def test_the_cli_maintains_through_the_running_runtime_only(
+        shared: tuple[SinkRuntime, Path], capsys: pytest.CaptureFixture[str]) -> None:
+    rt = shared[0]
+    assert main(["maintain", rt.name, "--sink", "cold", "--json"]) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert [r["sink"] for r in shown] == ["cold"] and shown[0]["complete"]
+    assert main(["maintain", unique_name("not-running")]) == 2
+    assert "is running in this Ray cluster" in capsys.readouterr().err
