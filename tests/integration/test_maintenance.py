@@ -30,6 +30,7 @@ from tests.integration.helpers import (  # noqa: E402
     epoch_table,
     unique_name,
 )
+from tests.unit.test_delta_maintenance import leaked  # noqa: E402
 
 pytestmark = [pytest.mark.usefixtures("ray_session"), pytest.mark.timeout(240)]
 
@@ -128,6 +129,8 @@ def test_the_coordinator_killed_in_a_pass(shared: tuple[SinkRuntime, Path], poin
     for sink in ("delta", "cold"):
         assert_delta_exactly(root / sink, list(range(1, last + 1)))
         assert marker(rt, root, sink) == last
+    rt.maintain(sink="cold")
+    assert leaked(root / "cold") == []  # what the killed pass left, the next one deleted
     assert_exactly(root / "plain", list(range(1, last + 1)), ROWS)
 
 

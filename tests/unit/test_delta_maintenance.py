@@ -8,6 +8,7 @@ again); ``tests/integration/test_maintenance.py`` SIGKILLs the coordinator at th
 from __future__ import annotations
 
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -55,6 +56,16 @@ def window(sink: DeltaSink, force: bool = False, seconds: float = 30.0) -> Maint
                              committed_epoch=sink.committed_epoch(), force=force)
 
 
+def leaked(path: Path, staged: Sequence[Path] = ()) -> list[str]:
+    """Data files on disk that no version still in the log references (``staged``: files
+    of epochs not committed, rightly on disk)."""
+    versions = sorted({int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json")})
+    kept = {Path(uri.removeprefix("file://")) for v in versions
+            for uri in deltalake.DeltaTable(str(path), version=v).file_uris()}
+    on_disk = {p for p in path.rglob("*.parquet") if "_delta_log" not in p.parts}
+    return sorted(str(p.relative_to(path)) for p in on_disk - kept - set(staged))
+
+
 def log_names(path: Path) -> list[str]:
     return sorted(p.name for p in (path / "_delta_log").iterdir())
 
@@ -78,6 +89,7 @@ def test_a_pass_compacts_expires_and_cleans_yet_keeps_rows_marker_and_staged(
     assert content(path) == expected(range(1, 11))
     assert sink.committed_epoch() == 10  # read from the checkpoint: its commit is gone
     assert all(f.exists() for f in staged)
+    assert leaked(path, staged) == []
     after = sink.table_stats()
     assert after is not None and (after.data_files, after.snapshots) == (1, 1)
     assert [p.name for p in (path / "raysink").iterdir()] == [f"{11:012d}"]  # epoch 11's
@@ -184,6 +196,7 @@ def test_a_pass_cut_at_each_point_is_finished_by_the_next(
     monkeypatch.undo()
 
     sink.maintain(window(sink))
+    assert leaked(path) == []  # a cut pass leaves nothing the next one does not delete
     commit_epochs(sink, range(9, 10))
     assert content(path) == expected(range(1, 10))
     assert sink.committed_epoch() == 9
