@@ -3,6 +3,8 @@ PY := $(VENV)/bin/python
 SEED ?= 1
 TRIALS ?= 200
 MINUTES ?= 5
+EPOCHS ?= 10000
+SINKS ?= parquet,delta,delta-part,iceberg,iceberg-part
 # The default run: unit, integration, spark, a seeded chaos sample and the cluster layer
 # (a multi-node Ray on this machine, run last); `slow`, `kafka_cluster` and `upgrade` are
 # left out.
@@ -13,7 +15,7 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 	tests/integration/test_sinks_runtime.py::test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped \
 	tests/kafka/test_kafka_sink.py::test_epochs_exactly_once
 
-.PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards kafka-cluster upgrade
+.PHONY: setup check test unit demo chaos bench soak longrun lint typecheck dashboards kafka-cluster upgrade
 
 setup:
 	@bash scripts/setup.sh
@@ -71,6 +73,11 @@ bench: setup
 # Minutes of steady writing; checks memory, mailbox, outstanding epochs, meta store, rows.
 soak: setup
 	$(PY) bench/soak.py --minutes $(MINUTES)
+
+# A year of epochs, shortened (issue 37): EPOCHS small epochs per sink, epoch p50 of the
+# first and last 500, files, metadata bytes, a fresh reader's open and count.
+longrun: setup
+	$(PY) bench/longrun.py --epochs $(EPOCHS) --sinks $(SINKS)
 
 # Regenerate raysink/dashboards/raysink.json and alerts.yaml from their definitions.
 dashboards: setup

@@ -31,6 +31,11 @@ sample. At the end it checks, and prints a verdict for each:
   ``max_pending_epochs``;
 * each meta store's epoch rows stayed within ``sinks * (max_pending_epochs + 2)``, and its
   sink status rows within ``sinks``;
+* the ``write_arrow`` epochs' latency grows by at most ``--max-latency-growth`` (20%):
+  the median over the last 20% of the epochs after the warm-up against the first 20%
+  (one runtime over ``--sink``'s sinks: ``--sink delta`` isolates Delta's); the live
+  data files of each sink's table are printed beside it (``DeltaSink`` maintains its
+  table by default, a Parquet directory holds a file per writer per epoch);
 * every ``write_arrow`` epoch was committed with its rows; every producer's stream
   ended committed; every table holds exactly the rows written: each id once, none
   missing, none extra.
@@ -61,7 +66,15 @@ import pyarrow as pa
 import pyarrow.compute as pc
 import ray
 import soak_stream
-from soak_check import IdCheck, MemoryVerdict, check_tables, memory_verdict
+from soak_check import (
+    IdCheck,
+    LatencyVerdict,
+    MemoryVerdict,
+    check_tables,
+    latency_verdict,
+    memory_verdict,
+    table_files,
+)
 from soak_probe import Sampler, Watched
 from soak_stream import StreamSide, StreamTotals
 
@@ -95,6 +108,7 @@ class Options:
     probe_seconds: float
     max_growth_mib: float
     max_growth_pct: float
+    max_latency_growth: float
 
 
 def parse_args(argv: list[str] | None = None) -> Options:
@@ -131,6 +145,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
                         help="largest USS growth per process, MiB (64)")
     parser.add_argument("--max-growth-pct", type=float, default=25.0,
                         help="largest USS growth per process, percent of its baseline (25)")
+    parser.add_argument("--max-latency-growth", type=float, default=20.0,
+                        help="largest growth of the write_arrow epochs' median latency, "
+                             "percent (20)")
     args = parser.parse_args(argv)
     if min(args.minutes, args.rows, args.batches, args.producers, args.stream_rows,
            args.interval) <= 0 or args.stream_pause < 0:
@@ -145,7 +162,8 @@ def parse_args(argv: list[str] | None = None) -> Options:
                    stream_pause=args.stream_pause, interval=args.interval, workdir=workdir,
                    keep=keep, report=(args.report or workdir / "soak.json").resolve(),
                    sample_seconds=args.sample_seconds, probe_seconds=args.probe_seconds,
-                   max_growth_mib=args.max_growth_mib, max_growth_pct=args.max_growth_pct)
+                   max_growth_mib=args.max_growth_mib, max_growth_pct=args.max_growth_pct,
+                   max_latency_growth=args.max_latency_growth / 100)
 
 
 # ---------------------------------------------------------------------- set-up
@@ -193,6 +211,7 @@ class WriteStats:
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
+    latencies: list[float] = field(default_factory=list)
 
     @property
     def rate(self) -> float:
@@ -207,7 +226,9 @@ def write_until(rt: SinkRuntime, options: Options, stats: WriteStats) -> None:
     try:
         while time.monotonic() < deadline:
             tables = epoch_tables(stats.rows, options.rows, options.batches, rng)
+            began = time.monotonic()
             report = rt.write_arrow(tables)
+            stats.latencies.append(time.monotonic() - began)
             stats.epochs += 1
             stats.rows += options.rows
             if not report.committed:
@@ -235,6 +256,8 @@ class Outcome:
     sampler: Sampler
     memory: list[MemoryVerdict]
     tables: list[IdCheck]
+    latency: LatencyVerdict
+    files: dict[str, int]
 
 
 def run_side_by_side(options: Options) -> Outcome:
@@ -281,8 +304,12 @@ def run_side_by_side(options: Options) -> Outcome:
               for s in sampler.series.values()]
     tables = check_tables(arrow, {0: (0, stats.rows)})
     tables += check_tables(stream_table, side.expected(stream))
+    latency = latency_verdict(stats.latencies, stats.seconds, options.max_latency_growth)
+    files = {label: table_files(kind, path)
+             for label, (kind, path) in {**arrow, **stream_table}.items()}
     return Outcome(stats=stats, stream=stream, stream_seconds=stream_seconds,
-                   stream_epochs=stream_epochs, sampler=sampler, memory=memory, tables=tables)
+                   stream_epochs=stream_epochs, sampler=sampler, memory=memory, tables=tables,
+                   latency=latency, files=files)
 
 
 def _progress(stats: WriteStats, srt: SinkRuntime) -> str:
@@ -320,6 +347,8 @@ def checks_of(options: Options, out: Outcome) -> dict[str, bool]:
                 and w.bounds.status_rows_max <= w.sinks for w in watched.values()),
         "probes answered": all(b.probes > 0 and b.probe_errors == 0 for b in bounds),
         "tables hold every id exactly once": bool(out.tables) and all(t.ok for t in out.tables),
+        f"write_arrow epoch latency growth <= {options.max_latency_growth:.0%}":
+            out.latency.ok,
     }
 
 
@@ -356,6 +385,12 @@ def print_summary(options: Options, out: Outcome, checks: dict[str, bool]) -> No
         print(f"  table {t.sink}: {t.rows:,} rows, {t.distinct:,} distinct ids, "
               f"{t.missing:,} missing, {t.duplicated:,} duplicated, {t.unexpected:,} "
               f"unexpected" + (f", error {t.error}" if t.error else ""))
+    lat = out.latency
+    print(f"  write_arrow epoch latency ({options.sink}): median {lat.first_ms:.1f} ms over the "
+          f"first 20% after the warm-up, {lat.last_ms:.1f} ms over the last: "
+          f"{lat.growth:+.1%}")
+    print("  live data files per table: " + ", ".join(
+        f"{label} {count:,}" for label, count in out.files.items()))
     for name, ok in checks.items():
         print(f"  [{'PASS' if ok else 'FAIL'}] {name}")
     print(f"  verdict: {'PASS' if all(checks.values()) else 'FAIL'}; report {options.report}")
@@ -376,6 +411,8 @@ def write_report(options: Options, out: Outcome, checks: dict[str, bool]) -> Non
         "samples": {s.label: s.samples for s in out.sampler.series.values()},
         "bounds": {w.label: asdict(w.bounds) for w in out.sampler.watched},
         "tables": [{**asdict(t), "ok": t.ok} for t in out.tables],
+        "latency": asdict(out.latency),
+        "files": out.files,
         "checks": checks,
         "passed": all(checks.values()),
     }

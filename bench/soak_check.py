@@ -114,3 +114,44 @@ def memory_verdict(series: Series, run_seconds: float, max_mib: float,
         peak_mib=max(everything) / MIB, baseline_mib=baseline / MIB, final_mib=final / MIB,
         growth_mib=growth / MIB, growth_pct=pct,
         ok=growth / MIB <= max_mib and pct <= max_pct)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LatencyVerdict:
+    """The write_arrow epochs' latency: the median over the first ``EDGE_FRACTION`` of
+    the epochs after the warm-up against the median over the last, and whether it grew
+    by at most ``max_growth`` (0.2: 20%)."""
+
+    epochs: int
+    first_ms: float
+    last_ms: float
+    growth: float
+    ok: bool
+
+
+def latency_verdict(latencies: list[float], run_seconds: float,
+                    max_growth: float) -> LatencyVerdict:
+    warmup = min(WARMUP_CAP_SECONDS, run_seconds * EDGE_FRACTION)
+    elapsed, kept = 0.0, []
+    for seconds in latencies:  # epochs run back to back: their sum is the time
+        elapsed += seconds
+        if elapsed >= warmup:
+            kept.append(seconds)
+    edge = max(1, int(len(kept) * EDGE_FRACTION))
+    if len(kept) < 2 * edge:
+        return LatencyVerdict(epochs=len(latencies), first_ms=0.0, last_ms=0.0, growth=0.0,
+                              ok=False)
+    first = statistics.median(kept[:edge])
+    last = statistics.median(kept[-edge:])
+    growth = last / first - 1.0
+    return LatencyVerdict(epochs=len(latencies), first_ms=first * 1000, last_ms=last * 1000,
+                          growth=growth, ok=growth <= max_growth)
+
+
+def table_files(kind: str, path: Path) -> int:
+    """The live data files of a sink's table (what every reader lists)."""
+    if kind == "parquet":
+        return len(list(path.glob("*.parquet")))
+    import deltalake
+
+    return len(deltalake.DeltaTable(str(path)).file_uris())

@@ -40,7 +40,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ALL_POINTS", "APPLY_POINTS", "ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS",
-           "LIFECYCLE_POINTS", "METASTORE_POINTS", "POINTS", "SINK_POINTS", "InjectedFault",
+           "LIFECYCLE_POINTS", "MAINTENANCE_POINTS", "METASTORE_POINTS", "POINTS",
+           "SINK_POINTS", "InjectedFault",
            "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
@@ -109,8 +110,21 @@ METASTORE_POINTS = (
 ``sleep`` holds the coordinator unrecovered."""
 
 
+MAINTENANCE_POINTS = (
+    "maintenance.mid_compaction",
+    "maintenance.mid_expiry",
+    "maintenance.mid_cleanup",
+)
+"""Points inside a maintenance pass (``Sink.maintain``, in the coordinator; context
+``sink``): ``maintenance.mid_compaction``, one partition's compaction committed, the
+others not yet (context ``partition``, its number in the pass); ``maintenance.mid_expiry``,
+the data files no retained version needs are deleted, the log entries naming them not
+yet; ``maintenance.mid_cleanup``, the oldest expired log entry is deleted, the others
+not yet."""
+
+
 ALL_POINTS = (POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS
-              + APPLY_POINTS + METASTORE_POINTS)
+              + APPLY_POINTS + METASTORE_POINTS + MAINTENANCE_POINTS)
 """Every point a fault can be armed at."""
 
 

@@ -30,6 +30,18 @@ actor_restarts             counter    runtime role          Ray restarted the ac
 actor_replacements         counter    runtime role          the driver replaced it (driver)
 epoch_failures             counter    runtime               failed epoch attempts (driver)
 stream_rewinds             counter    runtime               stream rewinds (driver)
+maintenance_passes         counter    runtime sink          maintenance passes run (coordinator)
+maintenance_failures       counter    runtime sink          failed passes, retried (coordinator)
+maintenance_files_compacted counter   runtime sink          small files rewritten (coordinator)
+maintenance_files_deleted  counter    runtime sink          files removed from storage
+                                                            (coordinator)
+maintenance_last_timestamp gauge      runtime sink          unix time the last pass ended
+                                                            (coordinator)
+table_data_files           gauge      runtime sink          live data files (coordinator)
+table_data_bytes           gauge      runtime sink          their bytes (coordinator)
+table_snapshots            gauge      runtime sink          retained snapshots or log versions
+                                                            (coordinator)
+table_metadata_bytes       gauge      runtime sink          metadata or log on disk (coordinator)
 spark_partitions_pulled    counter    runtime               read from RayDP executors (writer)
 spark_executor_fallbacks   counter    runtime               served by another executor than
                                                             Spark's choice (writer)
@@ -62,7 +74,8 @@ from raysink.reports import SinkState
 if TYPE_CHECKING:
     from raysink.coordinator.epochs import CommitOutcome
     from raysink.protocol.messages import CommitRequest
-    from raysink.reports import RuntimeStatus
+    from raysink.reports import RuntimeStatus, SinkStatus
+    from raysink.sinks._maintenance import MaintenanceReport, TableStats
 
 __all__ = ["METRICS", "SINK_STATES", "CoordinatorMetrics", "DriverMetrics", "Metric",
            "WriterMetrics", "spark_pulled"]
@@ -76,6 +89,10 @@ SINK_STATES: tuple[str, ...] = get_args(SinkState)
 
 COMMIT_BOUNDARIES = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0)
 _KEEP_DECIDED = 1024  # epochs whose rows per sink wait for their commits
+_MAINTENANCE_COUNTERS = ("maintenance_passes", "maintenance_failures",
+                         "maintenance_files_compacted", "maintenance_files_deleted")
+_TABLE_GAUGES = ("maintenance_last_timestamp", "table_data_files", "table_data_bytes",
+                 "table_snapshots", "table_metadata_bytes")
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -137,6 +154,24 @@ METRICS: dict[str, Metric] = {m.name: m for m in (
            help="epoch attempts that failed (each rolled forward, fed again or given up)"),
     Metric(name="stream_rewinds", kind="counter", tags=_R,
            help="rewinds of the runtime's stream after a failed epoch"),
+    Metric(name="maintenance_passes", kind="counter", tags=_S,
+           help="table maintenance passes a sink ran"),
+    Metric(name="maintenance_failures", kind="counter", tags=_S,
+           help="maintenance passes that failed (retried with backoff)"),
+    Metric(name="maintenance_files_compacted", kind="counter", tags=_S,
+           help="small data files compaction rewrote into larger ones"),
+    Metric(name="maintenance_files_deleted", kind="counter", tags=_S,
+           help="files maintenance removed from storage (data, metadata, log)"),
+    Metric(name="maintenance_last_timestamp", kind="gauge", tags=_S,
+           help="unix time the sink's last maintenance pass ended"),
+    Metric(name="table_data_files", kind="gauge", tags=_S,
+           help="live data files in the sink's table"),
+    Metric(name="table_data_bytes", kind="gauge", tags=_S,
+           help="bytes of the live data files in the sink's table"),
+    Metric(name="table_snapshots", kind="gauge", tags=_S,
+           help="retained snapshots (Iceberg) or versions in the log (Delta)"),
+    Metric(name="table_metadata_bytes", kind="gauge", tags=_S,
+           help="bytes of the table's metadata or log on storage"),
     Metric(name="spark_partitions_pulled", kind="counter", tags=_R,
            help="Spark partitions read from RayDP executors"),
     Metric(name="spark_executor_fallbacks", kind="counter", tags=_R,
@@ -343,10 +378,11 @@ class CoordinatorMetrics:
         self._waits = _make("backpressure_waits")
         self._gauges = {name: _make(name) for name in
                         ("last_committed_epoch", "pending_epochs", "sink_state",
-                         "held_seconds")}
+                         "held_seconds", *_TABLE_GAUGES)}
+        self._maint = {name: _make(name) for name in _MAINTENANCE_COUNTERS}
         self._decided: OrderedDict[int, dict[str, int]] = OrderedDict()
         for sink in sinks:
-            for metric in (self._retries, self._rows):
+            for metric in (self._retries, self._rows, *self._maint.values()):
                 _zero(metric, self._sink(sink))
         _zero(self._waits, self._tags)
         if max_pending_epochs is not None:
@@ -387,6 +423,16 @@ class CoordinatorMetrics:
     def waited(self) -> None:
         _inc(self._waits, 1, self._tags)
 
+    def maintained(self, report: MaintenanceReport, table: TableStats | None) -> None:
+        """One maintenance pass ended (its table's size after it: ``status`` sets it)."""
+        tags = self._sink(report.sink)
+        _inc(self._maint["maintenance_passes"], 1, tags)
+        _inc(self._maint["maintenance_files_compacted"], report.files_compacted, tags)
+        _inc(self._maint["maintenance_files_deleted"], report.files_deleted, tags)
+
+    def maintenance_failed(self, sink: str) -> None:
+        _inc(self._maint["maintenance_failures"], 1, self._sink(sink))
+
     def status(self, status: RuntimeStatus) -> None:
         """The coordinator's status snapshot as gauges: per sink its state (one-hot), its
         last committed epoch, and the decided epochs it has not committed."""
@@ -403,6 +449,19 @@ class CoordinatorMetrics:
                             {**tags, "state": state})
             held = (info.held_by or {}).get("age_seconds")
             _GAUGES.set(self._gauges["held_seconds"], float(held or 0.0), tags)
+            self._table(info, tags)
+
+    def _table(self, info: SinkStatus, tags: dict[str, str]) -> None:
+        """A maintained sink's table size and its last pass's time, as gauges."""
+        if info.maintenance is not None and info.maintenance.last_pass_at is not None:
+            _GAUGES.set(self._gauges["maintenance_last_timestamp"],
+                        info.maintenance.last_pass_at, tags)
+        if info.table is not None:
+            for gauge, value in (("table_data_files", info.table.data_files),
+                                 ("table_data_bytes", info.table.data_bytes),
+                                 ("table_snapshots", info.table.snapshots),
+                                 ("table_metadata_bytes", info.table.metadata_bytes)):
+                _GAUGES.set(self._gauges[gauge], float(value), tags)
 
 
 class DriverMetrics:

@@ -1,9 +1,10 @@
-"""The ``raysink`` command: ``demo``, ``status``, ``dashboard`` and ``bench``.
+"""The ``raysink`` command: ``demo``, ``status``, ``maintain``, ``dashboard`` and ``bench``.
 
 ::
 
     raysink demo [--events N] [--batches K] [--workdir DIR] [--sink delta|parquet]
     raysink status NAME [--metastore URL] [--json] [--processes [--address ADDR]]
+    raysink maintain NAME [--sink S] [--timeout SECONDS] [--address ADDR] [--json]
     raysink dashboard install [--session-dir DIR | --temp-dir DIR]
     raysink dashboard export FILE
     raysink dashboard alerts FILE [--stalled-for 5m] [...]
@@ -15,6 +16,13 @@ history. Passwords in meta store URLs are never printed. With ``--processes`` it
 joins the Ray cluster (``--address``, default ``auto``: the one this machine runs) and
 shows what runs where: the runtime's live actors, each with its node and pid, a writer
 with its mailbox (``rt.processes()`` shows the same in the driver).
+
+``maintain`` runs a full table maintenance pass (``rt.maintain()``) through the running
+runtime's coordinator, found in the Ray cluster (``--address``), so it is serialized with
+the runtime's commits as the coordinator's own passes are. It never opens a table itself:
+with no runtime of that name running it refuses, since a pass beside another process's
+commits could race them (an idle table is maintained by starting its runtime and calling
+``rt.maintain()``).
 
 ``dashboard install`` puts raysink's Grafana dashboard where the running Ray head's
 Grafana provisioning reads it (``raysink.dashboards.install``; again after each head
@@ -252,6 +260,52 @@ def _cmd_status(args: argparse.Namespace) -> int:
     return 0
 
 
+def run_maintenance(name: str, sink: str | None, timeout: float,
+                    address: str | None = None) -> list[Any]:
+    """``rt.maintain()`` of the running runtime ``name``, through its coordinator in the
+    Ray cluster at ``address``; ``ConfigError`` when no such runtime runs there."""
+    import ray
+
+    from raysink.driver.calls import ask
+    from raysink.driver.remote import find_coordinator
+    from raysink.protocol.clients import CoordinatorClient
+
+    joined = not ray.is_initialized()
+    if joined:
+        try:
+            ray.init(address=address or "auto", log_to_driver=False,
+                     logging_level=logging.WARNING)
+        except Exception as exc:
+            raise ConfigError(f"no Ray cluster to ask at {address or 'auto'} ({exc}): run "
+                              "`raysink maintain` on a node of the cluster the job runs in, "
+                              "or pass --address HOST:PORT of its head", runtime=name) from exc
+    try:
+        handle = find_coordinator(name)
+        if handle is None:
+            raise ConfigError(f"no runtime {name!r} is running in this Ray cluster; maintenance "
+                              "runs through its coordinator (serialized with its commits), so "
+                              "start the job and run this again, or call rt.maintain() in it",
+                              runtime=name)
+        reports: list[Any] = ask(CoordinatorClient.of(handle).maintain(sink, timeout),
+                                 what="maintain", runtime=name, timeout=timeout + 30)
+        return reports
+    finally:
+        if joined:
+            ray.shutdown()
+
+
+def _cmd_maintain(args: argparse.Namespace) -> int:
+    reports = run_maintenance(args.name, args.sink, args.timeout, args.address)
+    if args.json:
+        print(json.dumps([asdict(r) for r in reports], indent=2))
+        return 0
+    for r in reports:
+        print(f"{r.sink:<20} {', '.join(r.steps) or 'nothing to do'}: {r.files_compacted} "
+              f"files compacted into {r.files_written}, {r.snapshots_expired} snapshots "
+              f"expired, {r.files_deleted} files deleted, {r.seconds:.2f}s")
+    return 0
+
+
 # ---------------------------------------------------------------------------- dashboard
 
 
@@ -434,6 +488,18 @@ def build_parser() -> argparse.ArgumentParser:
                         help="the Ray cluster for --processes (default: auto, the one this "
                              "machine runs)")
     status.set_defaults(run=_cmd_status)
+
+    maintain = commands.add_parser(
+        "maintain", help="a full table maintenance pass through the running runtime")
+    maintain.add_argument("name", help="the runtime's name")
+    maintain.add_argument("--sink", default=None,
+                          help="one sink (default: every sink whose maintenance is on)")
+    maintain.add_argument("--timeout", type=float, default=600.0,
+                          help="seconds to wait for the pass (default: %(default)s)")
+    maintain.add_argument("--address", default=None,
+                          help="the Ray cluster the runtime runs in (default: auto)")
+    maintain.add_argument("--json", action="store_true", help="print JSON")
+    maintain.set_defaults(run=_cmd_maintain)
 
     _add_dashboard(commands)
 

@@ -21,6 +21,7 @@
     ├── RuntimeInUseError             a runtime with this name is open in another driver
     ├── RuntimeUnavailableError       the runtime's actors could not be reached in time
     ├── RescaleRefusedError           a rescale while an epoch is in flight or actors recover
+    ├── MaintenanceError              ``rt.maintain()`` failed or did not end in time
     └── FencedError                   a newer coordinator generation wrote first
 
 Every error names the runtime, sink and epoch where they apply (``runtime``, ``sink``,
@@ -43,6 +44,7 @@ __all__ = [
     "EpochFailedError",
     "EpochRegressionError",
     "FencedError",
+    "MaintenanceError",
     "MetaStoreError",
     "NewerVersionError",
     "RaySinkError",
@@ -291,6 +293,12 @@ class RescaleRefusedError(_RetryLater):
     """``rt.rescale()`` was refused and changed nothing: an epoch is in flight (or still
     open at the coordinator after a failure), or an actor is being replaced. Retry after
     ``retry_after`` seconds, between epochs."""
+
+
+class MaintenanceError(RaySinkError):
+    """A maintenance pass ``rt.maintain()`` asked for failed (its cause is the sink's
+    error), or did not end within its timeout. Commits go on either way; the coordinator
+    tries the pass again by itself."""
 
 
 class FencedError(RaySinkError):

@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 if TYPE_CHECKING:
     from raysink.protocol.results import WriterStatus
+    from raysink.sinks._maintenance import MaintenanceTotals, TableStats
 
 __all__ = ["ActorProcess", "ActorRole", "EpochReport", "RuntimeStatus", "SinkState",
            "SinkStatus"]
@@ -46,13 +47,17 @@ class SinkStatus:
     restored); ``history`` holds its recent state changes. ``held_by``: what holds its
     commits back when the target can name it, such as a Kafka transaction left open
     (``{"kind": "kafka_open_transaction", "topic", "partition", "producer_id",
-    "first_offset", "age_seconds", ...}``)."""
+    "first_offset", "age_seconds", ...}``). ``maintenance``: its maintenance passes so far
+    (summed reports, failures, the last pass's time; ``None`` for a sink without
+    maintenance); ``table``: its table's files, bytes and snapshots after the last pass."""
 
     state: SinkState
     last_committed_epoch: int | None
     last_error: str | None
     history: list[dict[str, Any]] = field(default_factory=list)
     held_by: dict[str, Any] | None = None
+    maintenance: MaintenanceTotals | None = None
+    table: TableStats | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

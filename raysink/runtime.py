@@ -51,6 +51,7 @@ from raysink.spark.binding import QueryBinding
 
 if TYPE_CHECKING:
     from raysink.driver.datasink import EpochDatasink
+    from raysink.sinks._maintenance import MaintenanceReport
 
 __all__ = ["ActorProcess", "EpochReport", "RuntimeOptions", "RuntimeStatus", "SinkRuntime",
            "SinkStatus"]
@@ -345,6 +346,18 @@ class SinkRuntime:
         """The coordinator's view: epochs committed, pending and open, each sink's state."""
         actors = self._require_started()
         return self._ask(actors, "status", actors.coordinator_client.status())
+
+    @typed_errors(RuntimeUnavailableError, "maintain")
+    def maintain(self, sink: str | None = None, *,
+                 timeout: float = 600.0) -> list[MaintenanceReport]:
+        """Run a full maintenance pass now (compaction, expiry, log cleanup, whatever the
+        sink's thresholds say) on ``sink``, or on every sink whose maintenance is on; the
+        report of each. The coordinator runs it between the sink's commits, as it runs
+        the passes it starts by itself, so it never races one. ``MaintenanceError`` when
+        a pass fails or does not end within ``timeout`` seconds."""
+        actors = self._require_started()
+        return ask(actors.coordinator_client.maintain(sink, timeout), what="maintain",
+                   runtime=self.name, heal=actors.heal, timeout=timeout + QUERY_SECONDS)
 
     @typed_errors(RuntimeUnavailableError, "processes")
     def processes(self, *, timeout: float = 10.0) -> list[ActorProcess]:

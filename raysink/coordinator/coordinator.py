@@ -39,6 +39,7 @@ from raysink.coordinator.epochs import (
     StaleAttemptError,
 )
 from raysink.coordinator.health import SinkHealthBook
+from raysink.coordinator.maintenance import MaintenanceBook, MaintenanceCalls
 from raysink.coordinator.producers import FeedRegistry, FeedsState
 from raysink.coordinator.retries import BACKOFF_START, CommitRetries
 from raysink.coordinator.stream_calls import StreamCalls
@@ -83,9 +84,9 @@ class CoordinatorConfig:
     lease_holder: str | None = None  # the driver's lease: claims need it held
 
 
-class CoordinatorActor(StreamCalls):
+class CoordinatorActor(StreamCalls, MaintenanceCalls):
     """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace (the
-    continuous stream's calls: ``StreamCalls``)."""
+    continuous stream's calls: ``StreamCalls``; table maintenance: ``MaintenanceCalls``)."""
 
     def __init__(self, config: CoordinatorConfig) -> None:
         from raysink.coordinator.metastore import open_metastore
@@ -103,6 +104,7 @@ class CoordinatorActor(StreamCalls):
             generation=record.generation, bitmaps=bitmaps,
             max_pending_epochs=config.max_pending_epochs, epoch_offset=config.epoch_offset)
         self._health = SinkHealthBook(config.sinks)
+        self._maintenance = MaintenanceBook(config.sinks, config.retry_cap)
         self._feeds = FeedRegistry()
         self._recent: OrderedDict[int, tuple[str, ...]] = OrderedDict()
         self._started = False
@@ -248,7 +250,8 @@ class CoordinatorActor(StreamCalls):
         while True:
             step = self._core.next_commit(sink)
             if step is None:
-                await self._wait_change(1.0)
+                if not await self._maintain_between(sink):  # nothing due: wait for work
+                    await self._wait_change(1.0)
                 continue
             started = time.monotonic()
             try:
@@ -550,7 +553,9 @@ class CoordinatorActor(StreamCalls):
                                   last_committed_epoch=self._core.sink_last_committed(name),
                                   last_error=health.last_error,
                                   history=list(self._history.get(name, [])),
-                                  held_by=health.held_by)
+                                  held_by=health.held_by,
+                                  maintenance=self._maintenance.totals(name),
+                                  table=self._maintenance.table(name))
                  for name, health in self._health.items()}
         for name in self._dropped:
             sinks[name] = SinkStatus(state="dropped", last_committed_epoch=None, last_error=None)

@@ -235,7 +235,47 @@ _SPARK = Row(title="Spark writes", panels=(
                     style="bars", legend="{{runtime}}"),)),
 ))
 
-ROWS: tuple[Row, ...] = (_THROUGHPUT, _EPOCHS, _HEALTH, _WRITERS, _SPARK)
+_TABLES = Row(title="Tables and maintenance", panels=(
+    Panel(title="Live data files per table",
+          question="Does maintenance keep each table's file count bounded over a long "
+                   "stream, or do small files pile up?",
+          unit="short", queries=(
+              Query(expr=_latest("table_data_files", SINK), by=SINK,
+                    legend="{{runtime}}/{{sink}}"),)),
+    Panel(title="Table data and metadata bytes",
+          question="How large are each table's data, and its metadata or log (which every "
+                   "commit and every reader's open reads)?",
+          unit="bytes", queries=(
+              Query(expr=_latest("table_data_bytes", SINK), by=SINK,
+                    legend="{{runtime}}/{{sink}} data"),
+              Query(expr=_latest("table_metadata_bytes", SINK), by=SINK,
+                    legend="{{runtime}}/{{sink}} metadata"))),
+    Panel(title="Retained snapshots or log versions",
+          question="Does expiry keep the snapshots (Iceberg) or log versions (Delta) each "
+                   "table retains bounded?",
+          unit="short", queries=(
+              Query(expr=_latest("table_snapshots", SINK), by=SINK,
+                    legend="{{runtime}}/{{sink}}"),)),
+    Panel(title="Maintenance passes, failures and files",
+          question="Does maintenance run, does it fail (retried with backoff), and how many "
+                   "files does it compact and delete?",
+          unit="short", queries=(
+              Query(expr=_increase("maintenance_passes", SINK), by=SINK, style="bars",
+                    legend="{{runtime}}/{{sink}} passes"),
+              Query(expr=_increase("maintenance_failures", SINK), by=SINK, style="bars",
+                    legend="{{runtime}}/{{sink}} failures"),
+              Query(expr=_increase("maintenance_files_compacted", SINK), by=SINK,
+                    style="bars", legend="{{runtime}}/{{sink}} files compacted"),
+              Query(expr=_increase("maintenance_files_deleted", SINK), by=SINK,
+                    style="bars", legend="{{runtime}}/{{sink}} files deleted"))),
+    Panel(title="Last maintenance pass",
+          question="When did each sink's last maintenance pass end (unix time)?",
+          unit="dateTimeAsIso", queries=(
+              Query(expr=f"{_latest('maintenance_last_timestamp', SINK)} * 1000", by=SINK,
+                    legend="{{runtime}}/{{sink}}"),)),
+))
+
+ROWS: tuple[Row, ...] = (_THROUGHPUT, _EPOCHS, _HEALTH, _WRITERS, _TABLES, _SPARK)
 
 VARIABLES: tuple[Variable, ...] = (
     Variable(name="SessionName", label="Ray session", multi=False,

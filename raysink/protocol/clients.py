@@ -33,6 +33,7 @@ if TYPE_CHECKING:
     )
     from raysink.protocol.results import EpochSource, RecoveryState, Resolution, WriterLayout
     from raysink.reports import ActorProcess, RuntimeStatus
+    from raysink.sinks._maintenance import MaintenanceReport
     from raysink.sinks.base import Held
 
 __all__ = ["NAMESPACE", "Ask", "Call", "CoordinatorClient", "WriterClient", "answer"]
@@ -124,6 +125,10 @@ class CoordinatorClient:
 
     def status(self) -> Call[RuntimeStatus]:
         return Call(lambda: self.actor().status.remote())
+
+    def maintain(self, sink: str | None, timeout: float) -> Call[list[MaintenanceReport]]:
+        """A full maintenance pass of ``sink`` (every sink maintained: ``None``)."""
+        return Call(lambda: self.actor().maintain.remote(sink, timeout))
 
     def recovery(self, timeout: float) -> Call[RecoveryState]:
         """Whether it has recovered, waiting up to ``timeout`` seconds for it."""

@@ -129,3 +129,35 @@ class TableStats:
     """Retained Iceberg snapshots, or Delta versions still in the log."""
     metadata_files: int
     metadata_bytes: int
+
+
+@dataclass(frozen=True)
+class MaintenanceTotals:
+    """A sink's maintenance since its coordinator started (``SinkStatus.maintenance``):
+    the reports of its passes summed, the failed passes, and when the last one ended."""
+
+    passes: int = 0
+    failures: int = 0
+    files_compacted: int = 0
+    files_written: int = 0
+    bytes_rewritten: int = 0
+    snapshots_expired: int = 0
+    files_deleted: int = 0
+    seconds: float = 0.0
+    last_pass_at: float | None = None
+    """Wall-clock time (``time.time()``) the last successful pass ended."""
+    last_error: str | None = None
+    """Why the last pass failed, until one succeeds (it is retried with backoff)."""
+
+    def add(self, report: MaintenanceReport, at: float) -> MaintenanceTotals:
+        return dataclasses.replace(
+            self, passes=self.passes + 1,
+            files_compacted=self.files_compacted + report.files_compacted,
+            files_written=self.files_written + report.files_written,
+            bytes_rewritten=self.bytes_rewritten + report.bytes_rewritten,
+            snapshots_expired=self.snapshots_expired + report.snapshots_expired,
+            files_deleted=self.files_deleted + report.files_deleted,
+            seconds=self.seconds + report.seconds, last_pass_at=at, last_error=None)
+
+    def failed(self, error: str) -> MaintenanceTotals:
+        return dataclasses.replace(self, failures=self.failures + 1, last_error=error)

@@ -188,6 +188,12 @@ def _last_committed_agree(prometheus: PrometheusServer, rt: SinkRuntime,
     return shown == {s: float(i.last_committed_epoch or 0) for s, i in status.sinks.items()}
 
 
+TABLE_ONLY = ("table_", "maintenance_last_timestamp")
+"""Gauges set only for a sink that maintains a table (Delta, Iceberg) once a pass ran:
+this runtime's Parquet and PostgreSQL sinks have none (``test_maintenance`` shows them in
+``status()``, which the gauges are set from)."""
+
+
 def _check_every_query(prometheus: PrometheusServer, substitute: Callable[[str], str]) -> None:
     """Every query of every panel answers with at least one series carrying its labels
     (this runtime's, and one of its sinks, roles or writers); every variable has values."""
@@ -196,6 +202,8 @@ def _check_every_query(prometheus: PrometheusServer, substitute: Callable[[str],
         for query in panel.queries:
             result = prometheus.query(substitute(query.expr))
             where = f"{panel.title!r}: {query.expr}"
+            if not result and any(f"ray_raysink_{g}" in query.expr for g in TABLE_ONLY):
+                continue  # a table's size: none of this runtime's sinks maintains a table
             assert result, f"no series for {where}"
             for series in result:
                 labels = series["metric"]

@@ -19,6 +19,7 @@ CLIENTS = PACKAGE / "protocol" / "clients.py"
 # the actor classes whose methods only the clients call
 ACTORS = {PACKAGE / "coordinator" / "coordinator.py": "CoordinatorActor",
           PACKAGE / "coordinator" / "stream_calls.py": "StreamCalls",
+          PACKAGE / "coordinator" / "maintenance.py": "MaintenanceCalls",
           PACKAGE / "coordinator" / "standby.py": "StandbyCoordinatorActor",
           PACKAGE / "writer" / "writer.py": "SinkWriterActor"}
 

@@ -152,3 +152,33 @@ def test_spark_pulls_count_only_inside_a_runtime(fakes: dict[str, Any]) -> None:
     assert fakes["spark_partitions_pulled"].get(runtime="rt") == 2
     assert fakes["spark_executor_fallbacks"].get(runtime="rt") == 1
     assert fakes["spark_partitions_pulled"].get(runtime="") is None
+
+
+def test_maintenance_counts_and_the_table_size_becomes_gauges(fakes: dict[str, _Fake]) -> None:
+    from raysink.sinks._maintenance import MaintenanceReport, MaintenanceTotals, TableStats
+
+    metrics = CoordinatorMetrics("rt", ["lake", "db"])
+    tags = {"runtime": "rt", "sink": "lake"}
+    assert fakes["maintenance_passes"].get(**tags) == 0.0
+    assert fakes["maintenance_failures"].get(runtime="rt", sink="db") == 0.0
+    report = MaintenanceReport(sink="lake", files_compacted=20, files_deleted=30)
+    table = TableStats(data_files=2, data_bytes=900, snapshots=7, metadata_files=9,
+                       metadata_bytes=4000)
+    metrics.maintained(report, table)
+    metrics.maintenance_failed("lake")
+    assert fakes["maintenance_passes"].get(**tags) == 1
+    assert fakes["maintenance_files_compacted"].get(**tags) == 20
+    assert fakes["maintenance_files_deleted"].get(**tags) == 30
+    assert fakes["maintenance_failures"].get(**tags) == 1
+    metrics.status(RuntimeStatus(name="rt", metastore="", last_committed_epoch=4,
+                                 pending_epochs=[], sinks={
+        "lake": SinkStatus(state="running", last_committed_epoch=4, last_error=None,
+                           maintenance=MaintenanceTotals(passes=1, last_pass_at=1.7e9),
+                           table=table),
+        "db": SinkStatus(state="running", last_committed_epoch=4, last_error=None)}))
+    assert fakes["table_data_files"].get(**tags) == 2
+    assert fakes["table_data_bytes"].get(**tags) == 900
+    assert fakes["table_snapshots"].get(**tags) == 7
+    assert fakes["table_metadata_bytes"].get(**tags) == 4000
+    assert fakes["maintenance_last_timestamp"].get(**tags) == 1.7e9
+    assert fakes["table_data_files"].get(runtime="rt", sink="db") is None  # not a table

@@ -22,8 +22,15 @@ from raysink._faults import hit
 from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
 from raysink.sinks._files import FilesManifest, FileStore, files_manifests
 from raysink.sinks._format import MARKER_FORMAT, check_marker
+from raysink.sinks._maintenance import (
+    Maintenance,
+    MaintenanceReport,
+    MaintenanceWindow,
+    TableStats,
+)
 from raysink.sinks._table_format import StagedFilesSink, file_schemas
 from raysink.sinks.base import CommitResult, Manifest, decision_id
+from raysink.sinks.delta import _maintain
 from raysink.sinks.delta._table import (
     STAGING_PREFIX,
     DeltaOptions,
@@ -76,6 +83,11 @@ class DeltaSink(StagedFilesSink):
     type narrower than the table's is cast up; any other difference is a
     ``SchemaMismatchError`` naming the column.
     ``commit`` and ``abort`` are idempotent; ``validate`` creates nothing.
+
+    ``maintenance``: the coordinator keeps the table small between commits (compaction
+    per partition, checkpoints, expiry of removed files and old log entries;
+    ``raysink.sinks.delta._maintain``) by ``raysink.Maintenance()``'s defaults; pass a
+    ``Maintenance(...)`` to tune it or ``False`` to switch it off for this sink.
     """
 
     kind = "delta"
@@ -91,6 +103,7 @@ class DeltaSink(StagedFilesSink):
         schema_evolution: _schema.SchemaEvolution = "fail",
         max_file_rows: int = 1_000_000,
         compression: str = "zstd",
+        maintenance: Maintenance | bool | None = None,
     ) -> None:
         if mode not in ("append", "upsert"):
             raise ConfigError(f"DeltaSink mode must be 'append' or 'upsert', got {mode!r}")
@@ -107,6 +120,7 @@ class DeltaSink(StagedFilesSink):
             schema_evolution=schema_evolution, max_file_rows=max_file_rows,
             compression=compression)
         self._cache = TableCache(self._opts)
+        self.maintenance = Maintenance.of(maintenance, "DeltaSink")
 
     # ------------------------------------------------------------------ description
 
@@ -410,6 +424,18 @@ class DeltaSink(StagedFilesSink):
                 self.abort(epoch, [listed])
             return
         self._delete_staged(epoch, [STAGING_PREFIX], [str(f["path"]) for f in files])
+
+    # ------------------------------------------------------------------ maintenance
+
+    def maintain(self, window: MaintenanceWindow) -> MaintenanceReport:
+        """One pass: compaction, checkpoint, expiry of removed files, log cleanup (run by
+        the coordinator between this sink's commits; ``_maintain``)."""
+        return _maintain.maintain(self._opts, self.maintenance, window, sink=self.name,
+                                  runtime=self.runtime)
+
+    def table_stats(self) -> TableStats | None:
+        dt = self._cache.current()
+        return None if dt is None else _maintain.stats(self._opts, dt)
 
     # ------------------------------------------------------------------ abort, markers
 

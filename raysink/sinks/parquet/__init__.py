@@ -60,6 +60,9 @@ A plain directory has no atomic multi-file commit: files appear one rename at a 
 crash in the middle of ``commit`` shows part of an epoch until the roll-forward re-runs
 it. Use ``DeltaSink`` or ``IcebergSink`` where readers need atomic visibility.
 
+For the same reason a directory is never compacted (``docs/maintenance.md``): a file per
+writer per epoch stays a file; long streams of small epochs belong in Delta or Iceberg.
+
 Modules: ``_sink`` (``ParquetSink``: validate, commit, abort, the marker), ``_writer``
 (``ParquetSinkWriter``), ``_layout`` (the directory's places; the manifests' paths
 checked), ``_publish`` (staged files moved into place), ``_log`` (the commit log and the

@@ -54,6 +54,14 @@ class ParquetSink(Sink):
     ``schema_evolution="add_columns"`` adds new columns (a batch of a type narrower than
     the directory's is cast up); a wider type is refused, since Spark cannot read Parquet
     files holding one column in two types.
+
+    No table maintenance (``maintain`` does nothing): readers list the directory, so a
+    compaction cannot swap small files for a large one atomically, and a reader between
+    the steps would count rows twice or miss them. Each writer writes at least one file
+    per epoch it received rows in (more past ``max_file_bytes``): the files grow with
+    the epochs, by ``writers`` per epoch. For a long stream of small epochs make epochs
+    larger and writers fewer, or use ``DeltaSink``/``IcebergSink``, which compact
+    (``docs/maintenance.md``).
     """
 
     kind = "parquet"

@@ -1,0 +1,318 @@
+"""Delta table maintenance: compaction, checkpoints, expiry of removed files, log cleanup.
+
+One pass, run by the coordinator in the sink's commit worker (no commit of this sink runs
+meanwhile), in named steps, each checked against the window's deadline before it starts:
+
+``compact``
+    Per partition (the whole table when unpartitioned) holding at least
+    ``min_compact_files`` files under half of ``target_file_bytes`` (two, forced), one
+    ``optimize.compact`` commit rewriting them into files of about ``target_file_bytes``.
+    The commit carries no app transaction: the table's transaction state is the latest
+    version of each app id in the whole log, so the marker stays where the epoch commit
+    put it (``committed_epoch()`` reads it through any number of maintenance commits).
+``checkpoint``
+    ``create_checkpoint`` once ``checkpoint_every`` versions have passed since the last
+    one, so opening the table reads one checkpoint and at most that many commits. A
+    checkpoint holds every app transaction (unless ``delta.setTransactionRetentionDuration``
+    is set, which raysink refuses to clean up after: see below).
+``expire_files``
+    The data files removed (by compaction, or an upsert's MERGE) in the log entries the
+    next step deletes: no retained version references them. Files staged for an epoch the
+    meta store has not committed are never in a remove action; a path under the staging
+    prefix above ``committed_epoch`` is skipped all the same.
+``cleanup_log``
+    Log entries older than the newest checkpoint at or before the oldest retained version.
+    A version is retained while it is among the newest ``keep_snapshots`` or younger than
+    ``keep_seconds`` (its commit file's time); every retained version stays readable by time
+    travel, since the checkpoint it starts from is kept with every entry after it.
+
+Why not delta-rs's own ``vacuum`` and ``cleanup_metadata``: both retain by age alone, in
+whole hours (``retention_hours``) or by ``delta.logRetentionDuration`` (a table property, so
+a commit), and ``cleanup_metadata`` keeps no checkpoint below the versions it keeps.
+
+Crash points (``raysink._faults``): ``maintenance.mid_compaction`` after one partition's
+compaction committed, ``maintenance.mid_expiry`` after the removed files are deleted and
+before the log entries naming them, ``maintenance.mid_cleanup`` after the first log entry
+is deleted. Each step is safe to re-run: deletions of missing files are no-ops, and log
+entries go oldest first, so what is left is always a readable suffix.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import re
+import time
+import urllib.parse
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import pyarrow as pa
+import pyarrow.fs as pafs
+
+from raysink._faults import hit
+from raysink.sinks._files import FileStore
+from raysink.sinks._maintenance import (
+    Maintenance,
+    MaintenanceReport,
+    MaintenanceWindow,
+    TableStats,
+)
+from raysink.sinks.delta._table import STAGING_PREFIX, DeltaOptions, deltalake_module
+
+__all__ = ["MAINTENANCE_KEY", "LogEntry", "maintain", "stats"]
+
+logger = logging.getLogger(__name__)
+
+MAINTENANCE_KEY = "raysink.maintenance"
+"""Commit metadata naming a maintenance commit's step."""
+_LOG = "_delta_log"
+_VERSIONED = re.compile(r"^(\d{20})\.")
+_TXN_RETENTION = "delta.setTransactionRetentionDuration"
+
+
+@dataclass(frozen=True, slots=True)
+class LogEntry:
+    """One file of ``_delta_log`` that belongs to a version."""
+
+    name: str
+    version: int
+    size: int
+    mtime: float
+
+    @property
+    def is_commit(self) -> bool:
+        return self.name.endswith(".json") and self.name.count(".") == 1
+
+    @property
+    def is_checkpoint(self) -> bool:
+        return ".checkpoint." in self.name and self.name.endswith(".parquet")
+
+
+@dataclass
+class _Pass:
+    """The running tally of one pass."""
+
+    sink: str
+    runtime: str
+    window: MaintenanceWindow
+    policy: Maintenance
+    started: float = field(default_factory=time.monotonic)
+    steps: list[str] = field(default_factory=list)
+    compacted: int = 0
+    written: int = 0
+    rewritten: int = 0
+    expired: int = 0
+    deleted: int = 0
+    complete: bool = True
+
+    def out_of_time(self) -> bool:
+        if time.monotonic() >= self.window.deadline:
+            self.complete = False
+        return not self.complete
+
+    def report(self) -> MaintenanceReport:
+        return MaintenanceReport(
+            sink=self.sink, steps=tuple(self.steps), files_compacted=self.compacted,
+            files_written=self.written, bytes_rewritten=self.rewritten,
+            snapshots_expired=self.expired, files_deleted=self.deleted,
+            seconds=time.monotonic() - self.started, complete=self.complete)
+
+
+def maintain(opts: DeltaOptions, policy: Maintenance, window: MaintenanceWindow, *,
+             sink: str, runtime: str) -> MaintenanceReport:
+    """One pass over the table at ``opts.uri`` (nothing when there is no table yet)."""
+    tally = _Pass(sink=sink, runtime=runtime, window=window, policy=policy)
+    dt = opts.load()
+    if dt is None:
+        return tally.report()
+    steps: list[Callable[[DeltaOptions, Any, _Pass], None]] = [
+        _compact, _checkpoint, _expire_and_clean]
+    for number, step in enumerate(steps):  # the first always runs: every pass progresses
+        if number and tally.out_of_time():
+            break
+        step(opts, dt, tally)
+        dt.update_incremental()
+    return tally.report()
+
+
+# --------------------------------------------------------------------------- compact
+
+
+def _partitions(dt: Any, policy: Maintenance, force: bool) -> list[dict[str, str | None]]:
+    """The partitions worth compacting, as partition values, in a stable order."""
+    adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
+    columns = [c for c in adds if c.startswith("partition.")]
+    small = policy.target_file_bytes // 2
+    counts: dict[tuple[Any, ...], int] = {}
+    for i, size in enumerate(adds.get("size_bytes", [])):
+        if size < small:
+            key = tuple(adds[c][i] for c in columns)
+            counts[key] = counts.get(key, 0) + 1
+    threshold = 2 if force else policy.min_compact_files
+    names = [c.removeprefix("partition.") for c in columns]
+    chosen = sorted((k for k, n in counts.items() if n >= threshold), key=repr)
+    return [{name: None if v is None else str(v) for name, v in zip(names, key, strict=True)}
+            for key in chosen]
+
+
+def _compact(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
+    dl = deltalake_module()
+    for number, values in enumerate(_partitions(dt, tally.policy, tally.window.force)):
+        if number and tally.out_of_time():
+            return
+        if any(v is None for v in values.values()):
+            continue  # a null partition cannot be named by an equality filter
+        filters = [(name, "=", value) for name, value in values.items()] or None
+        metrics = dt.optimize.compact(
+            partition_filters=filters, target_size=tally.policy.target_file_bytes,
+            commit_properties=dl.CommitProperties(custom_metadata={MAINTENANCE_KEY: "compact"}))
+        removed = int(metrics.get("numFilesRemoved", 0))
+        if removed:
+            if "compact" not in tally.steps:
+                tally.steps.append("compact")
+            tally.compacted += removed
+            tally.written += int(metrics.get("numFilesAdded", 0))
+            tally.rewritten += int(_total_size(metrics.get("filesRemoved")))
+            logger.info("Delta sink %s: compacted %d files into %d in %s", tally.sink,
+                        removed, metrics.get("numFilesAdded", 0), values or "the table")
+        hit("maintenance.mid_compaction", runtime=tally.runtime, sink=tally.sink,
+            partition=number)
+
+
+def _total_size(files: Any) -> int:
+    if isinstance(files, str):
+        files = json.loads(files)
+    return int(files.get("totalSize", 0)) if isinstance(files, dict) else 0
+
+
+# --------------------------------------------------------------------------- checkpoint
+
+
+def _checkpoint(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
+    if _refuses_cleanup(dt, tally):
+        return
+    entries = log_entries(opts)
+    last = max((e.version for e in entries if e.is_checkpoint), default=-1)
+    latest = int(dt.version())
+    due = latest - last >= tally.policy.checkpoint_every or (tally.window.force
+                                                             and latest > last)
+    if due:
+        dt.create_checkpoint()
+        tally.steps.append("checkpoint")
+
+
+def _refuses_cleanup(dt: Any, tally: _Pass) -> bool:
+    """A table whose app transactions expire would lose raysink's marker in a checkpoint:
+    no checkpoint or cleanup of raysink's then (delta-rs may still write its own)."""
+    if _TXN_RETENTION not in (dt.metadata().configuration or {}):
+        return False
+    logger.warning("Delta sink %s: the table sets %s, which expires raysink's marker; "
+                   "its log is not cleaned up (unset the property)", tally.sink, _TXN_RETENTION)
+    return True
+
+
+# --------------------------------------------------------------------------- expiry, cleanup
+
+
+def log_entries(opts: DeltaOptions) -> list[LogEntry]:
+    """The versioned files of ``_delta_log``, oldest first."""
+    store = opts.store()
+    selector = pafs.FileSelector(store.full(_LOG), recursive=False, allow_not_found=True)
+    entries = []
+    for info in store.fs.get_file_info(selector):
+        match = _VERSIONED.match(info.base_name)
+        if match is None or info.type != pafs.FileType.File:
+            continue
+        mtime = info.mtime.timestamp() if info.mtime is not None else 0.0
+        entries.append(LogEntry(info.base_name, int(match.group(1)), int(info.size or 0), mtime))
+    return sorted(entries, key=lambda e: (e.version, e.name))
+
+
+def oldest_retained(entries: list[LogEntry], latest: int, policy: Maintenance,
+                    now: float) -> int:
+    """The oldest version retention keeps: among the newest ``keep_snapshots``, or
+    younger than ``keep_seconds``."""
+    by_count = latest - policy.keep_snapshots + 1
+    young = [e.version for e in entries
+             if e.is_commit and e.mtime >= now - policy.keep_seconds]
+    return max(0, min([by_count, *young]))
+
+
+def _expire_and_clean(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
+    if _refuses_cleanup(dt, tally):
+        return
+    entries = log_entries(opts)
+    keep_from = oldest_retained(entries, int(dt.version()), tally.policy, time.time())
+    store = opts.store()
+    # a file removed at version v is in no version from v on: none retained needs it
+    removing = [e for e in entries if e.is_commit and e.version <= keep_from]
+    removed = _removed_files(store, removing, tally.window.committed_epoch)
+    deleted = sum(_delete(store, path) for path in removed)
+    for parent in sorted({p.rsplit("/", 1)[0] for p in removed if "/" in p}):
+        store.remove_empty_dir(parent)  # an epoch's staging directory, once emptied
+    if deleted:
+        tally.steps.append("expire_files")
+        tally.deleted += deleted
+    hit("maintenance.mid_expiry", runtime=tally.runtime, sink=tally.sink)
+    start = max((e.version for e in entries if e.is_checkpoint and e.version <= keep_from),
+                default=0)
+    expiring = [e for e in entries if e.version < start]
+    for number, entry in enumerate(expiring):
+        store.delete(f"{_LOG}/{entry.name}")
+        if number == 0:
+            hit("maintenance.mid_cleanup", runtime=tally.runtime, sink=tally.sink)
+    if expiring:
+        tally.steps.append("cleanup_log")
+        tally.expired += sum(1 for e in expiring if e.is_commit)
+        tally.deleted += len(expiring)
+    logger.info("Delta sink %s: removed %d log entries below version %d and %d data files",
+                tally.sink, len(expiring), start, deleted)
+
+
+def _delete(store: FileStore, path: str) -> bool:
+    """Delete one file; ``False`` when it was gone already (a pass re-reads the removes
+    of the versions it keeps until a checkpoint passes them)."""
+    try:
+        store.fs.delete_file(store.full(path))
+    except FileNotFoundError:
+        return False
+    return True
+
+
+def _removed_files(store: FileStore, commits: list[LogEntry],
+                   committed: int | None) -> list[str]:
+    """The data files the ``remove`` actions of ``commits`` name (never a file staged for
+    an epoch above ``committed``)."""
+    paths: list[str] = []
+    for entry in commits:
+        with store.fs.open_input_stream(store.full(f"{_LOG}/{entry.name}")) as stream:
+            lines = stream.read().decode().splitlines()
+        for line in lines:
+            action = json.loads(line) if line.strip() else {}
+            if "remove" in action:
+                path = urllib.parse.unquote(action["remove"]["path"])
+                if "://" not in path and not _pending_staged(path, committed):
+                    paths.append(path)
+    return paths
+
+
+def _pending_staged(path: str, committed: int | None) -> bool:
+    parts = path.split("/")
+    if len(parts) < 3 or parts[0] != STAGING_PREFIX or not parts[1].isdigit():
+        return False
+    return committed is None or int(parts[1]) > committed
+
+
+# --------------------------------------------------------------------------- stats
+
+
+def stats(opts: DeltaOptions, dt: Any) -> TableStats:
+    """Live data files and bytes, versions still in the log, and the log's size."""
+    sizes = pa.table(dt.get_add_actions(flatten=False)).column("size_bytes").to_pylist()
+    entries = log_entries(opts)
+    return TableStats(data_files=len(sizes), data_bytes=int(sum(sizes)),
+                      snapshots=sum(1 for e in entries if e.is_commit),
+                      metadata_files=len(entries),
+                      metadata_bytes=sum(e.size for e in entries))

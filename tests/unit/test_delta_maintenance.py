@@ -1,0 +1,204 @@
+"""Delta maintenance on real Delta tables, without Ray: compaction (per partition),
+checkpoints, expiry of removed files and log cleanup keep the exact contents, the marker,
+files staged for an epoch not yet committed, and time travel to every retained version.
+
+The crash points are taken here in-process (an exception at the point, then the pass run
+again); ``tests/integration/test_maintenance.py`` SIGKILLs the coordinator at them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import pyarrow as pa
+import pytest
+
+deltalake = pytest.importorskip("deltalake")
+
+from raysink import Maintenance  # noqa: E402
+from raysink.sinks._maintenance import MaintenanceWindow  # noqa: E402
+from raysink.sinks.delta import DeltaSink, _maintain  # noqa: E402
+from tests.support.staging import stage_writers as stage  # noqa: E402
+
+TIGHT = Maintenance(min_compact_files=4, keep_snapshots=1, keep_seconds=0,
+                    checkpoint_every=1)
+
+
+def sink_at(path: Path, policy: Maintenance = TIGHT, **options: Any) -> DeltaSink:
+    return DeltaSink(str(path), maintenance=policy, **options).bind("rt", "main")
+
+
+def rows(epoch: int, writer: int, n: int = 5) -> pa.RecordBatch:
+    base = epoch * 100 + writer * 10
+    return pa.record_batch({"id": pa.array(range(base, base + n), pa.int64()),
+                            "day": pa.array([f"d{epoch % 2}"] * n)})
+
+
+def commit_epochs(sink: DeltaSink, epochs: range) -> None:
+    for epoch in epochs:
+        sink.commit(epoch, stage(sink, epoch, [[rows(epoch, 0)], [rows(epoch, 1)]]))
+
+
+def content(path: Path, version: int | None = None) -> list[int]:
+    table = deltalake.DeltaTable(str(path), version=version).to_pyarrow_table()
+    return sorted(table.column("id").to_pylist())
+
+
+def expected(epochs: range) -> list[int]:
+    return sorted(i for e in epochs for w in (0, 1)
+                  for i in rows(e, w).column("id").to_pylist())
+
+
+def window(sink: DeltaSink, force: bool = False, seconds: float = 30.0) -> MaintenanceWindow:
+    return MaintenanceWindow(deadline=time.monotonic() + seconds,
+                             committed_epoch=sink.committed_epoch(), force=force)
+
+
+def leaked(path: Path, staged: Sequence[Path] = ()) -> list[str]:
+    """Data files on disk that no version still in the log references (``staged``: files
+    of epochs not committed, rightly on disk)."""
+    versions = sorted({int(p.name.split(".")[0]) for p in (path / "_delta_log").glob("*.json")})
+    kept = {Path(uri.removeprefix("file://")) for v in versions
+            for uri in deltalake.DeltaTable(str(path), version=v).file_uris()}
+    on_disk = {p for p in path.rglob("*.parquet") if "_delta_log" not in p.parts}
+    return sorted(str(p.relative_to(path)) for p in on_disk - kept - set(staged))
+
+
+def log_names(path: Path) -> list[str]:
+    return sorted(p.name for p in (path / "_delta_log").iterdir())
+
+
+def test_a_pass_compacts_expires_and_cleans_yet_keeps_rows_marker_and_staged(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path)
+    commit_epochs(sink, range(1, 11))
+    pending = stage(sink, 11, [[rows(11, 0)]])  # staged, not committed
+    staged = [path / f["path"] for f in pending[0]["files"]]
+    before = sink.table_stats()
+    assert before is not None and before.data_files == 20 and before.snapshots == 10
+
+    report = sink.maintain(window(sink))
+
+    assert report.steps == ("compact", "checkpoint", "expire_files", "cleanup_log")
+    assert report.files_deleted == 20 + 10  # the compacted files, versions 0..9 of the log
+    assert (report.files_compacted, report.files_written) == (20, 1)
+    assert report.complete
+    assert content(path) == expected(range(1, 11))
+    assert sink.committed_epoch() == 10  # read from the checkpoint: its commit is gone
+    assert all(f.exists() for f in staged)
+    assert leaked(path, staged) == []
+    after = sink.table_stats()
+    assert after is not None and (after.data_files, after.snapshots) == (1, 1)
+    assert [p.name for p in (path / "raysink").iterdir()] == [f"{11:012d}"]  # epoch 11's
+    assert log_names(path) == sorted(
+        [f"{10:020d}.json", f"{10:020d}.checkpoint.parquet", "_last_checkpoint"])
+
+    sink.commit(11, pending)  # the stream goes on over the compacted table
+    assert content(path) == expected(range(1, 11)) + sorted(
+        rows(11, 0).column("id").to_pylist())
+    assert sink.committed_epoch() == 11
+
+
+def test_partitions_compact_one_by_one(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, partition_by=["day"])
+    commit_epochs(sink, range(1, 9))
+
+    report = sink.maintain(window(sink))
+
+    assert report.files_compacted == 16 and report.files_written == 2
+    adds = pa.table(deltalake.DeltaTable(str(path)).get_add_actions(flatten=True)).to_pydict()
+    assert sorted(adds["partition.day"]) == ["d0", "d1"]
+    assert content(path) == expected(range(1, 9))
+
+
+def test_retention_keeps_time_travel_to_every_retained_version(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, TIGHT.replace(keep_snapshots=4))
+    commit_epochs(sink, range(1, 9))  # versions 0..7: version v holds epochs 1..v+1
+    sink.maintain(window(sink))  # compaction at 8, checkpointed; nothing below 8 expires
+    assert content(path, 0) == expected(range(1, 2))
+    commit_epochs(sink, range(9, 13))  # versions 9..12
+    sink.maintain(window(sink))  # compaction at 13: 10..13 retained, from checkpoint 8
+
+    for version, epochs in [(8, range(1, 9)), (10, range(1, 11)), (12, range(1, 13)),
+                            (13, range(1, 13))]:
+        assert content(path, version) == expected(epochs)
+    with pytest.raises(Exception):  # noqa: B017 - delta-rs's own error: the version is gone
+        content(path, 7)
+
+
+def test_nothing_is_cleaned_while_young(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, TIGHT.replace(keep_seconds=3600))
+    commit_epochs(sink, range(1, 6))
+    report = sink.maintain(window(sink))
+    assert report.steps == ("compact", "checkpoint")
+    assert content(path, 0) == expected(range(1, 2))
+
+
+def test_a_table_that_expires_app_transactions_is_not_cleaned(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path)
+    commit_epochs(sink, range(1, 6))
+    table = deltalake.DeltaTable(str(path))
+    table.alter.set_table_properties({"delta.setTransactionRetentionDuration": "interval 1 days"})
+    report = sink.maintain(window(sink))
+    assert report.steps == ("compact",)
+    assert sink.committed_epoch() == 5
+
+
+def test_a_pass_past_its_deadline_runs_one_step(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path)
+    commit_epochs(sink, range(1, 6))
+    report = sink.maintain(window(sink, seconds=-1))
+    assert (report.steps, report.complete) == (("compact",), False)
+    assert sink.maintain(window(sink)).steps == ("checkpoint", "expire_files", "cleanup_log")
+
+
+def test_force_compacts_below_the_threshold(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, TIGHT.replace(min_compact_files=100))
+    commit_epochs(sink, range(1, 3))
+    assert "compact" not in sink.maintain(window(sink)).steps
+    assert sink.maintain(window(sink, force=True)).files_compacted == 4
+
+
+def test_the_option_switches_maintenance_off() -> None:
+    assert not DeltaSink("/tmp/x", maintenance=False).maintenance.enabled
+    assert DeltaSink("/tmp/x").maintenance == Maintenance()
+
+
+@pytest.mark.parametrize("point", [
+    "maintenance.mid_compaction",  # one partition compacted, the other not
+    "maintenance.mid_expiry",  # removed files deleted, their log entries not
+    "maintenance.mid_cleanup",  # the oldest log entry deleted, the rest not
+])
+def test_a_pass_cut_at_each_point_is_finished_by_the_next(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, point: str) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, partition_by=["day"])
+    commit_epochs(sink, range(1, 9))
+
+    def cut(at: str, **context: Any) -> None:
+        if at == point:
+            raise RuntimeError(f"cut at {at}")
+
+    monkeypatch.setattr(_maintain, "hit", cut)
+    with pytest.raises(RuntimeError, match="cut at"):
+        sink.maintain(window(sink))
+    assert content(path) == expected(range(1, 9))
+    assert sink.committed_epoch() == 8
+    monkeypatch.undo()
+
+    sink.maintain(window(sink))
+    assert leaked(path) == []  # a cut pass leaves nothing the next one does not delete
+    commit_epochs(sink, range(9, 10))
+    assert content(path) == expected(range(1, 10))
+    assert sink.committed_epoch() == 9
+    tables = deltalake.DeltaTable(str(path)).file_uris()
+    assert all(Path(uri.removeprefix("file://")).exists() for uri in tables)
