@@ -34,12 +34,45 @@ _CONTROL = r"[\x00-\x1f]"
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """One batch's records: values (and keys, headers) as Python lists, in row order."""
+    """One batch's records as Arrow arrays, in row order: values (string or binary), keys
+    (``None``: no key column) and one array per header column. They stay Arrow until
+    produced: the writer reorders them by partition with ``take`` and turns each
+    partition's slice into Python objects once (``values``, ``keys``, ``headers``)."""
 
-    values: list[Any]
-    keys: list[Any] | None
-    headers: list[list[tuple[str, Any]]] | None
+    value_array: Any
+    key_array: Any
+    header_names: tuple[str, ...]
+    header_arrays: tuple[Any, ...]
     nbytes: int
+
+    def __len__(self) -> int:
+        return len(self.value_array)
+
+    @property
+    def values(self) -> list[Any]:
+        return list(self.value_array.to_pylist())
+
+    @property
+    def keys(self) -> list[Any] | None:
+        return None if self.key_array is None else list(self.key_array.to_pylist())
+
+    @property
+    def headers(self) -> list[list[tuple[str, Any]]] | None:
+        if not self.header_names:
+            return None
+        columns = [a.to_pylist() for a in self.header_arrays]
+        return [list(zip(self.header_names, row, strict=True))
+                for row in zip(*columns, strict=True)]
+
+    def take(self, indices: Any) -> Encoded:
+        """The records at ``indices`` (an Arrow or numpy array of row numbers), in that
+        order."""
+        return Encoded(value_array=self.value_array.take(indices),
+                       key_array=None if self.key_array is None
+                       else self.key_array.take(indices),
+                       header_names=self.header_names,
+                       header_arrays=tuple(a.take(indices) for a in self.header_arrays),
+                       nbytes=self.nbytes)
 
 
 def value_column(schema: pa.Schema, value: str | None) -> str | None:
@@ -72,23 +105,24 @@ def encode(table: pa.Table | pa.RecordBatch, *, key: str | None, value: str | No
                                       f"{table.schema.names})", column=name)
     passthrough = value_column(table.schema, value)
     values = (table.column(passthrough) if passthrough is not None else json_rows(table))
-    value_list = values.to_pylist()
-    return Encoded(values=value_list,
-                   keys=None if key is None else _text_or_bytes(table.column(key)).to_pylist(),
-                   headers=_headers(table, headers),
+    return Encoded(value_array=_array(values),
+                   key_array=None if key is None
+                   else _array(_text_or_bytes(table.column(key))),
+                   header_names=tuple(headers),
+                   header_arrays=tuple(_array(_text_or_bytes(table.column(n)))
+                                       for n in headers),
                    nbytes=_nbytes(values))
+
+
+def _array(column: Any) -> Any:
+    """One contiguous Arrow array (a table's column may come in chunks)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
 
 
 def _nbytes(array: Any) -> int:
     return int(array.nbytes)
-
-
-def _headers(table: pa.Table | pa.RecordBatch, names: Sequence[str]
-             ) -> list[list[tuple[str, Any]]] | None:
-    if not names:
-        return None
-    columns = [_text_or_bytes(table.column(n)).to_pylist() for n in names]
-    return [list(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def _text_or_bytes(column: Any) -> Any:
