@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -105,7 +106,7 @@ def encode(table: pa.Table | pa.RecordBatch, *, key: str | None, value: str | No
                                       f"{table.schema.names})", column=name)
     passthrough = value_column(table.schema, value)
     values = (table.column(passthrough) if passthrough is not None else json_rows(table))
-    return Encoded(value_array=_array(values),
+    return Encoded(value_array=_binary(_array(values)),
                    key_array=None if key is None
                    else _array(_text_or_bytes(table.column(key))),
                    header_names=tuple(headers),
@@ -119,6 +120,16 @@ def _array(column: Any) -> Any:
     if isinstance(column, pa.ChunkedArray):
         return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
     return column
+
+
+def _binary(array: Any) -> Any:
+    """Text as bytes (the same bytes, no copy): the client takes ``bytes`` as they are,
+    where a ``str`` is made from the buffer and encoded again."""
+    if pa.types.is_string(array.type):
+        return array.cast(pa.binary())
+    if pa.types.is_large_string(array.type):
+        return array.cast(pa.large_binary())
+    return array
 
 
 def _nbytes(array: Any) -> int:
@@ -174,12 +185,35 @@ def json_text(column: Any) -> Any:
 
 
 def _quoted(text: Any) -> Any:
-    """Strings as JSON strings: backslash and quote escaped, control characters too."""
+    """Strings as JSON strings: backslash and quote escaped, control characters too
+    (looked for first, in one pass over the bytes: most text has none)."""
+    if not _needs_escape(text):
+        return pc.binary_join_element_wise('"', text, '"', "")
     escaped = pc.replace_substring(pc.replace_substring(text, "\\", "\\\\"), '"', '\\"')
     if pc.any(pc.match_substring_regex(escaped, _CONTROL)).as_py():
         escaped = pa.array([None if s is None else json.dumps(s)[1:-1]
                             for s in text.to_pylist()], pa.string())
     return pc.binary_join_element_wise('"', escaped, '"', "")
+
+
+_ESCAPED = np.zeros(256, dtype=bool)
+_ESCAPED[:0x20] = True
+_ESCAPED[[ord('"'), ord("\\")]] = True
+
+
+def _needs_escape(text: Any) -> bool:
+    """Some string of ``text`` (a string array) holds a quote, a backslash or a control
+    character."""
+    if isinstance(text, pa.ChunkedArray):
+        return any(_needs_escape(chunk) for chunk in text.chunks)
+    _, offsets, data = text.buffers()
+    if data is None or not len(text):
+        return False
+    width = np.int64 if pa.types.is_large_string(text.type) else np.int32
+    bounds = np.frombuffer(offsets, dtype=width, count=len(text) + 1, offset=text.offset
+                           * np.dtype(width).itemsize)
+    raw = np.frombuffer(data, dtype=np.uint8)[int(bounds[0]):int(bounds[-1])]
+    return bool(_ESCAPED[raw].any())
 
 
 def _python_json(column: Any) -> Any:
