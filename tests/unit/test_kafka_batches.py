@@ -92,3 +92,21 @@ def test_a_failed_report_is_kept() -> None:
 def test_strings_become_the_same_json_with_or_without_escapes(strings: pa.Array) -> None:
     texts = json_text(strings).to_pylist()
     assert [json.loads(t) for t in texts] == [s for s in strings.to_pylist()]
+
+
+def test_throughput_defaults_are_overridable_within_exactly_once() -> None:
+    from raysink.errors import ConfigError
+    from raysink.sinks import KafkaSink
+
+    default = KafkaSink("127.0.0.1:9", "t").settings.producer_config("x")
+    assert default["max.in.flight.requests.per.connection"] == 5
+    assert default["batch.size"] == 1_000_000 and default["compression.type"] == "none"
+    mine = KafkaSink("127.0.0.1:9", "t", producer_config={
+        "compression.type": "zstd", "linger.ms": 50,
+        "max.in.flight.requests.per.connection": 2}).settings.producer_config("x")
+    assert (mine["compression.type"], mine["linger.ms"],
+            mine["max.in.flight.requests.per.connection"]) == ("zstd", "50", "2")
+    assert mine["enable.idempotence"] is True and mine["acks"] == "all"
+    with pytest.raises(ConfigError, match="at most 5"):
+        KafkaSink("127.0.0.1:9", "t",
+                  producer_config={"max.in.flight.requests.per.connection": 6})
