@@ -45,6 +45,7 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # before ray.init: Spark's workers
 
 NOTE = "order placed through the web shop"
 
@@ -212,7 +213,6 @@ def latency_run(bootstrap: str, topic: str, *, writers: int, partitions: int, ep
 
 def spark_cases(args: argparse.Namespace, bootstrap: str, name: str, tmp: Path
                 ) -> dict[str, float]:
-    os.environ.setdefault("PYSPARK_PYTHON", sys.executable)
     from raysink.spark import init_spark, stop_spark
     from raysink.spark.packages import KAFKA
 
@@ -263,18 +263,24 @@ def main() -> None:
         print(f"{args.rows:,} records of about 97 bytes of JSON, {args.partitions} "
               f"partitions, {args.writers} writers")
         name = f"b{uuid.uuid4().hex[:6]}"
-        rates = {
-            "encode": encode_run(table),
-            "bare x2": bare_run(bootstrap, f"{name}-bare", table, processes=2,
-                                partitions=args.partitions),
-            "write_arrow": raysink_run(bootstrap, f"{name}-rs", table, writers=args.writers,
-                                       partitions=args.partitions,
-                                       meta=f"sqlite:///{tmp / 'meta.db'}"),
+        cases: dict[str, Any] = {
+            "encode": lambda: encode_run(table),
+            "bare x2": lambda: bare_run(bootstrap, f"{name}-bare", table, processes=2,
+                                        partitions=args.partitions),
+            "write_arrow": lambda: raysink_run(bootstrap, f"{name}-rs", table,
+                                               writers=args.writers,
+                                               partitions=args.partitions,
+                                               meta=f"sqlite:///{tmp / 'meta.db'}"),
         }
+        rates: dict[str, float] = {}
+        for case, run in cases.items():
+            rates[case] = run()
+            print(f"{case:>14}: {rates[case]:12,.0f} records/s  (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
         if not args.no_spark:
-            rates.update(spark_cases(args, bootstrap, name, tmp))
-        for case, rate in rates.items():
-            print(f"{case:>14}: {rate:12,.0f} records/s")
+            for case, rate in spark_cases(args, bootstrap, name, tmp).items():
+                rates[case] = rate
+                print(f"{case:>14}: {rate:12,.0f} records/s", flush=True)
         print(f"write_arrow / bare x2:  {rates['write_arrow'] / rates['bare x2']:.2f}x"
               " (target >= 0.8)")
         if "spark" in rates:
