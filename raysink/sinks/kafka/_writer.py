@@ -269,9 +269,10 @@ class KafkaWriter(SinkWriter):
             runs = self._produce_chunked(producer, buffer, count, epoch)
             if runs is not None:
                 return runs
-            log.info("writer %s: epoch %s: a chunk's records were not contiguous (another "
-                     "producer wrote between them); produced again with a delivery report "
-                     "per record", self.writer_id, epoch)
+            log.warning("writer %s: epoch %s: a chunk's records were not contiguous "
+                        "(another producer wrote between them: more writers than partitions, "
+                        "or a foreign producer); produced again with a delivery report per "
+                        "record", self.writer_id, epoch)
         return self._produce_each(producer, buffer, epoch)
 
     def _partition_count(self, producer: Any, epoch: int) -> int | None:
