@@ -102,7 +102,29 @@ def partition_order(count: int, writer: int) -> list[int]:
 
 @dataclass(frozen=True, slots=True)
 class Part:
-    """One batch's records of one partition, in their order, as Python objects."""
+    """One batch's records of one partition, in their order, still in Arrow: they become
+    Python objects (``rows``) only when produced, one part at a time, so the epoch's
+    records never all exist as Python objects at once."""
+
+    partition: int
+    encoded: Encoded
+
+    def rows(self) -> _Rows:
+        return _Rows(self.partition, self.encoded.values, self.encoded.keys,
+                     self.encoded.headers)
+
+    @property
+    def values(self) -> list[Any]:
+        return self.encoded.values
+
+    @property
+    def keys(self) -> list[Any] | None:
+        return self.encoded.keys
+
+
+@dataclass(frozen=True, slots=True)
+class _Rows:
+    """A part's records as the client takes them."""
 
     partition: int
     values: list[Any]
@@ -132,7 +154,7 @@ def plan(buffer: Sequence[Encoded], count: int, writer: int) -> list[Part]:
             if bounds[p] == bounds[p + 1]:
                 continue
             taken = encoded.take(pa.array(order[bounds[p]:bounds[p + 1]]))
-            by_partition[p].append(Part(p, taken.values, taken.keys, taken.headers))
+            by_partition[p].append(Part(p, taken))
     return [part for p in partition_order(count, writer) for part in by_partition[p]]
 
 
@@ -182,8 +204,9 @@ def produce_parts(producer: Any, topic: str, parts: Sequence[Part], chunks: Chun
     """Produce ``parts`` with explicit partitions, a delivery report on the first and the
     last record of each chunk; a full local queue is waited out with ``wait``."""
     current: _Chunk | None = None
-    for index, part in enumerate(parts):
-        closes = index == len(parts) - 1 or parts[index + 1].partition != part.partition
+    for index, planned in enumerate(parts):
+        closes = index == len(parts) - 1 or parts[index + 1].partition != planned.partition
+        part = planned.rows()
         rows, at = len(part.values), 0
         while at < rows:
             if current is None or current.partition != part.partition:
@@ -222,7 +245,7 @@ def _marks(chunks: Chunks, index: int, *ends: str | None) -> Callable[[Any, Any]
     return report
 
 
-def _send(producer: Any, topic: str, part: Part, row: int, wait: Callable[[], None],
+def _send(producer: Any, topic: str, part: _Rows, row: int, wait: Callable[[], None],
           report: Callable[[Any, Any], None]) -> None:
     key = None if part.keys is None else part.keys[row]
     options: dict[str, Any] = {"partition": part.partition, "on_delivery": report}
@@ -236,7 +259,7 @@ def _send(producer: Any, topic: str, part: Part, row: int, wait: Callable[[], No
             wait()
 
 
-def _send_range(producer: Any, topic: str, part: Part, begin: int, end: int,
+def _send_range(producer: Any, topic: str, part: _Rows, begin: int, end: int,
                 wait: Callable[[], None]) -> None:
     """Records ``begin`` to ``end`` (exclusive) of ``part``, without reports."""
     produce, partition = producer.produce, part.partition
