@@ -110,3 +110,45 @@ def test_a_part_is_placed_like_librdkafka_and_its_runs_are_exact(
     committed = read_topic(kafka_broker.bootstrap, topic, committed=True)
     assert sorted(int(m.value().decode().split(",")[0].split(":")[1]) for m in committed
                   if m.topic() == topic) == list(range(rows)), "once each, the abort unseen"
+
+
+def test_a_chunk_another_producer_wrote_into_is_placed_from_the_log(
+        kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another producer's record lands inside a chunk (the chunk's first records are
+    flushed, then the foreign record, then the rest): the writer reads the chunk's offsets
+    back and names its records exactly, without producing the epoch again."""
+    from confluent_kafka import Producer
+
+    rows = 3_000
+    reports = {"per record": 0}
+    per_record = _writer._Deliveries.report
+    monkeypatch.setattr(_writer._Deliveries, "report", lambda self, err, msg: (
+        reports.__setitem__("per record", reports["per record"] + 1),
+        per_record(self, err, msg)))
+    topic = f"w-{uuid.uuid4().hex[:10]}"
+    foreign = Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    send_range = _batches._send_range
+    injected: list[int] = []
+
+    def with_a_foreign_record(producer: Any, topic_: str, part: Any, begin: int, end: int,
+                              wait: Any) -> None:
+        send_range(producer, topic_, part, begin, end, wait)
+        if not injected and end - begin > 10:
+            assert producer.flush(30) == 0
+            foreign.produce(topic_, b'{"id":-1}', b"foreign", partition=part.partition)
+            assert foreign.flush(30) == 0
+            injected.append(part.partition)
+
+    monkeypatch.setattr(_batches, "_send_range", with_a_foreign_record)
+    writer = _writer_of(kafka_broker, topic)
+    try:
+        for batch in _batches_of(rows):
+            writer.write(batch.to_batches()[0])
+        manifest = writer.pre_commit(1, 0)
+        _assert_runs_exact(kafka_broker, topic, manifest, rows)
+        assert writer.finish(1, 0, commit=True).name == "COMMITTED"
+    finally:
+        writer.close()
+        foreign.close()
+    assert injected and reports["per record"] == 0
+    assert len(manifest["runs"][str(injected[0])]) >= 2, "the foreign record split a run"

@@ -110,3 +110,28 @@ def test_throughput_defaults_are_overridable_within_exactly_once() -> None:
     with pytest.raises(ConfigError, match="at most 5"):
         KafkaSink("127.0.0.1:9", "t",
                   producer_config={"max.in.flight.requests.per.connection": 6})
+
+
+def _chunk_of(values: list[bytes], first: int, last: int) -> tuple[_Chunk, list[tuple]]:
+    from raysink.sinks.kafka._batches import Part
+
+    encoded = encode(pa.table({"k": ["a"] * len(values), "value": pa.array(values)}),
+                     key="k", value=None, headers=())
+    chunk = _Chunk(0, len(values), first, last, segments=[(Part(0, encoded), 0,
+                                                           len(values))])
+    return chunk, [(b"a", v, ()) for v in values]
+
+
+def test_a_spread_chunk_is_placed_only_when_one_placement_fits() -> None:
+    from raysink.sinks.kafka._batches import place
+
+    chunk, ours = _chunk_of([b"1", b"2", b"3"], 10, 14)
+    foreign = (b"b", b"x", ())
+    log = [(10, ours[0]), (11, ours[1]), (12, foreign), (13, foreign), (14, ours[2])]
+    assert place(chunk, log) == [10, 11, 14]
+    chunk.offsets = [10, 11, 14]
+    assert Chunks(chunks=[chunk]).runs() == {"0": [[10, 2], [14, 1]]}
+    # another producer's record equal to one of ours next to it: two placements fit
+    assert place(chunk, [(10, ours[0]), (11, ours[1]), (12, ours[2]), (13, ours[2])]) is None
+    # a record of ours missing from what was read: no placement
+    assert place(chunk, [(10, ours[0]), (12, ours[2])]) is None

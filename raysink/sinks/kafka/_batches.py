@@ -25,10 +25,12 @@ writer's time). So the writer instead:
    minus its first is its count minus one, every record of the chunk is at the offsets
    between, and the chunk is one run of the manifest;
 4. a chunk whose offsets spread wider (another producer's batch landed between two of its
-   batches) cannot be placed from two reports: ``Chunks.runs`` returns ``None`` and the
-   writer aborts the transaction (nothing of it is visible) and produces the epoch again
-   with a report per record, as before. Correct either way; fast when writers keep to
-   their partitions.
+   batches) is placed by reading its offsets back (``resolve``): its records are there in
+   order, so matching them by key, value and headers places them for sure when the
+   earliest and the latest match of each agree. Only when two placements fit (another
+   producer wrote a record equal to one of ours beside it) does ``Chunks.runs`` return
+   ``None``: the writer aborts the transaction (nothing of it is visible) and produces
+   the epoch again with a report per record, as before.
 """
 
 from __future__ import annotations
@@ -164,6 +166,14 @@ class _Chunk:
     count: int = 0
     first: int | None = None
     last: int | None = None
+    # the parts' rows it holds: (part, begin, end); its offsets once read back
+    segments: list[tuple[Part, int, int]] = field(default_factory=list)
+    offsets: list[int] | None = None
+
+    def spread(self) -> bool:
+        """Both reports in, and more offsets between them than records."""
+        return (self.first is not None and self.last is not None
+                and self.last - self.first + 1 != self.count)
 
 
 @dataclass(slots=True)
@@ -189,14 +199,112 @@ class Chunks:
         for chunk in self.chunks:
             if chunk.first is None or chunk.last is None:
                 return None
-            if chunk.last - chunk.first + 1 != chunk.count:
+            if chunk.offsets is not None:
+                pieces = _runs_of(chunk.offsets)
+            elif chunk.last - chunk.first + 1 == chunk.count:
+                pieces = [[chunk.first, chunk.count]]
+            else:
                 return None
             mine = runs.setdefault(chunk.partition, [])
-            if mine and mine[-1][0] + mine[-1][1] == chunk.first:
-                mine[-1][1] += chunk.count
-            else:
-                mine.append([chunk.first, chunk.count])
+            for first, count in pieces:
+                if mine and mine[-1][0] + mine[-1][1] == first:
+                    mine[-1][1] += count
+                else:
+                    mine.append([first, count])
         return {str(p): r for p, r in sorted(runs.items())}
+
+    def spread(self) -> list[_Chunk]:
+        return [c for c in self.chunks if c.spread() and c.offsets is None]
+
+
+def _runs_of(offsets: Sequence[int]) -> list[list[int]]:
+    runs: list[list[int]] = []
+    for offset in offsets:
+        if runs and runs[-1][0] + runs[-1][1] == offset:
+            runs[-1][1] += 1
+        else:
+            runs.append([offset, 1])
+    return runs
+
+
+Record = tuple[Any, Any, tuple[tuple[str, Any], ...]]
+
+
+def _as_bytes(data: Any) -> Any:
+    return data.encode() if isinstance(data, str) else data
+
+
+def _ours(chunk: _Chunk) -> list[Record]:
+    """The chunk's records as the log holds them: key, value, headers, as bytes."""
+    records: list[Record] = []
+    for part, begin, end in chunk.segments:
+        rows = part.rows()
+        keys = rows.keys or [None] * len(rows.values)
+        for i in range(begin, end):
+            headers = rows.headers[i] if rows.headers is not None else []
+            records.append((_as_bytes(keys[i]), _as_bytes(rows.values[i]),
+                            tuple((n, _as_bytes(v)) for n, v in headers)))
+    return records
+
+
+def place(chunk: _Chunk, log: Sequence[tuple[int, Record]]) -> list[int] | None:
+    """The offsets of the chunk's records among ``log`` (the records from its first
+    offset to its last, in order, another producer's among them), or ``None`` when more
+    than one placement fits. The records are in order, so the placement is unique exactly
+    when the earliest match of each record (scanning forward) and the latest (scanning
+    backward) agree."""
+    ours = _ours(chunk)
+    earliest: list[int] = []
+    for offset, record in log:
+        if len(earliest) < len(ours) and record == ours[len(earliest)]:
+            earliest.append(offset)
+    latest: list[int] = []
+    for offset, record in reversed(log):
+        if len(latest) < len(ours) and record == ours[len(ours) - 1 - len(latest)]:
+            latest.append(offset)
+    latest.reverse()
+    if len(earliest) != len(ours) or earliest != latest:
+        return None
+    return earliest
+
+
+def read_back(consumer: Any, topic: str, chunk: _Chunk, timeout: float,
+              clock: Callable[[], float]) -> list[tuple[int, Record]] | None:
+    """The records of ``topic[chunk.partition]`` from the chunk's first offset to its
+    last (``read_uncommitted``), or ``None`` if they did not come within ``timeout``."""
+    from raysink.sinks.kafka._config import kafka_module
+
+    assert chunk.first is not None and chunk.last is not None
+    consumer.assign([kafka_module().TopicPartition(topic, chunk.partition, chunk.first)])
+    log: list[tuple[int, Record]] = []
+    deadline = clock() + timeout
+    try:
+        while clock() < deadline:
+            for message in consumer.consume(10_000, 0.2):
+                if message.error() is not None:
+                    continue
+                offset = int(message.offset())
+                if offset > chunk.last:
+                    return log
+                log.append((offset, (message.key(), message.value(),
+                                     tuple(message.headers() or ()))))
+                if offset == chunk.last:
+                    return log
+        return None
+    finally:
+        consumer.unassign()
+
+
+def resolve(consumer: Any, topic: str, chunks: Chunks, timeout: float,
+            clock: Callable[[], float]) -> bool:
+    """Place every spread chunk's records by reading its offsets back; ``False`` when one
+    cannot be placed for sure (or read)."""
+    for chunk in chunks.spread():
+        log = read_back(consumer, topic, chunk, timeout, clock)
+        chunk.offsets = None if log is None else place(chunk, log)
+        if chunk.offsets is None:
+            return False
+    return True
 
 
 def produce_parts(producer: Any, topic: str, parts: Sequence[Part], chunks: Chunks,
@@ -214,6 +322,7 @@ def produce_parts(producer: Any, topic: str, parts: Sequence[Part], chunks: Chun
                 chunks.chunks.append(current)
             number = len(chunks.chunks) - 1
             end = min(rows, at + CHUNK - current.count)
+            current.segments.append((planned, at, end))
             full = current.count + end - at == CHUNK or (end == rows and closes)
             first = at if current.count == 0 else None
             last = end - 1 if full else None

@@ -44,7 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
 from raysink.sinks.base import Held, SinkWriter
-from raysink.sinks.kafka._batches import Chunks, plan, produce_parts
+from raysink.sinks.kafka._batches import Chunks, plan, produce_parts, resolve
 from raysink.sinks.kafka._encode import Encoded, encode
 from raysink.sinks.kafka._failures import error_of, is_fencing, missing_acl, named
 from raysink.sinks.kafka._progress import (
@@ -315,6 +315,8 @@ class KafkaWriter(SinkWriter):
             raise self._failed(producer, "could not produce", exc, epoch) from exc
         self._check_delivered(producer, left, chunks.error, epoch)
         runs = chunks.runs()
+        if runs is None and chunks.spread():
+            runs = self._place_spread(chunks, epoch)
         if runs is None:
             self._abort_quietly(producer)
             if self._producer is None:
@@ -323,6 +325,30 @@ class KafkaWriter(SinkWriter):
                     "and the transaction could not be aborted; the attempt is retried",
                     runtime=self.sink.runtime, sink=self.sink.name, epoch=epoch)
         return runs
+
+    def _place_spread(self, chunks: Chunks, epoch: int) -> Runs | None:
+        """Runs of the chunks another producer wrote into, from their offsets read back
+        (``_batches.resolve``); ``None`` when one cannot be placed for sure."""
+        import time
+
+        from raysink.sinks.kafka._config import kafka_module
+
+        ck = kafka_module()
+        spread = len(chunks.spread())
+        consumer = ck.Consumer(self.settings.replay_consumer_config())
+        try:
+            placed = resolve(consumer, self.settings.topic, chunks, self.settings.timeout,
+                             time.monotonic)
+        except ck.KafkaException as exc:
+            log.warning("writer %s: epoch %s: reading back %d chunks failed: %s",
+                        self.writer_id, epoch, spread, exc)
+            placed = False
+        finally:
+            consumer.close()
+        log.info("writer %s: epoch %s: %d chunks another producer wrote into %s",
+                 self.writer_id, epoch, spread,
+                 "placed from their records read back" if placed else "could not be placed")
+        return chunks.runs() if placed else None
 
     def _produce_each(self, producer: Any, buffer: list[Encoded], epoch: int) -> Runs:
         from raysink.sinks.kafka._config import kafka_module
