@@ -1,29 +1,41 @@
-"""KafkaSink against one confluent-kafka producer in one process, on the same broker.
+"""KafkaSink against Spark's own Kafka sink and bare producers, side by side in one run.
 
 One run, one broker (started here from the jars ``make setup`` fetched, full JIT, or
-``--bootstrap`` for one of yours), a fresh topic per case with the same partitions:
+``--bootstrap`` for one of yours), a fresh topic with the same partitions per case, the
+same records (``--rows`` rows of about 100 bytes of JSON, keyed by ``customer``):
 
-* ``raysink``        ``SinkRuntime`` with a ``KafkaSink`` and ``--writers`` writers,
-                     ``rt.write_arrow`` of the whole table as one epoch (exactly once);
-* ``transactional``  one transactional producer: the same rows, the same encoding
-                     (``raysink.sinks.kafka._encode``: Arrow JSON), one transaction;
-* ``idempotent``     one idempotent, non-transactional producer, the same rows.
+* ``encode``          the encoding alone (``raysink.sinks.kafka._encode``: Arrow JSON,
+                      then the Python objects the client takes), one process;
+* ``bare x2``         two processes, each one idempotent producer (not transactional, no
+                      delivery callback) writing its half of the records, encoded before
+                      the clock starts, with the sink's default producer settings;
+* ``write_arrow``     ``rt.write_arrow`` of the table as one epoch into a ``KafkaSink``
+                      with ``--writers`` writers (exactly once);
+* ``spark``           Spark's own ``df.write.format("kafka")`` (at least once;
+                      ``spark-sql-kafka-0-10`` from the cached Maven packages) of a cached
+                      DataFrame of the same rows, ``to_json`` of each row as the value,
+                      2 executors of 1 core (``--no-spark`` leaves both Spark cases out);
+* ``rt.write(df)``    the same cached DataFrame into a ``KafkaSink`` (exactly once).
 
 Each prints records/s (from the first row handed over to the last record acknowledged or
-committed); then the ratios: raysink / transactional (the target: at least 1.0) and
-raysink / idempotent (exactly once may cost at most 15%: at least 0.85). Last, epoch
-latency: ``--epochs`` epochs of ``--epoch-rows`` records each through the runtime, p50
-and p99 seconds per ``write_arrow``.
+committed), then the ratios against the targets: ``rt.write(df)`` / Spark (at least 2),
+``write_arrow`` / bare x2 (at least 0.8). Last, epoch latency: ``--epochs`` epochs of
+``--epoch-rows`` records each through ``write_arrow``, p50 and p99 (targets 30 and 100
+ms). The machine's load average is printed at the start and the end: on a shared machine
+only the ratios of one run carry over.
 
-    .venv/bin/python bench/kafka.py                    # 1 M records of about 100 bytes
-    .venv/bin/python bench/kafka.py --rows 200000 --epochs 50
+    .venv/bin/python bench/kafka.py                          # 1 M records
+    .venv/bin/python bench/kafka.py --rows 300000 --epochs 100 --no-spark
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import os
 import statistics
 import sys
+import tempfile
 import time
 import uuid
 from pathlib import Path
@@ -33,6 +45,9 @@ import numpy as np
 import pyarrow as pa
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # before ray.init: Spark's workers
+
+NOTE = "order placed through the web shop"
 
 
 def make_table(rows: int) -> pa.Table:
@@ -42,44 +57,85 @@ def make_table(rows: int) -> pa.Table:
         "id": pa.array(np.arange(rows), pa.int64()),
         "customer": pa.array([f"customer-{i % 9973:05d}" for i in range(rows)]),
         "amount": pa.array(np.round(rng.random(rows) * 1000, 2)),
-        "note": pa.array(["order placed through the web shop"] * rows),
+        "note": pa.array([NOTE] * rows),
     })
 
 
-def producer_run(bootstrap: str, topic: str, table: pa.Table, *, transactional: bool,
-                 partitions: int) -> float:
-    """One producer in this process; returns records/s."""
+def producer_settings(bootstrap: str) -> dict[str, Any]:
+    """The sink's default producer settings, without the transaction."""
+    from raysink.sinks.kafka._config import KafkaSettings
+
+    config = KafkaSettings(bootstrap_servers=bootstrap, topic="t",
+                           progress_topic="p").producer_config("bench")
+    for name in ("transactional.id", "transaction.timeout.ms", "logger"):
+        config.pop(name)
+    return config
+
+
+def encode_run(table: pa.Table) -> float:
+    """Records/s of the encoding alone, to the Python objects produce() takes."""
+    from raysink.sinks.kafka._encode import encode
+
+    started = time.perf_counter()
+    for batch in table.to_batches(max_chunksize=65_536):
+        encoded = encode(batch, key="customer", value=None, headers=())
+        encoded.values, encoded.keys  # noqa: B018 - what a producer takes
+    return table.num_rows / (time.perf_counter() - started)
+
+
+def _bare_producer(bootstrap: str, topic: str, table: pa.Table, ready: Any, go: Any,
+                   out: Any) -> None:
+    """One bare idempotent producer process: encode first, then produce at ``go``."""
     from confluent_kafka import Producer
 
     from raysink.sinks.kafka._encode import encode
-    from raysink.sinks.kafka._writer import _Deliveries, _produce_all
+
+    records = []
+    for batch in table.to_batches(max_chunksize=65_536):
+        encoded = encode(batch, key="customer", value=None, headers=())
+        records.extend(zip(encoded.values, encoded.keys or [], strict=True))
+    producer = Producer(producer_settings(bootstrap))
+    producer.produce(topic, b"warm")
+    producer.flush(60)
+    ready.set()
+    go.wait()
+    produce = producer.produce
+    for value, key in records:
+        while True:
+            try:
+                produce(topic, value, key)
+                break
+            except BufferError:
+                producer.poll(0.05)
+    left = producer.flush(300)
+    out.put((time.time(), left))
+
+
+def bare_run(bootstrap: str, topic: str, table: pa.Table, *, processes: int,
+             partitions: int) -> float:
+    """``processes`` bare producers at once, each its share of the rows; records/s."""
     from tests.support.kafka import KafkaBroker
 
     KafkaBroker.create_on(bootstrap, topic, partitions)
-    config: dict[str, Any] = {"bootstrap.servers": bootstrap, "linger.ms": 5,
-                              "batch.size": 1_000_000, "acks": "all",
-                              "queue.buffering.max.messages": 1_000_000,
-                              "queue.buffering.max.kbytes": 1_048_576}
-    if transactional:
-        config["transactional.id"] = f"bench-{topic}"
-    else:
-        config["enable.idempotence"] = True
-    producer = Producer(config)
-    if transactional:
-        producer.init_transactions(60)
-    started = time.perf_counter()
-    if transactional:
-        producer.begin_transaction()
-    deliveries = _Deliveries()
-    for batch in table.to_batches(max_chunksize=65_536):
-        encoded = encode(batch, key="customer", value=None, headers=())
-        _produce_all(producer, topic, encoded, deliveries.report)
-    left = producer.flush(300)
-    if transactional:
-        producer.commit_transaction(120)
-    took = time.perf_counter() - started
-    assert left == 0 and deliveries.count == table.num_rows, (left, deliveries.count)
-    return table.num_rows / took
+    ctx = multiprocessing.get_context("spawn")
+    go, out = ctx.Event(), ctx.Queue()
+    share = -(-table.num_rows // processes)
+    readies = [ctx.Event() for _ in range(processes)]
+    workers = [ctx.Process(target=_bare_producer,
+                           args=(bootstrap, topic, table.slice(i * share, share), ready, go,
+                                 out))
+               for i, ready in enumerate(readies)]
+    for worker in workers:
+        worker.start()
+    for ready in readies:
+        ready.wait(300)
+    started = time.time()
+    go.set()
+    ends = [out.get(timeout=600) for _ in workers]
+    for worker in workers:
+        worker.join(60)
+    assert all(left == 0 for _, left in ends), ends
+    return table.num_rows / (max(end for end, _ in ends) - started)
 
 
 def raysink_run(bootstrap: str, topic: str, table: pa.Table, *, writers: int,
@@ -97,6 +153,44 @@ def raysink_run(bootstrap: str, topic: str, table: pa.Table, *, writers: int,
         took = time.perf_counter() - started
         assert report.committed and report.rows == table.num_rows, report
     return table.num_rows / took
+
+
+def spark_frame(spark: Any, rows: int) -> Any:
+    """The rows of ``make_table`` (the amounts drawn by Spark), cached in the executors."""
+    df = spark.range(0, rows, 1, 4).selectExpr(
+        "id", "concat('customer-', lpad(cast(id % 9973 AS string), 5, '0')) AS customer",
+        "round(rand(7) * 1000, 2) AS amount", f"'{NOTE}' AS note")
+    df.cache()
+    df.count()
+    return df
+
+
+def spark_run(bootstrap: str, topic: str, df: Any, rows: int, *, partitions: int) -> float:
+    """Spark's own Kafka sink: the row as JSON, keyed by customer."""
+    from tests.support.kafka import KafkaBroker
+
+    KafkaBroker.create_on(bootstrap, topic, partitions)
+    started = time.perf_counter()
+    (df.selectExpr("customer AS key", "to_json(struct(*)) AS value")
+     .write.format("kafka").option("kafka.bootstrap.servers", bootstrap)
+     .option("topic", topic).save())
+    return rows / (time.perf_counter() - started)
+
+
+def raysink_df_run(bootstrap: str, topic: str, df: Any, rows: int, *, writers: int,
+                   partitions: int, meta: str) -> float:
+    from raysink import SinkRuntime
+    from raysink.sinks import KafkaSink
+
+    sink = KafkaSink(bootstrap, topic, key="customer", partitions=partitions)
+    with SinkRuntime(f"bench-{topic}", sink, writers=writers, metastore=meta,
+                     progress=False, commit_timeout=600) as rt:
+        rt.write_arrow(make_table(10))  # warm: producers made, topic created
+        started = time.perf_counter()
+        report = rt.write(df)
+        took = time.perf_counter() - started
+        assert report.committed and report.rows == rows, report
+    return rows / took
 
 
 def latency_run(bootstrap: str, topic: str, *, writers: int, partitions: int, epochs: int,
@@ -117,22 +211,47 @@ def latency_run(bootstrap: str, topic: str, *, writers: int, partitions: int, ep
     return seconds
 
 
+def spark_cases(args: argparse.Namespace, bootstrap: str, name: str, tmp: Path
+                ) -> dict[str, float]:
+    from raysink.spark import init_spark, stop_spark
+    from raysink.spark.packages import KAFKA
+
+    spark = init_spark("raysink-bench-kafka", executors=2, executor_cores=1,
+                       executor_memory="2g", packages=[KAFKA],
+                       configs={"spark.ui.showConsoleProgress": "false"})
+    try:
+        spark.sparkContext.setLogLevel("ERROR")
+        df = spark_frame(spark, args.rows)
+        spark_run(bootstrap, f"{name}-warm", df.limit(1000), 1000,
+                  partitions=args.partitions)
+        return {
+            "spark": spark_run(bootstrap, f"{name}-spark", df, args.rows,
+                               partitions=args.partitions),
+            "rt.write(df)": raysink_df_run(bootstrap, f"{name}-df", df, args.rows,
+                                           writers=args.writers,
+                                           partitions=args.partitions,
+                                           meta=f"sqlite:///{tmp / 'df.db'}"),
+        }
+    finally:
+        stop_spark()
+
+
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(description=(__doc__ or "").split("\n\n")[0])
     parser.add_argument("--rows", type=int, default=1_000_000)
     parser.add_argument("--writers", type=int, default=2)
     parser.add_argument("--partitions", type=int, default=6)
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--epoch-rows", type=int, default=1_000)
+    parser.add_argument("--no-spark", action="store_true")
     parser.add_argument("--bootstrap", help="an existing broker (default: start one)")
     args = parser.parse_args()
-
-    import tempfile
 
     import ray
 
     from tests.support.kafka import KafkaBroker
 
+    print(f"load average at the start: {os.getloadavg()[0]:.1f} ({os.cpu_count()} cores)")
     broker = None if args.bootstrap else KafkaBroker(jit=True, heap="1g")
     bootstrap = args.bootstrap or broker.bootstrap  # type: ignore[union-attr]
     tmp = Path(tempfile.mkdtemp(prefix="raysink-bench-kafka-"))
@@ -141,33 +260,39 @@ def main() -> None:
         if broker is not None:
             print(f"broker started in {broker.start():.1f} s")
         table = make_table(args.rows)
-        json_bytes = sum(len(v) for v in __import__(
-            "raysink.sinks.kafka._encode", fromlist=["json_rows"]).json_rows(
-                table.slice(0, 1000)).to_pylist()) / 1000
-        print(f"{args.rows:,} records, about {json_bytes:.0f} bytes of JSON each, "
-              f"{args.partitions} partitions")
+        print(f"{args.rows:,} records of about 97 bytes of JSON, {args.partitions} "
+              f"partitions, {args.writers} writers")
         name = f"b{uuid.uuid4().hex[:6]}"
-        rates = {
-            "idempotent": producer_run(bootstrap, f"{name}-idem", table, transactional=False,
-                                       partitions=args.partitions),
-            "transactional": producer_run(bootstrap, f"{name}-txn", table,
-                                          transactional=True, partitions=args.partitions),
-            "raysink": raysink_run(bootstrap, f"{name}-rs", table, writers=args.writers,
-                                   partitions=args.partitions,
-                                   meta=f"sqlite:///{tmp / 'meta.db'}"),
+        cases: dict[str, Any] = {
+            "encode": lambda: encode_run(table),
+            "bare x2": lambda: bare_run(bootstrap, f"{name}-bare", table, processes=2,
+                                        partitions=args.partitions),
+            "write_arrow": lambda: raysink_run(bootstrap, f"{name}-rs", table,
+                                               writers=args.writers,
+                                               partitions=args.partitions,
+                                               meta=f"sqlite:///{tmp / 'meta.db'}"),
         }
-        for case, rate in rates.items():
-            print(f"{case:>14}: {rate:12,.0f} records/s")
-        print(f"raysink / transactional producer: {rates['raysink'] / rates['transactional']:.2f}x"
-              " (target >= 1.0)")
-        print(f"raysink / idempotent producer:    {rates['raysink'] / rates['idempotent']:.2f}x"
-              " (target >= 0.85)")
+        rates: dict[str, float] = {}
+        for case, run in cases.items():
+            rates[case] = run()
+            print(f"{case:>14}: {rates[case]:12,.0f} records/s  (load {os.getloadavg()[0]:.1f})",
+                  flush=True)
+        if not args.no_spark:
+            for case, rate in spark_cases(args, bootstrap, name, tmp).items():
+                rates[case] = rate
+                print(f"{case:>14}: {rate:12,.0f} records/s", flush=True)
+        print(f"write_arrow / bare x2:  {rates['write_arrow'] / rates['bare x2']:.2f}x"
+              " (target >= 0.8)")
+        if "spark" in rates:
+            print(f"rt.write(df) / spark:   {rates['rt.write(df)'] / rates['spark']:.2f}x"
+                  " (target >= 2)")
         seconds = latency_run(bootstrap, f"{name}-lat", writers=args.writers,
                               partitions=args.partitions, epochs=args.epochs,
                               rows=args.epoch_rows, meta=f"sqlite:///{tmp / 'lat.db'}")
         q = statistics.quantiles(seconds, n=100)
         print(f"epoch latency at {args.epoch_rows:,} records per epoch ({args.epochs} epochs):"
-              f" p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms")
+              f" p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms (targets 30, 100)")
+        print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         ray.shutdown()
         if broker is not None:

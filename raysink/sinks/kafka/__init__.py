@@ -16,6 +16,8 @@ coordinator, ``_writer`` in each writer actor)::
     _sink        KafkaSink: the description and the coordinator's calls (commit, abort,
                  markers, a marker held back healed)
     _writer      KafkaWriter: one writer slot's transactional producer
+    _batches     an epoch's records placed and produced by partition, their offset runs
+                 from two delivery reports per chunk (or the chunk read back)
     _replay      a lost part written again, from the log, in bounded chunks
     _hanging     a transaction left open on the progress partition: found, named, ended
     _roles       what the modules above need of KafkaSink, as protocols

@@ -12,8 +12,8 @@ from typing import Any
 
 from raysink.errors import ConfigError, SinkUnavailableError
 
-__all__ = ["FatalWatch", "KafkaSettings", "check_client_config", "default_progress_topic",
-           "kafka_module"]
+__all__ = ["THROUGHPUT", "FatalWatch", "KafkaSettings", "check_client_config",
+           "default_progress_topic", "kafka_module"]
 
 _INSTALL_HINT = ("the Kafka sink needs confluent-kafka: pip install 'raysink[kafka]' "
                  "(or pip install confluent-kafka)")
@@ -45,6 +45,22 @@ _RAYSINK_OWNS = {
 }
 _IN_FLIGHT = ("max.in.flight.requests.per.connection", "max.in.flight")
 _RETRIES = ("retries", "message.send.max.retries")
+THROUGHPUT: dict[str, Any] = {
+    # batches fill while a writer produces an epoch (a flush sends at once, whatever the
+    # linger): large batches, by bytes rather than by a count of small records
+    "linger.ms": 5,
+    "batch.size": 1_000_000,
+    "batch.num.messages": 1_000_000,
+    # an epoch's records queue in the client while they are sent
+    "queue.buffering.max.messages": 1_000_000,
+    "queue.buffering.max.kbytes": 1_048_576,
+    # pipelined requests per broker: the most the idempotent producer keeps in order
+    "max.in.flight.requests.per.connection": 5,
+    # no compression: on the bench's machine the client's lz4 cost more than the bytes
+    # saved (bench/kafka.py); set compression.type where the network bounds a writer
+    "compression.type": "none",
+}
+"""The producers' defaults for throughput (docs/kafka.md, "Throughput")."""
 _CLIENT_REFUSED = ("group.id", "enable.auto.commit", "isolation.level", "transactional.id",
                    "bootstrap.servers")
 
@@ -224,11 +240,10 @@ class KafkaSettings:
                 **self.client}
 
     def producer_config(self, transactional_id: str) -> dict[str, Any]:
+        """The writers' and the committer's producer: ``THROUGHPUT`` (each overridable
+        through ``producer_config``), then what exactly-once needs (not overridable)."""
         return {**self.base(),
-                "linger.ms": 5,
-                "batch.size": 1_000_000,
-                "queue.buffering.max.messages": 1_000_000,
-                "queue.buffering.max.kbytes": 1_048_576,
+                **THROUGHPUT,
                 **self.producer,
                 "transactional.id": transactional_id,
                 "transaction.timeout.ms": self.transaction_timeout_ms,

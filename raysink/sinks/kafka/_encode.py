@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pyarrow.compute as pc
 
@@ -34,12 +35,45 @@ _CONTROL = r"[\x00-\x1f]"
 
 @dataclass(frozen=True, slots=True)
 class Encoded:
-    """One batch's records: values (and keys, headers) as Python lists, in row order."""
+    """One batch's records as Arrow arrays, in row order: values (string or binary), keys
+    (``None``: no key column) and one array per header column. They stay Arrow until
+    produced: the writer reorders them by partition with ``take`` and turns each
+    partition's slice into Python objects once (``values``, ``keys``, ``headers``)."""
 
-    values: list[Any]
-    keys: list[Any] | None
-    headers: list[list[tuple[str, Any]]] | None
+    value_array: Any
+    key_array: Any
+    header_names: tuple[str, ...]
+    header_arrays: tuple[Any, ...]
     nbytes: int
+
+    def __len__(self) -> int:
+        return len(self.value_array)
+
+    @property
+    def values(self) -> list[Any]:
+        return list(self.value_array.to_pylist())
+
+    @property
+    def keys(self) -> list[Any] | None:
+        return None if self.key_array is None else list(self.key_array.to_pylist())
+
+    @property
+    def headers(self) -> list[list[tuple[str, Any]]] | None:
+        if not self.header_names:
+            return None
+        columns = [a.to_pylist() for a in self.header_arrays]
+        return [list(zip(self.header_names, row, strict=True))
+                for row in zip(*columns, strict=True)]
+
+    def take(self, indices: Any) -> Encoded:
+        """The records at ``indices`` (an Arrow or numpy array of row numbers), in that
+        order."""
+        return Encoded(value_array=self.value_array.take(indices),
+                       key_array=None if self.key_array is None
+                       else self.key_array.take(indices),
+                       header_names=self.header_names,
+                       header_arrays=tuple(a.take(indices) for a in self.header_arrays),
+                       nbytes=self.nbytes)
 
 
 def value_column(schema: pa.Schema, value: str | None) -> str | None:
@@ -72,23 +106,34 @@ def encode(table: pa.Table | pa.RecordBatch, *, key: str | None, value: str | No
                                       f"{table.schema.names})", column=name)
     passthrough = value_column(table.schema, value)
     values = (table.column(passthrough) if passthrough is not None else json_rows(table))
-    value_list = values.to_pylist()
-    return Encoded(values=value_list,
-                   keys=None if key is None else _text_or_bytes(table.column(key)).to_pylist(),
-                   headers=_headers(table, headers),
+    return Encoded(value_array=_binary(_array(values)),
+                   key_array=None if key is None
+                   else _array(_text_or_bytes(table.column(key))),
+                   header_names=tuple(headers),
+                   header_arrays=tuple(_array(_text_or_bytes(table.column(n)))
+                                       for n in headers),
                    nbytes=_nbytes(values))
+
+
+def _array(column: Any) -> Any:
+    """One contiguous Arrow array (a table's column may come in chunks)."""
+    if isinstance(column, pa.ChunkedArray):
+        return column.combine_chunks() if column.num_chunks != 1 else column.chunk(0)
+    return column
+
+
+def _binary(array: Any) -> Any:
+    """Text as bytes (the same bytes, no copy): the client takes ``bytes`` as they are,
+    where a ``str`` is made from the buffer and encoded again."""
+    if pa.types.is_string(array.type):
+        return array.cast(pa.binary())
+    if pa.types.is_large_string(array.type):
+        return array.cast(pa.large_binary())
+    return array
 
 
 def _nbytes(array: Any) -> int:
     return int(array.nbytes)
-
-
-def _headers(table: pa.Table | pa.RecordBatch, names: Sequence[str]
-             ) -> list[list[tuple[str, Any]]] | None:
-    if not names:
-        return None
-    columns = [_text_or_bytes(table.column(n)).to_pylist() for n in names]
-    return [list(zip(names, row, strict=True)) for row in zip(*columns, strict=True)]
 
 
 def _text_or_bytes(column: Any) -> Any:
@@ -140,12 +185,35 @@ def json_text(column: Any) -> Any:
 
 
 def _quoted(text: Any) -> Any:
-    """Strings as JSON strings: backslash and quote escaped, control characters too."""
+    """Strings as JSON strings: backslash and quote escaped, control characters too
+    (looked for first, in one pass over the bytes: most text has none)."""
+    if not _needs_escape(text):
+        return pc.binary_join_element_wise('"', text, '"', "")
     escaped = pc.replace_substring(pc.replace_substring(text, "\\", "\\\\"), '"', '\\"')
     if pc.any(pc.match_substring_regex(escaped, _CONTROL)).as_py():
         escaped = pa.array([None if s is None else json.dumps(s)[1:-1]
                             for s in text.to_pylist()], pa.string())
     return pc.binary_join_element_wise('"', escaped, '"', "")
+
+
+_ESCAPED = np.zeros(256, dtype=bool)
+_ESCAPED[:0x20] = True
+_ESCAPED[[ord('"'), ord("\\")]] = True
+
+
+def _needs_escape(text: Any) -> bool:
+    """Some string of ``text`` (a string array) holds a quote, a backslash or a control
+    character."""
+    if isinstance(text, pa.ChunkedArray):
+        return any(_needs_escape(chunk) for chunk in text.chunks)
+    _, offsets, data = text.buffers()
+    if data is None or not len(text):
+        return False
+    width = np.int64 if pa.types.is_large_string(text.type) else np.int32
+    bounds = np.frombuffer(offsets, dtype=width, count=len(text) + 1, offset=text.offset
+                           * np.dtype(width).itemsize)
+    raw = np.frombuffer(data, dtype=np.uint8)[int(bounds[0]):int(bounds[-1])]
+    return bool(_ESCAPED[raw].any())
 
 
 def _python_json(column: Any) -> Any:

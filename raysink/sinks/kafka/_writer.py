@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
 from raysink.sinks.base import Held, SinkWriter
+from raysink.sinks.kafka._batches import Chunks, plan, produce_parts, resolve
 from raysink.sinks.kafka._encode import Encoded, encode
 from raysink.sinks.kafka._failures import error_of, is_fencing, missing_acl, named
 from raysink.sinks.kafka._progress import (
@@ -67,6 +68,8 @@ Runs = dict[str, list[list[int]]]
 """Offsets of one part's records per partition (as a string): ``[[first, count], ...]``."""
 
 _REMEMBERED = 64
+_PARTITIONER = "consistent_random"  # librdkafka's default, which ``_batches`` reproduces
+_METADATA_AGE = 60.0  # seconds a partition count is used before it is asked again
 
 
 class _Deliveries:
@@ -146,6 +149,7 @@ class KafkaWriter(SinkWriter):
         self._watch: Any = None
         self._takeover: _TakeOver | None = None
         self._takeover_failed = False
+        self._partitions: tuple[int, float] | None = None  # the count, when asked
 
     # -- the producer ------------------------------------------------------------------
 
@@ -230,9 +234,9 @@ class KafkaWriter(SinkWriter):
     def write(self, batch: pa.RecordBatch) -> None:
         s = self.sink
         encoded = encode(batch, key=s.key_column, value=s.value_column, headers=s.headers)
-        if encoded.values:
+        if len(encoded):
             self._buffer.append(encoded)
-            self._rows += len(encoded.values)
+            self._rows += len(encoded)
 
     def pre_commit(self, epoch: int, attempt: int) -> KafkaManifest:
         """Produce the epoch's records in a transaction and keep it open."""
@@ -246,15 +250,107 @@ class KafkaWriter(SinkWriter):
             return manifest
         self._ensure_topic(epoch)
         producer = self._ensure_producer()
-        deliveries = self._produce(producer, buffer, epoch)
+        runs = self._produce(producer, buffer, epoch)
         with self._state:
             self._held, self._marked = (epoch, attempt), False
         manifest.update({"txn": self.txn_id, "actor": _actor_name(),
-                         "topic": self.settings.topic, "runs": deliveries.manifest_runs(),
+                         "topic": self.settings.topic, "runs": runs,
                          "bytes": sum(e.nbytes for e in buffer)})
         return manifest
 
-    def _produce(self, producer: Any, buffer: list[Encoded], epoch: int) -> _Deliveries:
+    def _produce(self, producer: Any, buffer: list[Encoded], epoch: int) -> Runs:
+        """Produce the epoch's records in a new transaction; the offset runs they got.
+        Chunked (``_batches``: two delivery reports per chunk) when this writer can place
+        records as librdkafka's partitioner would; with a report per record otherwise,
+        or when a chunk's records were not contiguous (that transaction is aborted
+        first: none of it is ever visible)."""
+        count = self._partition_count(producer, epoch)
+        if count is not None:
+            runs = self._produce_chunked(producer, buffer, count, epoch)
+            if runs is not None:
+                return runs
+            log.warning("writer %s: epoch %s: a chunk's records were not contiguous "
+                        "(another producer wrote between them: more writers than partitions, "
+                        "or a foreign producer); produced again with a delivery report per "
+                        "record", self.writer_id, epoch)
+        return self._produce_each(producer, buffer, epoch)
+
+    def _partition_count(self, producer: Any, epoch: int) -> int | None:
+        """The data topic's partition count (asked once a minute), or ``None`` when the
+        records must be placed by librdkafka (another ``partitioner`` configured)."""
+        import time
+
+        from raysink.sinks.kafka._config import kafka_module
+
+        if self.settings.producer.get("partitioner", _PARTITIONER) != _PARTITIONER:
+            return None
+        now = time.monotonic()
+        if self._partitions is not None and now - self._partitions[1] < _METADATA_AGE:
+            return self._partitions[0]
+        ck = kafka_module()
+        try:
+            metadata = producer.list_topics(self.settings.topic, self.settings.timeout)
+            topic = metadata.topics.get(self.settings.topic)
+        except ck.KafkaException as exc:
+            raise self._error("could not read the data topic's partitions", exc,
+                              epoch) from exc
+        if topic is None or topic.error is not None or not topic.partitions:
+            return None  # librdkafka places them, and says what is wrong
+        self._partitions = (len(topic.partitions), now)
+        return self._partitions[0]
+
+    def _produce_chunked(self, producer: Any, buffer: list[Encoded], count: int,
+                         epoch: int) -> Runs | None:
+        from raysink.sinks.kafka._config import kafka_module
+
+        ck = kafka_module()
+        chunks = Chunks()
+        parts = plan(buffer, count, self.writer_id)
+        try:
+            producer.begin_transaction()
+            produce_parts(producer, self.settings.topic, parts, chunks,
+                          lambda: producer.poll(0.05))
+            left = self._watch.flush(producer, self.settings.timeout)
+        except ck.KafkaException as exc:
+            raise self._failed(producer, "could not produce", exc, epoch) from exc
+        self._check_delivered(producer, left, chunks.error, epoch)
+        runs = chunks.runs()
+        if runs is None and chunks.spread():
+            runs = self._place_spread(chunks, epoch)
+        if runs is None:
+            self._abort_quietly(producer)
+            if self._producer is None:
+                raise SinkUnavailableError(
+                    f"writer {self.writer_id}: the epoch's records must be produced again "
+                    "and the transaction could not be aborted; the attempt is retried",
+                    runtime=self.sink.runtime, sink=self.sink.name, epoch=epoch)
+        return runs
+
+    def _place_spread(self, chunks: Chunks, epoch: int) -> Runs | None:
+        """Runs of the chunks another producer wrote into, from their offsets read back
+        (``_batches.resolve``); ``None`` when one cannot be placed for sure."""
+        import time
+
+        from raysink.sinks.kafka._config import kafka_module
+
+        ck = kafka_module()
+        spread = len(chunks.spread())
+        consumer = ck.Consumer(self.settings.replay_consumer_config())
+        try:
+            placed = resolve(consumer, self.settings.topic, chunks, self.settings.timeout,
+                             time.monotonic)
+        except ck.KafkaException as exc:
+            log.warning("writer %s: epoch %s: reading back %d chunks failed: %s",
+                        self.writer_id, epoch, spread, exc)
+            placed = False
+        finally:
+            consumer.close()
+        log.info("writer %s: epoch %s: %d chunks another producer wrote into %s",
+                 self.writer_id, epoch, spread,
+                 "placed from their records read back" if placed else "could not be placed")
+        return chunks.runs() if placed else None
+
+    def _produce_each(self, producer: Any, buffer: list[Encoded], epoch: int) -> Runs:
         from raysink.sinks.kafka._config import kafka_module
 
         ck = kafka_module()
@@ -266,15 +362,20 @@ class KafkaWriter(SinkWriter):
             left = self._watch.flush(producer, self.settings.timeout)
         except ck.KafkaException as exc:
             raise self._failed(producer, "could not produce", exc, epoch) from exc
-        if left or deliveries.error is not None:
+        self._check_delivered(producer, left, deliveries.error, epoch)
+        return deliveries.manifest_runs()
+
+    def _check_delivered(self, producer: Any, left: int, error: Any, epoch: int) -> None:
+        """``SinkUnavailableError`` (the transaction aborted) when records are left unsent
+        or a delivery failed."""
+        if left or error is not None:
             why = (f"{left} records still unsent after {self.settings.timeout:g} s" if left
-                   else str(deliveries.error))
+                   else str(error))
             self._abort_quietly(producer)
             raise SinkUnavailableError(
                 f"writer {self.writer_id}: the epoch's records did not all reach the data "
                 f"topic {self.settings.topic!r}: {why}", runtime=self.sink.runtime,
                 sink=self.sink.name, epoch=epoch)
-        return deliveries
 
     def _failed(self, producer: Any, what: str, exc: Any, epoch: int) -> RaySinkError:
         error = exc.args[0] if exc.args else None
@@ -392,9 +493,10 @@ def _produce_all(producer: Any, topic: str, encoded: Encoded,
                  report: Callable[[Any, Any], None]) -> None:
     """Produce one batch's records; a full local queue is waited out."""
     produce = producer.produce
-    keys = encoded.keys or [None] * len(encoded.values)
+    values = encoded.values
+    keys = encoded.keys or [None] * len(values)
     headers = encoded.headers
-    for i, (value, key) in enumerate(zip(encoded.values, keys, strict=True)):
+    for i, (value, key) in enumerate(zip(values, keys, strict=True)):
         while True:
             try:
                 if headers is None:
