@@ -12,7 +12,7 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 	tests/integration/test_sinks_runtime.py::test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped \
 	tests/kafka/test_kafka_sink.py::test_epochs_exactly_once
 
-.PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards kafka-cluster
+.PHONY: setup check test unit demo chaos bench soak lint typecheck dashboards kafka-cluster compat
 
 setup:
 	@bash scripts/setup.sh
@@ -29,6 +29,15 @@ check: setup
 	$(VENV)/bin/ruff check raysink tests bench examples scripts
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not slow" -p no:cacheprovider -q tests/unit $(CHECK_TESTS)
+
+# The low end of every dependency range (constraints/oldest.txt) in a venv of its own,
+# cached under ~/.cache/raysink: the unit layer, one case per sink, door and fault, and the
+# wheel installed clean running the demo (scripts/compat.sh). `make test` is the high end.
+compat: setup
+	bash scripts/compat.sh
+	@# LEAD: meta's upgrade test runs here once its `make upgrade` is on main:
+	@if grep -q '^upgrade:' Makefile; then $(MAKE) upgrade; \
+	else echo "compat: no 'make upgrade' target on this branch yet (LEAD: merge meta's)"; fi
 
 unit: setup
 	$(PY) -m pytest -m unit -q

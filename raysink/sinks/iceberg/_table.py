@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from raysink import _schema
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.requirements import check_extra
 from raysink.sinks._files import FileStore
 
 __all__ = ["NO_RETRY", "IcebergOptions", "check_schema", "default_catalog", "pyiceberg_module",
@@ -34,6 +35,7 @@ def pyiceberg_module() -> ModuleType:
         import pyiceberg.catalog
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError("IcebergSink needs pyiceberg: pip install 'raysink[iceberg]'") from exc
+    check_extra("iceberg")
     return pyiceberg
 
 
