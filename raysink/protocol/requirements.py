@@ -57,7 +57,9 @@ RANGES: tuple[Range, ...] = (
     Range("raydp", "1.6.3", "1.7", extra="spark"),
     Range("pyspark", "3.5.0", "3.6", extra="spark"),
     Range("pandas", "2.0", "3", extra="spark"),
-    Range("deltalake", "1.0", "2", extra="delta"),
+    # deltalake before 1.6 drops commit_properties' app transactions in
+    # create_write_transaction: the epoch marker of every Delta commit would be lost.
+    Range("deltalake", "1.6", "2", extra="delta"),
     Range("pyiceberg", "0.11", "0.13", extra="iceberg", pip_extras="sql-sqlite"),
     # psycopg 3.2.0's [binary] extra asks for psycopg-binary 3.2.0.dev1, never published.
     Range("psycopg", "3.2.1", "4", extra="postgres", pip_extras="binary"),
