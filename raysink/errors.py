@@ -295,7 +295,7 @@ class VnodeOverlapError(ConfigError):
 class DependencyVersionError(ConfigError):
     """An installed dependency's release lies outside the range this raysink works with
     (``raysink.protocol.requirements``). ``package`` names it, ``found`` is the installed
-    version, ``wanted`` the range (``>=2.38,<3``)."""
+    version, ``wanted`` the range (``>=2.41,<3``)."""
 
     def __init__(
         self,

@@ -43,13 +43,14 @@ class Range:
 
     @property
     def spec(self) -> str:
-        """The range as pyproject writes it: ``>=2.38,<3``."""
+        """The range as pyproject writes it: ``>=2.41,<3``."""
         return f">={self.low},<{self.high}"
 
 
 RANGES: tuple[Range, ...] = (
-    # Ray Data's Datasink returns a WriteResult to on_write_complete since 2.38.
-    Range("ray", "2.38", "3", pip_extras="default"),
+    # Ray Data's Datasink is generic and hands on_write_complete a WriteResult of the
+    # write tasks' returns from 2.41 on (2.38-2.40 hand it the result blocks).
+    Range("ray", "2.41", "3", pip_extras="default"),
     Range("pyarrow", "17", "27"),
     Range("numpy", "1.26", "3"),
     # RayDP before 1.6.3 caps pyarrow below 15 (1.6.1) or protobuf at 3.20.3 (1.6.2),
