@@ -53,10 +53,13 @@ RANGES: tuple[Range, ...] = (
     Range("ray", "2.41", "3", pip_extras="default"),
     Range("pyarrow", "17", "27"),
     Range("numpy", "1.26", "3"),
-    # RayDP before 1.6.3 caps pyarrow below 15 (1.6.1) or protobuf at 3.20.3 (1.6.2),
-    # which Ray's dashboard extra's google-api-core no longer installs beside.
-    Range("raydp", "1.6.3", "1.7", extra="spark"),
-    Range("pyspark", "3.5.0", "3.6", extra="spark"),
+    # RayDP 1.6.4 has ObjectStoreWriter.prepareRecoverableRDD, the recoverable handoff
+    # raysink.spark.handoff calls (1.6.3 has not: every write(df) failed); before 1.6.3 it
+    # capped pyarrow below 15 (1.6.1) or protobuf at 3.20.3 (1.6.2).
+    Range("raydp", "1.6.4", "1.7", extra="spark"),
+    # Delta's Spark connector 3.3 (raysink.spark.packages.DELTA) is built on Spark 3.5.3:
+    # on 3.5.0 its session extension misses a Spark class (NoClassDefFoundError).
+    Range("pyspark", "3.5.3", "3.6", extra="spark"),
     Range("pandas", "2.0", "3", extra="spark"),
     # deltalake before 1.6 drops commit_properties' app transactions in
     # create_write_transaction: the epoch marker of every Delta commit would be lost.
