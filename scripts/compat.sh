@@ -10,7 +10,8 @@
 #      the kafka and spark cases;
 #   4. the package: `python -m build`, the wheel installed into a fresh venv with `[all]`,
 #      `raysink demo` run from it (tests/package/test_wheel.py).
-# COMPAT_SKIP_UNIT=1 leaves the unit layer out (while working on a later phase).
+# 5-8 minutes on this 2-core machine with the venv cached, 7.5 from a fresh one (README, "Install and supported
+# versions"). COMPAT_SKIP_UNIT=1 leaves the unit layer out (while working on a later phase).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash scripts/compat_venv.sh)
