@@ -4,14 +4,14 @@
 # caches it under ~/.cache/raysink), against this clone's source (PYTHONPATH):
 #   1. the versions it runs, each checked to be its range's low end;
 #   2. the unit layer, on two pytest-xdist workers;
-#   3. a representative set (COMPAT_TESTS below): every sink (Parquet, Delta, Iceberg,
+#   3. a representative set (INTEGRATION, KAFKA, SPARK below): every sink (Parquet, Delta, Iceberg,
 #      PostgreSQL, Kafka), every door (write_arrow, write(df), foreach_batch, feeds, the
 #      Ray Data datasink, streams) and one fault each, integration on two workers, then
 #      the kafka and spark cases;
 #   4. the package: `python -m build`, the wheel installed into a fresh venv with `[all]`,
 #      `raysink demo` run from it (tests/package/test_wheel.py).
-# 5-8 minutes on this 2-core machine with the venv cached, 7.5 from a fresh one (README, "Install and supported
-# versions"). COMPAT_SKIP_UNIT=1 leaves the unit layer out (while working on a later phase).
+# 5-8 minutes on this 2-core machine with the venv cached, 7.5 from a fresh one (README,
+# "Install and supported versions"). COMPAT_SKIP_UNIT=1 leaves the unit layer out.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 VENV=$(bash scripts/compat_venv.sh)
