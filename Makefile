@@ -15,7 +15,7 @@ CHECK_TESTS := tests/integration/test_runtime.py::test_replayed_epoch_is_skipped
 	tests/integration/test_sinks_runtime.py::test_epochs_replays_coordinator_crashes_and_status_running_paused_dropped \
 	tests/kafka/test_kafka_sink.py::test_epochs_exactly_once
 
-.PHONY: setup check test unit demo chaos bench soak longrun lint typecheck dashboards kafka-cluster upgrade
+.PHONY: setup check test unit demo chaos bench soak longrun lint typecheck dashboards kafka-cluster upgrade compat
 
 setup:
 	@bash scripts/setup.sh
@@ -32,6 +32,13 @@ check: setup
 	$(VENV)/bin/ruff check raysink tests bench examples scripts
 	$(VENV)/bin/mypy
 	$(PY) -m pytest -m "not slow" -p no:cacheprovider -q tests/unit $(CHECK_TESTS)
+
+# The low end of every dependency range (constraints/oldest.txt) in a venv of its own,
+# cached under ~/.cache/raysink: the unit layer, one case per sink, door and fault, and the
+# wheel installed clean running the demo (scripts/compat.sh). `make test` is the high end.
+compat: setup
+	bash scripts/compat.sh
+	$(MAKE) upgrade
 
 unit: setup
 	$(PY) -m pytest -m unit -q

@@ -27,7 +27,19 @@ One epoch::
     driver   commit_epoch(requests)-> coordinator: PENDING(E) in the meta store (the decision)
     coordinator                       Sink.commit(E) per sink -> COMMITTED(E)
     driver   <- CommitWait(committed) -> EpochReport
+
+The core dependencies' releases (Ray, pyarrow, numpy) are checked here, before any module
+that uses them is imported: one outside raysink's range (``raysink.protocol.requirements``)
+is a ``DependencyVersionError`` naming it, not an ``ImportError`` from deep inside.
 """
+
+# ruff: noqa: E402  (the check below runs before the submodules import Ray)
+__version__ = "0.2.0"
+"""This release; the only place it is written (pyproject.toml reads it from here)."""
+
+from raysink.protocol.requirements import check_extra
+
+check_extra(None)
 
 from raysink.driver.feed import Feed
 from raysink.driver.handle import EpochHandle
@@ -37,6 +49,7 @@ from raysink.errors import (
     BackpressureError,
     ConfigError,
     DataLossError,
+    DependencyVersionError,
     EpochFailedError,
     EpochRegressionError,
     FencedError,
@@ -59,6 +72,7 @@ __all__ = [
     "BackpressureError",
     "ConfigError",
     "DataLossError",
+    "DependencyVersionError",
     "EpochFailedError",
     "EpochHandle",
     "EpochRegressionError",
@@ -82,5 +96,3 @@ __all__ = [
     "StreamFeed",
     "StreamRewind",
 ]
-
-__version__ = "0.1.0"

@@ -46,6 +46,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, get_args
 
+from raysink import __version__
 from raysink.errors import ConfigError, RaySinkError
 from raysink.reports import ActorProcess, RuntimeStatus, SinkState, SinkStatus
 
@@ -458,6 +459,7 @@ def build_parser() -> argparse.ArgumentParser:
     """The argument parser of ``raysink``."""
     parser = argparse.ArgumentParser(
         prog="raysink", description="Exactly-once sinks for Spark-on-Ray (RayDP) jobs.")
+    parser.add_argument("--version", action="version", version=f"raysink {__version__}")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     demo = commands.add_parser(

@@ -4,7 +4,8 @@
 
     RaySinkError
     ├── ConfigError (ValueError)      an option, sink set, routing key or epoch source is wrong
-    │   └── VnodeOverlapError         two writers claim the same vnodes
+    │   ├── VnodeOverlapError         two writers claim the same vnodes
+    │   └── DependencyVersionError    a dependency's release outside raysink's range
     ├── SchemaMismatchError           bad data: nothing of the epoch is written
     ├── EpochRegressionError          an epoch below one still in flight
     ├── StaleAttemptError             a request for an attempt that is no longer open
@@ -41,6 +42,7 @@ __all__ = [
     "BarrierOrderError",
     "ConfigError",
     "DataLossError",
+    "DependencyVersionError",
     "EpochFailedError",
     "EpochRegressionError",
     "FencedError",
@@ -325,6 +327,32 @@ class VnodeOverlapError(ConfigError):
 
     def _fields(self) -> dict[str, Any]:
         return {**super()._fields(), "vnodes": self.vnodes, "writer_id": self.writer_id}
+
+
+class DependencyVersionError(ConfigError):
+    """An installed dependency's release lies outside the range this raysink works with
+    (``raysink.protocol.requirements``). ``package`` names it, ``found`` is the installed
+    version, ``wanted`` the range (``>=2.41,<3``)."""
+
+    def __init__(
+        self,
+        message: str,
+        *,
+        package: str = "",
+        found: str = "",
+        wanted: str = "",
+        runtime: str | None = None,
+        sink: str | None = None,
+        epoch: int | None = None,
+    ) -> None:
+        self.package = package
+        self.found = found
+        self.wanted = wanted
+        super().__init__(message, runtime=runtime, sink=sink, epoch=epoch)
+
+    def _fields(self) -> dict[str, Any]:
+        return {**super()._fields(), "package": self.package, "found": self.found,
+                "wanted": self.wanted}
 
 
 class BarrierOrderError(RaySinkError, ValueError):

@@ -101,6 +101,18 @@ def exists(name: str) -> bool:
     return True
 
 
+def _name_taken(exc: ValueError) -> bool:
+    """Whether Ray refused an actor's creation because another actor holds its name: an
+    ``ActorAlreadyExistsError`` (a ``ValueError``) in recent Ray; before it had that class
+    (Ray 2.41, raysink's oldest), a plain ``ValueError`` saying the name "is already
+    taken"."""
+    try:
+        from ray.exceptions import ActorAlreadyExistsError
+    except ImportError:
+        return "is already taken" in str(exc)
+    return isinstance(exc, ActorAlreadyExistsError)
+
+
 def create(name: str, make: Callable[[str], Any], *, runtime: str,
             first: bool = False) -> tuple[str, Any]:
     """``make(name)`` the actor. A replacement (not ``first``) whose name Ray still holds
@@ -108,15 +120,15 @@ def create(name: str, make: Callable[[str], Any], *, runtime: str,
     started under the first free ``<name>.<n>``. The ``first`` incarnation never is: Ray
     registers a name atomically, so when it is taken another driver started the runtime
     at the same moment (``RuntimeInUseError``). Returns the name used and the handle."""
-    from ray.exceptions import ActorAlreadyExistsError
-
     for incarnation in range(64):
         candidate = name if incarnation == 0 else f"{name}.{incarnation}"
         if incarnation and exists(candidate):
             continue
         try:
             return candidate, make(candidate)
-        except ActorAlreadyExistsError as exc:
+        except ValueError as exc:
+            if not _name_taken(exc):
+                raise
             if first:
                 raise in_use(name, runtime) from exc
             log.warning("the name %s is still taken; starting the actor under another",

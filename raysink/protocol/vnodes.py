@@ -173,6 +173,17 @@ def _floats(arr: pa.Array) -> U64:
     return values.view(np.uint64)
 
 
+def _views_as_large_binary(arr: pa.Array) -> pa.Array:
+    """A string or binary view array as large binary, so equal values hash alike whatever
+    their layout. pyarrow 17 (raysink's oldest) cannot cast from view types at all: there
+    the values go through Python (slower, alike); later releases cast."""
+    try:
+        return pc.cast(arr, pa.large_binary())
+    except pa.ArrowNotImplementedError:
+        plain = pa.large_string() if pa.types.is_string_view(arr.type) else pa.large_binary()
+        return pc.cast(pa.array(arr.to_pylist(), plain), pa.large_binary())
+
+
 def _value_hash(arr: pa.Array) -> U64:
     """Per-row hash of one non-chunked column, ignoring validity."""
     t = arr.type
@@ -186,7 +197,7 @@ def _value_hash(arr: pa.Array) -> U64:
     if pa.types.is_floating(t):
         return _hash_ints(_floats(arr))
     if pa.types.is_string_view(t) or pa.types.is_binary_view(t):
-        return _value_hash(pc.cast(arr, pa.large_binary()))
+        return _value_hash(_views_as_large_binary(arr))
     if (
         pa.types.is_string(t)
         or pa.types.is_binary(t)

@@ -33,6 +33,7 @@ from raysink.coordinator.metastore._sql import (
     redact_url,
 )
 from raysink.errors import ConfigError, MetaStoreError
+from raysink.protocol.requirements import check_extra
 
 __all__ = ["PostgresMetaStore"]
 
@@ -60,6 +61,7 @@ def _import_psycopg() -> Any:
     except ImportError as exc:
         raise ConfigError("the PostgreSQL meta store needs psycopg 3: "
                           "pip install 'raysink[postgres]'") from exc
+    check_extra("postgres")
     return psycopg
 
 

@@ -17,6 +17,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -86,13 +87,27 @@ class SqliteMetaStore(SqlMetaStore):
             f"cannot open meta store {self.url} ({exc}); the path must be a SQLite file (or "
             "not exist yet) in a writable directory: fix it or choose another path")
 
+    def _wal_mode(self, conn: sqlite3.Connection) -> str:
+        """Switch the file to WAL. Switching takes the file's exclusive lock without the
+        busy handler: a second process opening a store not yet in WAL meanwhile (a new
+        store, or one made in rollback mode) gets "database is locked" at once, so it is
+        asked again until the busy timeout."""
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                return str(conn.execute("PRAGMA journal_mode = WAL").fetchone()[0])
+            except sqlite3.OperationalError as exc:
+                if "locked" not in str(exc) or time.monotonic() > deadline:
+                    raise
+                time.sleep(0.05)
+
     def _configure(self, conn: sqlite3.Connection) -> None:
         """Busy timeout, WAL, ``synchronous=FULL`` and the tables: created, or migrated to
         this raysink's schema version under the write lock (``BEGIN IMMEDIATE``: a second
         process opening the store meanwhile waits, then finds it migrated), or refused
         (``NewerVersionError``) when a newer raysink wrote them."""
         conn.execute(f"PRAGMA busy_timeout = {int(self._timeout * 1000)}")
-        mode = conn.execute("PRAGMA journal_mode = WAL").fetchone()[0]
+        mode = self._wal_mode(conn)
         if str(mode).lower() != "wal":
             raise MetaStoreError(f"meta store {self.url} cannot use WAL mode (got "
                                  f"{mode!r}); put it on a local filesystem")

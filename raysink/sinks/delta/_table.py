@@ -20,6 +20,7 @@ import pyarrow.fs as pafs
 
 from raysink import _schema
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.requirements import check_extra
 from raysink.sinks._files import FileStore
 
 __all__ = ["STAGING_PREFIX", "DeltaOptions", "TableCache", "check_keys", "data_schema",
@@ -38,6 +39,7 @@ def deltalake_module() -> ModuleType:
         import deltalake
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError("DeltaSink needs deltalake: pip install 'raysink[delta]'") from exc
+    check_extra("delta")
     return deltalake
 
 

@@ -18,6 +18,7 @@ import pyarrow as pa
 
 from raysink import _schema
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.requirements import check_extra
 from raysink.sinks._files import FileStore
 from raysink.sinks.iceberg._partition import SpecField
 
@@ -35,6 +36,7 @@ def pyiceberg_module() -> ModuleType:
         import pyiceberg.catalog
     except ImportError as exc:  # pragma: no cover - depends on the environment
         raise ConfigError("IcebergSink needs pyiceberg: pip install 'raysink[iceberg]'") from exc
+    check_extra("iceberg")
     return pyiceberg
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from raysink.errors import ConfigError, SinkUnavailableError
+from raysink.protocol.requirements import check_extra
 
 __all__ = ["THROUGHPUT", "FatalWatch", "KafkaSettings", "check_client_config",
            "default_progress_topic", "kafka_module"]
@@ -72,6 +73,7 @@ def kafka_module() -> Any:
         import confluent_kafka.admin
     except ImportError as exc:
         raise ConfigError(_INSTALL_HINT) from exc
+    check_extra("kafka")
     return confluent_kafka
 
 

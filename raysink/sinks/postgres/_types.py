@@ -17,6 +17,7 @@ import pyarrow as pa
 
 from raysink import _schema
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.protocol.requirements import check_extra
 
 __all__ = ["INSTALL", "arrow_to_postgres_type", "as_arrow", "compatible", "csv_bytes",
            "encode_column", "pg_type", "psycopg_module", "rules", "sql_module"]
@@ -30,6 +31,7 @@ def psycopg_module() -> Any:
         import psycopg
     except ImportError as exc:
         raise ConfigError(INSTALL) from exc
+    check_extra("postgres")
     return psycopg
 
 
