@@ -40,8 +40,8 @@ from pathlib import Path
 from typing import Any
 
 __all__ = ["ALL_POINTS", "APPLY_POINTS", "ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS",
-           "LIFECYCLE_POINTS", "METASTORE_POINTS", "POINTS", "SINK_POINTS", "InjectedFault",
-           "enabled", "fault_dir", "hit"]
+           "LIFECYCLE_POINTS", "MAINTENANCE_POINTS", "METASTORE_POINTS", "POINTS",
+           "SINK_POINTS", "InjectedFault", "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -109,8 +109,20 @@ METASTORE_POINTS = (
 ``sleep`` holds the coordinator unrecovered."""
 
 
+MAINTENANCE_POINTS = (
+    "maintenance.mid_compaction",
+    "maintenance.mid_expiry",
+    "maintenance.mid_cleanup",
+)
+"""Points inside a sink's maintenance pass (context ``sink``):
+``maintenance.mid_compaction``, compacted files written, their replace commit not made;
+``maintenance.mid_expiry``, snapshots (or log entries) expired, none of the files only
+they needed deleted yet; ``maintenance.mid_cleanup``, some of those files deleted, not
+all. The next pass finishes what a crash there left."""
+
+
 ALL_POINTS = (POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS
-              + APPLY_POINTS + METASTORE_POINTS)
+              + APPLY_POINTS + METASTORE_POINTS + MAINTENANCE_POINTS)
 """Every point a fault can be armed at."""
 
 

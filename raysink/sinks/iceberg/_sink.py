@@ -12,7 +12,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -20,6 +20,12 @@ from raysink import _schema
 from raysink._faults import hit
 from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
 from raysink.sinks._files import FileStore
+from raysink.sinks._maintenance import (
+    Maintenance,
+    MaintenanceReport,
+    MaintenanceWindow,
+    TableStats,
+)
 from raysink.sinks._table_format import StagedFilesSink
 from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.iceberg._table import (
@@ -34,6 +40,9 @@ from raysink.sinks.iceberg._table import (
     sqlite_file,
 )
 from raysink.sinks.iceberg._writer import IcebergSinkWriter
+
+if TYPE_CHECKING:
+    from raysink.sinks.iceberg._maintain import IcebergMaintenance
 
 __all__ = ["DECISION_PROPERTY", "EPOCH_PROPERTY", "SINK_PROPERTY", "IcebergSink"]
 
@@ -72,6 +81,7 @@ class IcebergSink(StagedFilesSink):
         compression: str = "zstd",
         commit_attempts: int = 5,
         schema_evolution: _schema.SchemaEvolution = "fail",
+        maintenance: Maintenance | bool | None = None,
     ) -> None:
         self.schema_evolution = _schema.check_evolution_option("IcebergSink",
                                                                schema_evolution)
@@ -88,6 +98,7 @@ class IcebergSink(StagedFilesSink):
             table_properties=dict(table_properties or {}), max_file_rows=max_file_rows,
             compression=compression, commit_attempts=commit_attempts,
             schema_evolution=self.schema_evolution)
+        self.maintenance = Maintenance.of(maintenance, "IcebergSink")
 
     @property
     def identifier(self) -> str:
@@ -320,3 +331,25 @@ class IcebergSink(StagedFilesSink):
         if not self._is_committed(table, epoch):
             self._append(self._without_retry(table), epoch, [], None)
 
+
+    # ------------------------------------------------------------------ maintenance
+
+    def maintain(self, window: MaintenanceWindow) -> MaintenanceReport:
+        """Compaction, manifest merging, snapshot expiry and old metadata deleted
+        (``raysink.sinks.iceberg._maintain``); nothing with ``maintenance=False``."""
+        errors = pyiceberg_module().exceptions
+        try:
+            return self._maintainer().run(window)
+        except (errors.CommitStateUnknownException, OSError) as exc:
+            raise SinkUnavailableError(
+                f"maintenance of the Iceberg table {self._opts.identifier!r} was cut: {exc}; "
+                "the next pass finishes it", **self._where()) from exc
+
+    def table_stats(self) -> TableStats | None:
+        return self._maintainer().stats()
+
+    def _maintainer(self) -> IcebergMaintenance:
+        from raysink.sinks.iceberg._maintain import IcebergMaintenance
+
+        return IcebergMaintenance(self._opts, self.maintenance, marker_id=self.marker_id,
+                   runtime=self.runtime, sink=self.name)
