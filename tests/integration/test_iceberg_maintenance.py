@@ -22,7 +22,7 @@ from pyiceberg.catalog import load_catalog
 from pyiceberg.expressions import EqualTo
 from pyiceberg.manifest import ManifestContent
 
-from raysink import Maintenance
+from raysink import Maintenance, SinkRuntime
 from raysink._faults import InjectedFault
 from raysink.errors import SinkUnavailableError
 from raysink.sinks._maintenance import MaintenanceWindow
@@ -31,6 +31,8 @@ from raysink.sinks.iceberg import IcebergSink
 from raysink.sinks.iceberg import _maintain as maintain_module
 from raysink.sinks.iceberg._maintain import JOURNAL_DIR, METADATA_VERSIONS
 from raysink.testing import arm_fault
+from tests.integration.helpers import epoch_table
+from tests.integration.real_targets import assert_ids_exact
 from tests.support.staging import stage_writers as stage
 
 IDENT = "ns.events"
@@ -43,9 +45,9 @@ def props(root: Path) -> dict[str, str]:
             "warehouse": f"file://{root / 'warehouse'}"}
 
 
-def sink_at(root: Path, policy: Maintenance | bool = KEEP_ALL,
-            name: str = "main") -> IcebergSink:
-    return IcebergSink(IDENT, catalog=props(root), maintenance=policy).bind("rt", name)
+def sink_at(root: Path, policy: Maintenance | bool = KEEP_ALL, name: str = "main",
+            runtime: str = "rt") -> IcebergSink:
+    return IcebergSink(IDENT, catalog=props(root), maintenance=policy).bind(runtime, name)
 
 
 def batch(ids: Sequence[int]) -> pa.RecordBatch:
@@ -246,11 +248,11 @@ def ids_in(root: Path, partition: dict[str, Any]) -> list[int]:
 @pytest.mark.parametrize("point", ["maintenance.mid_compaction", "maintenance.mid_expiry",
                                    "maintenance.mid_cleanup"])
 def test_a_crash_leaves_the_table_exact_and_the_next_pass_finishes(
-        tmp_path: Path, point: str) -> None:
-    sink = sink_at(tmp_path, KEEP_ONE)
+        tmp_path: Path, point: str, name: str) -> None:
+    sink = sink_at(tmp_path, KEEP_ONE, runtime=name)
     commit_epochs(sink, 1, 4)
     small = live_files(tmp_path)
-    arm_fault("rt", point, action="raise")
+    arm_fault(name, point, action="raise")
     with pytest.raises(InjectedFault):
         sink.maintain(window(4))
     journal = tmp_path / "warehouse/ns.db/events/metadata" / JOURNAL_DIR
@@ -266,13 +268,13 @@ def test_a_crash_leaves_the_table_exact_and_the_next_pass_finishes(
 
     report = sink.maintain(window(4))
 
-    assert report.steps[0] == "recover" and report.complete
-    assert list(journal.glob("*.json")) == []
-    assert ids(tmp_path) == expected(1, 4) and sink.committed_epoch() == 4
     assert not any(on_disk(f) for f in small)
     assert not any(Path(c).exists() for c in compacted if point.endswith("compaction"))
     assert sorted(str(p) for p in data.glob("raysink-compact-*")) == [
         f.removeprefix("file://") for f in live_files(tmp_path)]
+    assert list(journal.glob("*.json")) == []
+    assert ids(tmp_path) == expected(1, 4) and sink.committed_epoch() == 4
+    assert report.steps[0] == "recover" and report.complete
     commit_epochs(sink, 5, 5)
     assert ids(tmp_path) == expected(1, 5)
 
@@ -341,3 +343,35 @@ def test_a_cut_commit_is_a_typed_error(tmp_path: Path,
     assert sink.maintain(window(2, force=True)).steps[0] == "recover"
     assert ids(tmp_path) == expected(1, 2)
     assert list((tmp_path / "warehouse/ns.db/events/data").glob("raysink-compact-*")) != []
+
+
+@pytest.mark.usefixtures("ray_session")
+@pytest.mark.timeout(240)
+def test_a_fresh_meta_store_aligns_with_a_compacted_expired_table(tmp_path: Path,
+                                                                  name: str) -> None:
+    """Epochs 1-4 through a runtime, the table compacted and expired down to one
+    snapshot, then the same runtime with a fresh meta store: the replayed epoch is
+    skipped (the marker reads back from the maintenance snapshot), a new one is written
+    once."""
+    def runtime(meta: str) -> SinkRuntime:
+        return SinkRuntime(name, IcebergSink(IDENT, catalog=props(tmp_path),
+                                             maintenance=KEEP_ONE),
+                           writers=2, metastore=f"sqlite:///{tmp_path / meta}",
+                           progress=False, retry_cap=0.5)
+
+    with runtime("original.db") as rt:
+        for epoch in range(1, 5):
+            assert rt.write_arrow(epoch_table(epoch, 100)).committed
+    (marker,) = {s.summary.get("raysink.sink") for s in table(tmp_path).snapshots()}
+    sink = IcebergSink(IDENT, catalog=props(tmp_path), maintenance=KEEP_ONE.replace(
+        min_compact_files=2)).bind(name, marker.rsplit(":", 1)[1])
+    report = sink.maintain(window(4))
+    assert {"compact", "expire_snapshots"} <= set(report.steps)
+    assert len(table(tmp_path).snapshots()) == 1
+
+    with runtime("fresh.db") as rt:
+        replay = rt.write_arrow(epoch_table(4, 100), epoch=4)
+        assert (replay.skipped, replay.committed) == (True, True)
+        fifth = rt.write_arrow(epoch_table(5, 100), epoch=5)
+        assert (fifth.skipped, fifth.committed) == (False, True)
+    assert_ids_exact(ids(tmp_path), [1, 2, 3, 4, 5], 100)
