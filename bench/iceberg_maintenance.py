@@ -89,7 +89,7 @@ def _report(run: Run, window: int, rows: int, writers: int, epochs: int) -> None
     assert stats is not None
     metadata = next(run.root.glob("warehouse/*/*/metadata"))
     jsons = list(metadata.glob("*.metadata.json"))
-    rows_now = run.sink._opts.load_table().scan().to_arrow().num_rows  # noqa: SLF001
+    rows_now = run.sink._opts.load_table().scan().to_arrow().num_rows
     assert rows_now == rows * writers * epochs, (rows_now, rows * writers * epochs)
     print(f"{run.name}: commit p50 first/last {window}: {_ms(first):.1f} / {_ms(last):.1f} ms "
           f"({_ms(last) / _ms(first):.2f}x); epoch p50 first/last: "
