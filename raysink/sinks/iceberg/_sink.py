@@ -66,6 +66,10 @@ class IcebergSink(StagedFilesSink):
     ``schema_evolution="add_columns"`` adds new columns and widens int to long, float to
     double and decimal precision, in the epoch's own commit; anything else is a
     ``SchemaMismatchError`` naming the column.
+
+    ``maintenance`` (``True`` by default, a ``raysink.Maintenance``, or ``False``): what
+    ``maintain`` does between two commits (compaction, manifest merging, snapshot expiry,
+    old metadata deleted; ``raysink.sinks.iceberg._maintain``).
     """
 
     kind = "iceberg"
