@@ -375,3 +375,44 @@ def test_a_fresh_meta_store_aligns_with_a_compacted_expired_table(tmp_path: Path
         fifth = rt.write_arrow(epoch_table(5, 100), epoch=5)
         assert (fifth.skipped, fifth.committed) == (False, True)
     assert_ids_exact(ids(tmp_path), [1, 2, 3, 4, 5], 100)
+
+
+def test_an_expiry_losing_the_race_deletes_nothing_and_the_next_pass_expires(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    sink, other = sink_at(tmp_path, KEEP_ONE), sink_at(tmp_path, KEEP_ONE, name="other")
+    commit_epochs(sink, 1, 3, writers=1)
+    files = live_files(tmp_path)
+    planned = maintain_module.IcebergMaintenance._retained
+
+    def racing(self: Any, table_: Any, window_: MaintenanceWindow) -> set[int]:
+        keep = planned(self, table_, window_)
+        commit_epochs(other, 1, 1, writers=1)  # lands between the plan and its commit
+        return keep
+
+    monkeypatch.setattr(maintain_module.IcebergMaintenance, "_retained", racing)
+    report = sink.maintain(window(3))
+    assert "expire_snapshots" not in report.steps and not report.complete
+    assert all(on_disk(f) for f in files) and len(table(tmp_path).snapshots()) == 4
+    assert list((tmp_path / "warehouse/ns.db/events/metadata" / JOURNAL_DIR).glob("*")) == []
+    monkeypatch.undo()
+    report = sink.maintain(window(3))
+    assert "expire_snapshots" in report.steps
+    assert ids(tmp_path) == sorted(expected(1, 3, writers=1) + expected(1, 1, writers=1))
+    assert sink.committed_epoch() == 3 and other.committed_epoch() == 1
+
+
+def test_files_of_an_older_schema_are_compacted_as_the_table_reads_them(
+        tmp_path: Path) -> None:
+    sink = IcebergSink(IDENT, catalog=props(tmp_path), maintenance=KEEP_ONE,
+                       schema_evolution="add_columns").bind("rt", "main")
+    for epoch in (1, 2, 3, 4):
+        rows = batch([epoch])
+        if epoch > 2:  # a column added by epoch 3
+            rows = rows.append_column("extra", pa.array([float(epoch)]))
+        sink.commit(epoch, stage(sink, epoch, [[rows]]))
+    before = table(tmp_path).scan().to_arrow().sort_by("id")
+    report = sink.maintain(window(4, force=True))
+    assert report.files_compacted == 4 and len(live_files(tmp_path)) == 1
+    after = table(tmp_path).scan().to_arrow().sort_by("id")
+    assert after.to_pylist() == before.to_pylist()
+    assert after.column("extra").to_pylist() == [None, None, 3.0, 4.0]
