@@ -10,8 +10,9 @@ For each it reports the sink's commit time (p50 over the first and the last ``--
 epochs, and their ratio), the epoch time (staging and commit), the maintenance passes (p50
 and the longest: how long a pass holds the sink's commits), and at the end the table's
 data files, snapshots, ``metadata.json`` files and the bytes under ``metadata/``, and the
-largest ``metadata.json``. The two runs alternate epoch by epoch, so the machine's load
-falls on both alike.
+largest ``metadata.json``; every ``--window`` epochs a line with each run's commit p50 over
+them and its bytes under ``metadata/``. The two runs alternate epoch by epoch, so the
+machine's load falls on both alike.
 
     .venv/bin/python bench/iceberg_maintenance.py [--epochs 1000] [--every 10]
         [--writers 2] [--rows 1000] [--window 100] [--keep-snapshots 20]
@@ -103,6 +104,18 @@ def _report(run: Run, window: int, rows: int, writers: int, epochs: int) -> None
           f"{rows_now:,} rows, every one once")
 
 
+def _metadata_bytes(run: Run) -> int:
+    return sum(p.stat().st_size for p in run.root.glob("warehouse/*/*/metadata/**/*")
+               if p.is_file())
+
+
+def _progress(runs: list[Run], epoch: int, window: int, seconds: float) -> None:
+    """One line per ``window`` epochs: each run's commit p50 over them and its metadata."""
+    parts = [f"{run.name}: commit p50 {_ms(run.commits[-window:]):.0f} ms, metadata "
+             f"{_metadata_bytes(run) / 1e6:.2f} MB" for run in runs]
+    print(f"epoch {epoch} ({seconds:.0f} s): " + "; ".join(parts), flush=True)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--epochs", type=int, default=1000)
@@ -122,8 +135,8 @@ def main() -> None:
         for epoch in range(1, args.epochs + 1):
             for run in runs:
                 _epoch(run, epoch, args.writers, args.rows)
-            if epoch % 100 == 0:
-                print(f"epoch {epoch}: {time.perf_counter() - started:.0f} s", flush=True)
+            if epoch % args.window == 0:
+                _progress(runs, epoch, args.window, time.perf_counter() - started)
         print(f"{args.epochs} epochs of {args.rows} rows from {args.writers} writers, a pass "
               f"every {args.every} epochs keeping {args.keep_snapshots} snapshots "
               f"(Maintenance(keep_seconds=0, min_compact_files=16)):")

@@ -416,3 +416,17 @@ def test_files_of_an_older_schema_are_compacted_as_the_table_reads_them(
     after = table(tmp_path).scan().to_arrow().sort_by("id")
     assert after.to_pylist() == before.to_pylist()
     assert after.column("extra").to_pylist() == [None, None, 3.0, 4.0]
+
+
+def test_manifests_are_merged_alone_when_nothing_is_compacted(tmp_path: Path) -> None:
+    sink = sink_at(tmp_path, KEEP_ALL.replace(min_compact_files=100))
+    decided = commit_epochs(sink, 1, 8, writers=1)
+    files = live_files(tmp_path)
+    assert data_manifests(tmp_path) == 8
+    report = sink.maintain(window(8))
+    assert "merge_manifests" in report.steps and "compact" not in report.steps
+    assert data_manifests(tmp_path) == 1 and live_files(tmp_path) == files
+    assert ids(tmp_path) == expected(1, 8, writers=1)
+    assert table(tmp_path).current_snapshot().summary.operation.value == "replace"
+    assert sink.holds_decision(8, decided[8]) is True
+    assert "merge_manifests" not in sink.maintain(window(8)).steps  # one is as few as any
