@@ -62,6 +62,7 @@ from typing import Any
 
 import pyarrow as pa
 import pyarrow.fs as pafs
+from pyiceberg import exceptions as pyiceberg_exceptions
 from pyiceberg.exceptions import CommitFailedException
 from pyiceberg.manifest import ManifestContent
 from pyiceberg.table import TableProperties
@@ -101,7 +102,11 @@ MERGE_AT = 8
 _METADATA_FILE = re.compile(r"(\d+)-[0-9a-fA-F-]+\.metadata\.json")
 _EPOCH_DIR = re.compile(r"/data/raysink/\d{12}$")
 _MARKER_KEYS = (SINK_PROPERTY, EPOCH_PROPERTY, DECISION_PROPERTY)
-_COMMIT_LOST = (CommitFailedException,)
+_COMMIT_LOST: tuple[type[Exception], ...] = (
+    CommitFailedException,
+    getattr(pyiceberg_exceptions, "ValidationException", CommitFailedException))
+"""What certainly did not commit: a lost compare-and-swap, or (pyiceberg 0.12) a file to
+delete that the refreshed table no longer has."""
 
 
 @dataclass
