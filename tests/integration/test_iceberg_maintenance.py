@@ -99,6 +99,16 @@ def data_manifests(root: Path) -> int:
                if m.content == ManifestContent.DATA)
 
 
+def unreferenced_metadata(root: Path) -> list[str]:
+    """Avro files under ``metadata/`` (manifests, manifest lists) no snapshot references."""
+    t = table(root)
+    referenced = {s.manifest_list for s in t.snapshots()}
+    referenced |= {m.manifest_path for s in t.snapshots() for m in s.manifests(t.io)}
+    names = {r.rsplit("/", 1)[1] for r in referenced}
+    return sorted(p.name for p in (root / "warehouse/ns.db/events/metadata").glob("*.avro")
+                  if p.name not in names)
+
+
 def test_compaction_keeps_every_row_once_and_every_snapshot_readable(tmp_path: Path) -> None:
     sink = sink_at(tmp_path)
     decided = commit_epochs(sink, 1, 6)
@@ -112,6 +122,7 @@ def test_compaction_keeps_every_row_once_and_every_snapshot_readable(tmp_path: P
     assert (report.files_compacted, report.files_written, report.complete) == (12, 1, True)
     assert ids(tmp_path) == expected(1, 6)
     assert len(live_files(tmp_path)) == 1 and data_manifests(tmp_path) == 1
+    assert unreferenced_metadata(tmp_path) == []  # no manifest merged away is left behind
     current = table(tmp_path).current_snapshot()
     assert current.summary.operation.value == "replace"
     # time travel: every snapshot from before reads as it did (nothing expired here)
@@ -189,6 +200,7 @@ def test_metadata_files_stay_bounded(tmp_path: Path) -> None:
         if epoch % 3 == 0:
             sink.maintain(window(epoch))
             assert len(list(metadata.glob("*.metadata.json"))) <= METADATA_VERSIONS + 1
+            assert unreferenced_metadata(tmp_path) == []
     stats = sink.table_stats()
     assert stats is not None and stats.snapshots == 1
     assert stats.data_files == len(live_files(tmp_path)) == 1
@@ -426,6 +438,7 @@ def test_manifests_are_merged_alone_when_nothing_is_compacted(tmp_path: Path) ->
     report = sink.maintain(window(8))
     assert "merge_manifests" in report.steps and "compact" not in report.steps
     assert data_manifests(tmp_path) == 1 and live_files(tmp_path) == files
+    assert unreferenced_metadata(tmp_path) == []
     assert ids(tmp_path) == expected(1, 8, writers=1)
     assert table(tmp_path).current_snapshot().summary.operation.value == "replace"
     assert sink.holds_decision(8, decided[8]) is True
