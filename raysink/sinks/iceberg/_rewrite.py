@@ -26,6 +26,7 @@ pass's journal can name exactly the files a crash may leave behind.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
 from collections import defaultdict
 from collections.abc import Iterator, Sequence
@@ -176,7 +177,16 @@ class Rewrite(_OverwriteFiles):
         deletes = [m for m in manifests if m.content != ManifestContent.DATA]
         merger = _ManifestMergeManager(target_size_bytes=target, min_count_to_merge=2,
                                        merge_enabled=True, snapshot_producer=self)
-        return list(merger.merge_manifests(data)) + deletes
+        merged = list(merger.merge_manifests(data)) + deletes
+        self.listed = {m.manifest_path for m in merged}
+        return merged
+
+    def merged_away(self) -> list[str]:
+        """Manifests this producer wrote and then merged into others (its added and
+        delete manifests, its rewrites of manifests that lost files): no snapshot lists
+        them."""
+        listed: set[str] = getattr(self, "listed", set())
+        return [p for p in self._written_manifests if p not in listed]
 
 
 def rewrite(table: Any, removed: Sequence[Any], added: Sequence[Any],
@@ -192,4 +202,8 @@ def rewrite(table: Any, removed: Sequence[Any], added: Sequence[Any],
     for f in added:
         producer.append_data_file(f)
     producer.commit()
-    return tx.commit_transaction()
+    committed = tx.commit_transaction()
+    for path in producer.merged_away():
+        with contextlib.suppress(FileNotFoundError):
+            table.io.delete(path)
+    return committed
