@@ -41,8 +41,7 @@ from typing import Any
 
 __all__ = ["ALL_POINTS", "APPLY_POINTS", "ENV_VAR", "FEED_POINTS", "HANDOFF_POINTS",
            "LIFECYCLE_POINTS", "MAINTENANCE_POINTS", "METASTORE_POINTS", "POINTS",
-           "SINK_POINTS", "InjectedFault",
-           "enabled", "fault_dir", "hit"]
+           "SINK_POINTS", "InjectedFault", "enabled", "fault_dir", "hit"]
 
 ENV_VAR = "RAYSINK_FAULT_DIR"
 _DIR: Path | None = Path(os.environ[ENV_VAR]) if os.environ.get(ENV_VAR) else None
@@ -115,12 +114,15 @@ MAINTENANCE_POINTS = (
     "maintenance.mid_expiry",
     "maintenance.mid_cleanup",
 )
-"""Points inside a maintenance pass (``Sink.maintain``, in the coordinator; context
-``sink``): ``maintenance.mid_compaction``, one partition's compaction committed, the
-others not yet (context ``partition``, its number in the pass); ``maintenance.mid_expiry``,
-the data files no retained version needs are deleted, the log entries naming them not
-yet; ``maintenance.mid_cleanup``, the oldest expired log entry is deleted, the others
-not yet."""
+"""Points inside a sink's maintenance pass (``Sink.maintain``, in the coordinator; context
+``sink``). Delta: ``maintenance.mid_compaction``, one partition's compaction committed,
+the others not yet (context ``partition``, its number in the pass);
+``maintenance.mid_expiry``, the data files no retained version needs are deleted, the log
+entries naming them not yet; ``maintenance.mid_cleanup``, the oldest expired log entry is
+deleted, the others not yet. Iceberg: ``maintenance.mid_compaction``, compacted files
+written, their replace commit not made; ``maintenance.mid_expiry``, snapshots expired,
+none of the files only they needed deleted yet; ``maintenance.mid_cleanup``, some of
+those files deleted, not all. The next pass finishes what a crash there left."""
 
 
 ALL_POINTS = (POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS

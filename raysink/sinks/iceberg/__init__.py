@@ -42,11 +42,22 @@ Default catalog: a ``SqlCatalog`` named ``raysink`` on SQLite at
 ``<cwd>/.raysink/iceberg/catalog.db`` with warehouse ``file://<cwd>/.raysink/iceberg/
 warehouse``, ``cwd`` resolved when the sink is built on the driver.
 
+Maintenance (``maintenance=``: on by default, ``raysink.Maintenance`` to tune it, ``False``
+to switch it off): between two commits the coordinator runs ``maintain``, which compacts
+small files per partition into target-sized ones and merges manifests (one ``replace``
+snapshot, which pyiceberg cannot make), expires snapshots the policy does not keep and
+deletes exactly the files only they referenced, and bounds the ``metadata.json`` files
+(``write.metadata.delete-after-commit.enabled``, ``previous-versions-max=10``). The marker
+reads back the same through it, and a crashed pass is finished by the next one
+(``_maintain``'s docstring has the rules and the bound).
+
 Modules: ``_sink`` (``IcebergSink``: validate, commit, marker), ``_writer``
 (``IcebergSinkWriter``), ``_table`` (the catalog, options, Iceberg's types),
 ``_partition`` (specs, a batch split by partition, partition values),
 ``_transforms`` (the transforms in Arrow), ``_data_files`` (an epoch's data files in
-their partitions); the staging they share with Delta is ``raysink.sinks._table_format``.
+their partitions), ``_maintain`` (the maintenance pass, ``table_stats``) and ``_rewrite``
+(compaction and manifest merging); the staging they share with Delta is
+``raysink.sinks._table_format``.
 """
 
 from raysink.sinks.iceberg._sink import EPOCH_PROPERTY, SINK_PROPERTY, IcebergSink

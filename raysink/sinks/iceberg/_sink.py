@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pyarrow as pa
 
@@ -22,6 +22,12 @@ from raysink._faults import hit
 from raysink.errors import ConfigError, DataLossError, SinkUnavailableError
 from raysink.sinks._files import FileStore
 from raysink.sinks._format import MARKER_FORMAT, check_marker
+from raysink.sinks._maintenance import (
+    Maintenance,
+    MaintenanceReport,
+    MaintenanceWindow,
+    TableStats,
+)
 from raysink.sinks._table_format import StagedFilesSink
 from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.iceberg._data_files import epoch_data_files
@@ -43,6 +49,9 @@ from raysink.sinks.iceberg._table import (
     sqlite_file,
 )
 from raysink.sinks.iceberg._writer import IcebergSinkWriter
+
+if TYPE_CHECKING:
+    from raysink.sinks.iceberg._maintain import IcebergMaintenance
 
 __all__ = ["DECISION_PROPERTY", "EPOCH_PROPERTY", "SINK_PROPERTY", "IcebergSink"]
 
@@ -74,6 +83,10 @@ class IcebergSink(StagedFilesSink):
     ``schema_evolution="add_columns"`` adds new columns and widens int to long, float to
     double and decimal precision, in the epoch's own commit; anything else is a
     ``SchemaMismatchError`` naming the column.
+
+    ``maintenance`` (``True`` by default, a ``raysink.Maintenance``, or ``False``): what
+    ``maintain`` does between two commits (compaction, manifest merging, snapshot expiry,
+    old metadata deleted; ``raysink.sinks.iceberg._maintain``).
     """
 
     kind = "iceberg"
@@ -90,6 +103,7 @@ class IcebergSink(StagedFilesSink):
         commit_attempts: int = 5,
         schema_evolution: _schema.SchemaEvolution = "fail",
         partition_by: PartitionBy | None = None,
+        maintenance: Maintenance | bool | None = None,
     ) -> None:
         self.schema_evolution = _schema.check_evolution_option("IcebergSink",
                                                                schema_evolution)
@@ -107,6 +121,7 @@ class IcebergSink(StagedFilesSink):
             compression=compression, commit_attempts=commit_attempts,
             schema_evolution=self.schema_evolution,
             partition_by=parse_partition_by(partition_by))
+        self.maintenance = Maintenance.of(maintenance, "IcebergSink")
 
     @property
     def identifier(self) -> str:
@@ -389,3 +404,25 @@ class IcebergSink(StagedFilesSink):
         if not self._is_committed(table, epoch):
             self._append(self._without_retry(table), epoch, [], None)
 
+
+    # ------------------------------------------------------------------ maintenance
+
+    def maintain(self, window: MaintenanceWindow) -> MaintenanceReport:
+        """Compaction, manifest merging, snapshot expiry and old metadata deleted
+        (``raysink.sinks.iceberg._maintain``); nothing with ``maintenance=False``."""
+        errors = pyiceberg_module().exceptions
+        try:
+            return self._maintainer().run(window)
+        except (errors.CommitStateUnknownException, OSError) as exc:
+            raise SinkUnavailableError(
+                f"maintenance of the Iceberg table {self._opts.identifier!r} was cut: {exc}; "
+                "the next pass finishes it", **self._where()) from exc
+
+    def table_stats(self) -> TableStats | None:
+        return self._maintainer().stats()
+
+    def _maintainer(self) -> IcebergMaintenance:
+        from raysink.sinks.iceberg._maintain import IcebergMaintenance
+
+        return IcebergMaintenance(self._opts, self.maintenance, marker_id=self.marker_id,
+                   runtime=self.runtime, sink=self.name)
