@@ -89,7 +89,7 @@ def test_target_deleted_after_commit_is_data_loss(tmp_path: Path, meta: str) -> 
         status = store.sink_statuses(name)["main"]
     finally:
         store.close()
-    assert status.state == "stalled" and "DataLossError" in (status.last_error or "")
+    assert status.state == "failed" and "DataLossError" in (status.last_error or "")
     assert not out.exists()  # nothing re-created behind the user's back
 
 
@@ -108,7 +108,7 @@ def test_marker_deleted_while_an_epoch_is_pending_is_data_loss(tmp_path: Path, m
         assert not box["result"].committed  # decided, never made visible
         status = rt.status()
     error = status.sinks["main"].last_error or ""
-    assert status.sinks["main"].state == "stalled" and error.startswith("DataLossError"), error
+    assert status.sinks["main"].state == "failed" and error.startswith("DataLossError"), error
     assert "while epoch 2 is pending" in error
 
 

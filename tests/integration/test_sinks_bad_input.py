@@ -219,7 +219,7 @@ def test_postgres_marker_deleted_with_nothing_pending_is_recreated(
 def test_postgres_marker_deleted_while_an_epoch_is_pending(
         pg_server: PostgresServer, schema: str, name: str, meta: str) -> None:
     """Nothing can tell whether the pending epoch reached the table: DataLossError, shown
-    in status as a stalled sink, and the epoch is not committed."""
+    in status as a failed sink, and the epoch is not committed."""
     target = PostgresTarget(pg_server, schema)
     with closes_with_epoch_pending(), _runtime(name, target.sink(method="staging"), meta,
                                                commit_timeout=3) as rt:
@@ -234,7 +234,7 @@ def test_postgres_marker_deleted_while_an_epoch_is_pending(
         assert not box["result"].committed
         status = rt.status()
     sink = status.sinks["main"]
-    assert sink.state == "stalled" and status.pending_epochs == [2]
+    assert sink.state == "failed" and status.pending_epochs == [2]
     assert (sink.last_error or "").startswith("DataLossError"), sink.last_error
     assert "while epoch 2 is pending" in (sink.last_error or "")
     assert_ids_exact(target.ids(), [1], ROWS)
