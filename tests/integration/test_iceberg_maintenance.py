@@ -254,7 +254,7 @@ def ids_in(root: Path, partition: dict[str, Any]) -> list[int]:
                if f["partition"] == partition]
     import pyarrow.parquet as pq
 
-    return sorted(pq.read_table(path.removeprefix("file://")).column("id").to_pylist())
+    return sorted(pq.ParquetFile(path.removeprefix("file://")).read().column("id").to_pylist())
 
 
 @pytest.mark.parametrize("point", ["maintenance.mid_compaction", "maintenance.mid_expiry",

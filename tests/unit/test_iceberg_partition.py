@@ -177,7 +177,7 @@ def _check_files(t: Any) -> int:
     entries = t.inspect.files().to_pylist()
     for data_file in entries:
         spec = specs[data_file["spec_id"]]
-        rows = pq.read_table(data_file["file_path"].removeprefix("file://")).to_pylist()
+        rows = pq.ParquetFile(data_file["file_path"].removeprefix("file://")).read().to_pylist()
         recorded = data_file["partition"]
         for field in spec.fields:
             source = schema.find_field(field.source_id)
