@@ -36,11 +36,12 @@ exit with status 2, without a traceback; an interrupt exits with 130.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import logging
 import subprocess
 import sys
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import asdict, dataclass
 from datetime import datetime
 from pathlib import Path
@@ -198,9 +199,18 @@ def read_processes(name: str, address: str | None = None,
     """The processes of runtime ``name``'s live actors, asked in the Ray cluster at
     ``address`` (default ``auto``: the one this machine runs), or in the Ray this process
     already joined. ``ConfigError`` when there is no cluster to join."""
-    import ray
-
     from raysink.driver.processes import find_processes
+
+    with _joined_ray(name, address, "raysink status --processes"):
+        return find_processes(name, timeout)
+
+
+@contextlib.contextmanager
+def _joined_ray(name: str, address: str | None, command: str) -> Iterator[None]:
+    """Inside: this process is in the Ray cluster at ``address`` (default ``auto``: the
+    one this machine runs), joined here and left after, or the one it already joined.
+    ``ConfigError`` naming ``command`` when there is no cluster to join."""
+    import ray
 
     joined = not ray.is_initialized()
     if joined:
@@ -209,11 +219,10 @@ def read_processes(name: str, address: str | None = None,
                      logging_level=logging.WARNING)
         except Exception as exc:
             raise ConfigError(f"no Ray cluster to ask at {address or 'auto'} ({exc}): run "
-                              "`raysink status --processes` on a node of the cluster the job "
-                              "runs in, or pass --address HOST:PORT of its head",
-                              runtime=name) from exc
+                              f"`{command}` on a node of the cluster the job runs in, or "
+                              "pass --address HOST:PORT of its head", runtime=name) from exc
     try:
-        return find_processes(name, timeout)
+        yield
     finally:
         if joined:
             ray.shutdown()
@@ -265,22 +274,11 @@ def run_maintenance(name: str, sink: str | None, timeout: float,
                     address: str | None = None) -> list[Any]:
     """``rt.maintain()`` of the running runtime ``name``, through its coordinator in the
     Ray cluster at ``address``; ``ConfigError`` when no such runtime runs there."""
-    import ray
-
     from raysink.driver.calls import ask
     from raysink.driver.remote import find_coordinator
     from raysink.protocol.clients import CoordinatorClient
 
-    joined = not ray.is_initialized()
-    if joined:
-        try:
-            ray.init(address=address or "auto", log_to_driver=False,
-                     logging_level=logging.WARNING)
-        except Exception as exc:
-            raise ConfigError(f"no Ray cluster to ask at {address or 'auto'} ({exc}): run "
-                              "`raysink maintain` on a node of the cluster the job runs in, "
-                              "or pass --address HOST:PORT of its head", runtime=name) from exc
-    try:
+    with _joined_ray(name, address, "raysink maintain"):
         handle = find_coordinator(name)
         if handle is None:
             raise ConfigError(f"no runtime {name!r} is running in this Ray cluster; maintenance "
@@ -290,9 +288,6 @@ def run_maintenance(name: str, sink: str | None, timeout: float,
         reports: list[Any] = ask(CoordinatorClient.of(handle).maintain(sink, timeout),
                                  what="maintain", runtime=name, timeout=timeout + 30)
         return reports
-    finally:
-        if joined:
-            ray.shutdown()
 
 
 def _cmd_maintain(args: argparse.Namespace) -> int:
