@@ -209,7 +209,7 @@ def _iceberg_problems(spec: Mapping[str, Any], marker_id: str, last: int) -> lis
     table = load_catalog("chaos", **spec["catalog"]).load_table(spec["identifier"])
     problems: list[str] = []
     current = set(table.scan(selected_fields=("id",)).to_arrow().column("id").to_pylist())
-    marker = next((int(s.summary["raysink.epoch"])
+    marker = next((int(str(s.summary["raysink.epoch"]))
                    for s in ancestors_of(table.current_snapshot(), table.metadata)
                    if s.summary is not None and s.summary.get("raysink.sink") == marker_id),
                   None)

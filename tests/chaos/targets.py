@@ -4,7 +4,8 @@
 function runs in the test process and in a driver subprocess). ``read_target`` returns the
 rows readers see (``id``, ``epoch``, ``feed``) and ``commit_order`` the epochs in the order
 the target recorded their commits: the Parquet commit log (by ``committed_at``), Delta
-versions (their ``txn`` actions), Iceberg snapshots (by sequence number), PostgreSQL
+versions (their ``txn`` actions), Iceberg snapshots (by sequence number; a maintenance
+snapshot, which carries the marker of the epoch before it, left out), PostgreSQL
 progress rows (by ``committed_at``), the epoch records of a Kafka sink's progress topic
 (by offset).
 

@@ -28,7 +28,8 @@ def maintenance_trial(point: str, sink: str) -> TrialSpec:
     plan's other draws, rows, epochs, policy, kept)."""
     spec = next(t for t in make_plan(SEED, 400)
                 if t.fault == "maintenance_point" and (t.point, t.sink) == (point, sink))
-    policy = {**spec.extra["maintenance"], "every_epochs": 1000}
+    # two versions kept: time travel past the newest is checked too
+    policy = {**spec.extra["maintenance"], "every_epochs": 1000, "keep_snapshots": 2}
     return dataclasses.replace(spec, name=f"{spec.name.rsplit('-', 1)[0]}-arrow", via="arrow",
                                how="self", variant="forced", extra={"maintenance": policy})
 
@@ -42,7 +43,6 @@ def test_the_coordinator_killed_at_a_maintenance_point_loses_and_doubles_nothing
     spec = maintenance_trial(point, sink)
     env = TrialEnv(root=tmp_path, ray_address=ray.get_runtime_context().gcs_address)
     result = run_trial(spec, env)
-    print(spec.name, result.fired, result.seconds, result.notes, result.phases)
     assert result.failure is None, f"{result.failure}\nnotes: {result.notes}"
     assert result.fired, result.notes
     for outcome in result.checks:
