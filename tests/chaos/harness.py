@@ -111,8 +111,8 @@ def run_trial(spec: TrialSpec, env: TrialEnv) -> TrialResult:
         trial.result.failure = f"{type(exc).__name__}: {exc}"[:2000]
         log.exception("trial %s failed", spec.name)
     finally:
-        if trial.forced is not None:
-            trial.forced.stop()
+        if trial.forced is not None:  # the trial failed before its final pass
+            trial.forced.stop(quiet=True)
         if trial.watch is not None:
             trial.watch.stop()
         disarm_faults(spec.name)
@@ -673,10 +673,14 @@ class _Trial:
                             must_commit=set() if maintained and name == "main" else must_commit)
             outcome.problems += order_problems(spec, epochs=self.spec.via != "stream")
             if maintained and name == "main":
-                outcome.problems += self._maintained_problems(spec)
+                # a stream's groups are its producers: its epochs with rows, the commits
+                low = max([*order, *(e for e, n in expected.items() if n and must_commit)],
+                          default=0)
+                outcome.problems += self._maintained_problems(spec, low)
             self.result.checks.append(outcome)
 
-    def _maintained_problems(self, spec: dict[str, Any]) -> list[str]:
+    def _maintained_problems(self, spec: dict[str, Any], low: int) -> list[str]:
         problems = [] if self.result.fired else [f"{self.spec.point} never fired"]
         assert self.last_epoch is not None, "no final maintenance pass"
-        return problems + maintenance.table_problems(spec, self.spec.name, self.last_epoch)
+        return problems + maintenance.table_problems(spec, self.spec.name,
+                                                     (low, self.last_epoch))

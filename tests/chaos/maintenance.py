@@ -96,10 +96,13 @@ class ForcedPasses:
                     return
                 time.sleep(0.1)
 
-    def stop(self) -> None:
-        """Wait for the pass under way (a pass after the last commit included)."""
+    def stop(self, *, quiet: bool = False) -> None:
+        """Wait for the pass under way (a pass after the last commit included); ``quiet``:
+        a trial already failing (its runtime closed) raises nothing more here."""
         self._done.set()
         self._thread.join(timeout=_PASS_TIMEOUT * 2)
+        if quiet:
+            return
         if self._thread.is_alive():
             raise AssertionError("the forced maintenance passes never ended")
         if "error" in self._box:
@@ -119,7 +122,7 @@ def drive(rt: SinkRuntime, spec: TrialSpec, work: Callable[[], Any],
         try:
             work()
         except BaseException:
-            forced.stop()
+            forced.stop(quiet=True)
             raise
         return forced
     work()
@@ -148,12 +151,24 @@ def final_pass(rt: SinkRuntime, spec: TrialSpec, notes: list[str]) -> int:
 # --------------------------------------------------------------------------- the table
 
 
-def table_problems(spec: Mapping[str, Any], runtime: str, last: int) -> list[str]:
-    """What is wrong with a maintained Delta or Iceberg ``main`` besides its rows."""
+def table_problems(spec: Mapping[str, Any], runtime: str, epochs: tuple[int, int]
+                   ) -> list[str]:
+    """What is wrong with a maintained Delta or Iceberg ``main`` besides its rows.
+    ``epochs``: the range the marker must read in, from the last epoch known to have
+    carried rows to the sink (an epoch with none may leave no commit) to the last one
+    committed."""
     marker_id = f"raysink:{runtime}:main"
     if spec["kind"] == "delta":
-        return _delta_problems(Path(spec["path"]), spec["maintenance"], marker_id, last)
-    return _iceberg_problems(spec, marker_id, last)
+        return _delta_problems(Path(spec["path"]), spec["maintenance"], marker_id, epochs)
+    return _iceberg_problems(spec, marker_id, epochs)
+
+
+def _marker_problems(marker: int | None, epochs: tuple[int, int]) -> list[str]:
+    low, high = epochs
+    if marker is not None and low <= marker <= high:
+        return []
+    return [f"the marker reads epoch {marker}: not in {low}..{high} (the last epoch "
+            "with rows .. the last committed)"]
 
 
 def _version_problems(name: str, ids: list[int], current: set[int]) -> list[str]:
@@ -165,15 +180,13 @@ def _version_problems(name: str, ids: list[int], current: set[int]) -> list[str]
 
 
 def _delta_problems(path: Path, policy: Mapping[str, Any], marker_id: str,
-                    last: int) -> list[str]:
+                    epochs: tuple[int, int]) -> list[str]:
     from deltalake import DeltaTable
 
     table = DeltaTable(str(path))
     problems: list[str] = []
     current = table.to_pyarrow_table(columns=["id"]).column("id").to_pylist()
-    marker = table.transaction_version(marker_id)
-    if marker != last:
-        problems.append(f"the marker reads epoch {marker}, the last committed is {last}")
+    problems += _marker_problems(table.transaction_version(marker_id), epochs)
     log = path / "_delta_log"
     versions = sorted(int(p.name.split(".")[0]) for p in log.glob("*.json"))
     checkpoints = sorted(int(p.name.split(".")[0]) for p in log.glob("*.checkpoint.parquet"))
@@ -200,7 +213,8 @@ def _delta_problems(path: Path, policy: Mapping[str, Any], marker_id: str,
     return problems
 
 
-def _iceberg_problems(spec: Mapping[str, Any], marker_id: str, last: int) -> list[str]:
+def _iceberg_problems(spec: Mapping[str, Any], marker_id: str,
+                      epochs: tuple[int, int]) -> list[str]:
     from pyiceberg.catalog import load_catalog
     from pyiceberg.table.snapshots import ancestors_of
 
@@ -213,8 +227,7 @@ def _iceberg_problems(spec: Mapping[str, Any], marker_id: str, last: int) -> lis
                    for s in ancestors_of(table.current_snapshot(), table.metadata)
                    if s.summary is not None and s.summary.get("raysink.sink") == marker_id),
                   None)
-    if marker != last:
-        problems.append(f"the marker reads epoch {marker}, the last committed is {last}")
+    problems += _marker_problems(marker, epochs)
     snapshots = table.metadata.snapshots
     keep = int(spec["maintenance"]["keep_snapshots"])
     if len(snapshots) > keep:
