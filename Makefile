@@ -53,7 +53,7 @@ empty :=
 space := $(empty) $(empty)
 
 chaos: setup
-	$(PY) -m pytest tests/chaos -m chaos --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q $(if $(RESUME),--chaos-resume) $(if $(TRIAL_GOALS),-k "$(subst $(space), or ,$(strip $(TRIAL_GOALS)))")
+	$(PY) -m pytest tests/chaos -m "chaos and not slow" --chaos-seed=$(SEED) --chaos-trials=$(TRIALS) -q $(if $(RESUME),--chaos-resume) $(if $(TRIAL_GOALS),-k "$(subst $(space), or ,$(strip $(TRIAL_GOALS)))")
 
 ifneq ($(TRIAL_GOALS),)
 $(TRIAL_GOALS): chaos

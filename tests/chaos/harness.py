@@ -27,8 +27,8 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import RaySinkError, SinkRuntime
-from raysink.testing import arm_fault, disarm_faults, fired_context
-from tests.chaos import node_loss
+from raysink.testing import arm_fault, disarm_faults, fired, fired_context
+from tests.chaos import maintenance, node_loss
 from tests.chaos.checker import Check, check
 from tests.chaos.driver_kill import kill_driver, reopen
 from tests.chaos.faults import (
@@ -111,6 +111,10 @@ def run_trial(spec: TrialSpec, env: TrialEnv) -> TrialResult:
         trial.result.failure = f"{type(exc).__name__}: {exc}"[:2000]
         log.exception("trial %s failed", spec.name)
     finally:
+        if trial.forced is not None:  # the trial failed before its final pass
+            trial.forced.stop(quiet=True)
+        if trial.watch is not None:
+            trial.watch.stop()
         disarm_faults(spec.name)
         trial.way.close()
         if trial.way.producer_errors:
@@ -132,6 +136,9 @@ class _Trial:
         self.way = WayIn(spec, env, self.dir)
         self.stream: StreamRun | None = None
         self.fault_epoch = spec.fault_epoch  # a stream's: counted from its first data
+        self.last_epoch: int | None = None  # after a maintenance trial's final pass
+        self.forced: maintenance.ForcedPasses | None = None
+        self.watch: FiredWatch | None = None  # a point that may fire after its epoch
         self._t0 = time.monotonic()
 
     def phase(self, name: str) -> None:
@@ -147,7 +154,8 @@ class _Trial:
                 self.spec.sink, self.dir, self.spec.name.replace("-", "_"), data_dir=data_dir,
                 pg_dsn=self.env.pg.dsn() if self.env.pg is not None else None,
                 kafka=self.env.kafka.bootstrap if self.env.kafka is not None else None,
-                two_sinks=self.spec.two_sinks, stall=self._stall())
+                two_sinks=self.spec.two_sinks, stall=self._stall(),
+                maintenance=self.spec.extra.get("maintenance"))
             if self.spec.fault == "driver_kill":
                 self._driver_kill()
             elif self.spec.fault == "node_loss":  # a cluster of its own, in a child
@@ -233,6 +241,8 @@ class _Trial:
         self.result.notes.append(f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
 
     def _committed(self) -> None:
+        if self.fault_at is None and self.watch is not None:
+            self.fault_at = self.watch.at
         if self.fault_at is not None and self.result.recovery_seconds is None:
             self.result.recovery_seconds = round(time.monotonic() - self.fault_at, 3)
 
@@ -261,6 +271,7 @@ class _Trial:
                     self.write(rt, epoch)
                 self.phase(f"epoch {epoch}")
             self._wait_all_committed(rt)
+            self._final_pass(rt)
         finally:
             rt.close()
             self.phase("runtime closed")
@@ -285,6 +296,7 @@ class _Trial:
                 self.fault_epoch = (first or 0) + 1
                 self._faulted(rt, self.fault_epoch, lambda: self._join(thread, box))
             self.phase("producers done")
+            self._final_pass(rt)
         finally:
             rt.close()
             self.phase("runtime closed")
@@ -319,6 +331,8 @@ class _Trial:
             self._hanging_txn(work)
         elif kind == "leader_kill":
             self._leader_kill(work)
+        elif kind == "maintenance_point":
+            self._maintenance_point(rt, work)
         elif kind in ("fs_readonly", "fs_full"):
             if self.stream is not None:
                 self._filesystem_stream(rt, work)
@@ -492,6 +506,42 @@ class _Trial:
         else:
             self._point_then(work, kill)
 
+    # ------------------------------------------------------------------ maintenance
+
+    def _maintenance_point(self, rt: SinkRuntime, work: Callable[[], Any]) -> None:
+        """The trial's maintenance point reached in a pass while ``work`` runs
+        (``tests.chaos.maintenance``): the coordinator killed there, or the pass failed."""
+        point = self.spec.point
+        assert point is not None
+        watch = FiredWatch(self.spec.name, point)
+        try:
+            self.forced = maintenance.drive(rt, self.spec, work, self.result.notes)
+        finally:
+            if self.forced is None:
+                self.fault_at = watch.stop()
+                self.result.fired = self.fault_at is not None
+            else:  # its passes go on over the next epochs
+                self.watch = watch
+
+    def _final_pass(self, rt: SinkRuntime) -> None:
+        """A maintenance trial's forced pass after the last epoch: what a crashed pass
+        left is finished before the table is checked."""
+        if self.spec.fault != "maintenance_point":
+            return
+        if self.forced is not None:
+            forced, self.forced = self.forced, None
+            forced.stop()
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            self.fault_at = watch.stop()
+            self.result.fired = self.fault_at is not None
+        self.last_epoch = maintenance.final_pass(rt, self.spec, self.result.notes)
+        if not self.result.fired and self.spec.point is not None:
+            self.result.fired = fired(self.spec.name, self.spec.point)
+            if self.result.fired:
+                self.result.notes.append(f"{self.spec.point} reached in the final pass")
+        self.phase("final maintenance pass")
+
     # ------------------------------------------------------------------ filesystem faults
 
     def _apply_fs(self) -> None:
@@ -613,9 +663,24 @@ class _Trial:
         else:
             expected = {e: self.spec.rows[e - 1] for e in range(1, self.spec.epochs + 1)}
             must_commit = set(expected)
+        maintained = self.spec.fault == "maintenance_point"
         for name, spec in self.specs.items():
             rows = read_target(spec, self.env.pg)
             order = commit_order(spec, self.spec.name, name, self.env.pg)
-            outcome = check(name, rows, expected, order, must_commit=must_commit)
+            # a maintained table keeps the commits of its retained versions only: the
+            # marker stands for the others (``maintenance.table_problems``)
+            outcome = check(name, rows, expected, order,
+                            must_commit=set() if maintained and name == "main" else must_commit)
             outcome.problems += order_problems(spec, epochs=self.spec.via != "stream")
+            if maintained and name == "main":
+                # a stream's groups are its producers: its epochs with rows, the commits
+                low = max([*order, *(e for e, n in expected.items() if n and must_commit)],
+                          default=0)
+                outcome.problems += self._maintained_problems(spec, low)
             self.result.checks.append(outcome)
+
+    def _maintained_problems(self, spec: dict[str, Any], low: int) -> list[str]:
+        problems = [] if self.result.fired else [f"{self.spec.point} never fired"]
+        assert self.last_epoch is not None, "no final maintenance pass"
+        return problems + maintenance.table_problems(spec, self.spec.name,
+                                                     (low, self.last_epoch))

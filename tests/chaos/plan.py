@@ -16,9 +16,9 @@ way in             how the trial's data reaches the runtime
                    following the producer's contract; the runtime cuts the epochs
 =================  ==========================================================================
 
-The mix repeats in blocks of 20 trials (26 from the second block on, with one
-``node_loss``, two ``broker_restart``, one ``broker_pause``, one ``hanging_txn`` and one
-``leader_kill``), shuffled per block; each block holds every
+The mix repeats in blocks of 20 trials (27 from the second block on, with one
+``node_loss``, two ``broker_restart``, one ``broker_pause``, one ``hanging_txn``, one
+``leader_kill`` and one ``maintenance_point``), shuffled per block; each block holds every
 fault kind, producer kills on each producer way in, and writer and coordinator kills
 during streams and Ray Data writes:
 
@@ -70,6 +70,16 @@ kind                   /20   what happens (the ways in it is drawn with)
                              or of a data partition (drawn) is SIGKILLed mid-epoch or
                              mid-commit (as ``broker_restart``), and started again after
                              0-3 s (a Kafka target, any way in)
+``maintenance_point``   (1)  the sink keeps its table small by an aggressive
+                             ``raysink.Maintenance`` policy, and the coordinator is killed
+                             (``how="self"``) or its pass fails (``how="raise"``) at a
+                             maintenance crash point: ``maintenance.mid_compaction``,
+                             ``mid_expiry`` or ``mid_cleanup`` (taken in turn with the
+                             sink, Delta or partitioned Iceberg: every point on both in
+                             six such trials), in a pass forced by ``rt.maintain()`` from
+                             a thread while the fault epoch is written (``forced``) or in
+                             the pass the coordinator starts by itself after a commit
+                             (``auto``); see ``tests.chaos.maintenance`` (any way in)
 =====================  ====  ============================================================
 
 Targets: a trial's ``main`` sink is Parquet, Delta, Iceberg or PostgreSQL (a kind's own
@@ -89,7 +99,7 @@ import random
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
-from raysink._faults import POINTS
+from raysink._faults import MAINTENANCE_POINTS, POINTS
 
 __all__ = ["BLOCK", "FAULT_KINDS", "LATER_BLOCKS", "WAYS_IN", "TrialSpec", "make_plan",
            "sample"]
@@ -118,6 +128,7 @@ BLOCK: tuple[tuple[str, str], ...] = (
 LATER_BLOCKS: tuple[tuple[str, str], ...] = (
     ("node_loss", "arrow"), ("broker_restart", _ANY), ("broker_restart", _ANY),
     ("broker_pause", _ANY), ("hanging_txn", _ANY), ("leader_kill", _ANY),
+    ("maintenance_point", _ANY),
 )
 """Added to every block from the second on (the default sample starts no cluster and no
 Kafka broker); the ``broker_restart`` trials alternate mid-epoch and mid-commit. A kind
@@ -143,6 +154,7 @@ _SINKS_FOR = {
     "broker_pause": ("kafka",),
     "hanging_txn": ("kafka",),
     "leader_kill": ("kafka",),
+    "maintenance_point": ("delta", "iceberg"),
 }
 _ALL_SINKS = ("parquet", "delta", "iceberg", "postgres")
 _LATER_SINKS = (*_ALL_SINKS, "kafka")
@@ -195,18 +207,23 @@ def make_plan(seed: int, trials: int) -> list[TrialSpec]:
     turns = random.Random(f"{seed}:sinks")
     sink_turns = {k: turns.randrange(4) for k in FAULT_KINDS}
     specs: list[TrialSpec] = []
-    restarts = 0
+    restarts = maintained = 0
     for index, (kind, via) in enumerate(items[:trials]):
         later = index >= len(BLOCK) and kind not in _NO_KAFKA
         options = _SINKS_FOR.get(kind, _LATER_SINKS if later else _ALL_SINKS)
         sink = options[sink_turns[kind] % len(options)]
         sink_turns[kind] += 1
-        variant = None
+        variant = point = None
         if kind == "broker_restart":
             variant = "mid_commit" if restarts % 2 else "mid_epoch"
             restarts += 1
+        elif kind == "maintenance_point":
+            # the sink alternates; the point moves on every second trial: each point on
+            # each sink in every six of them, whatever the seed
+            point = MAINTENANCE_POINTS[(maintained // 2) % len(MAINTENANCE_POINTS)]
+            maintained += 1
         specs.append(_trial(random.Random(f"{seed}:{index}"), seed, index, kind, sink, via,
-                            variant=variant))
+                            variant=variant, point=point))
     return specs
 
 
@@ -250,7 +267,7 @@ def _block(rng: random.Random) -> list[tuple[str, str]]:
 
 
 def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str,
-           via: str, *, variant: str | None = None) -> TrialSpec:
+           via: str, *, variant: str | None = None, point: str | None = None) -> TrialSpec:
     epochs = rng.randint(3, 4)
     spec = TrialSpec(
         index=index, seed=seed,
@@ -261,7 +278,9 @@ def _trial(rng: random.Random, seed: int, index: int, kind: str, sink: str,
         pieces=[rng.randint(1, 3) for _ in range(epochs)],
         fault_epoch=rng.randint(1, epochs), flush_interval=rng.choice([0.2, 0.5, 1.0]),
         two_sinks=rng.random() < 0.2, pg_metastore=sink == "postgres" and rng.random() < 0.3,
-        via=via, variant=variant)
+        via=via, variant=variant, point=point)
+    if kind == "maintenance_point":  # a committed epoch before the fault: files to compact
+        spec.fault_epoch = max(2, spec.fault_epoch)
     if spec.fault_epoch == epochs:  # one more epoch, to see the runtime go on after it
         spec.epochs += 1
         spec.rows.append(rng.randint(1, 500))
@@ -330,6 +349,8 @@ def _fault_details(rng: random.Random, spec: TrialSpec) -> None:
         _hanging_txn(rng, spec)
     elif kind == "leader_kill":
         _leader_kill(rng, spec)
+    elif kind == "maintenance_point":
+        _maintenance_point(rng, spec)
     elif kind == "driver_kill":
         spec.point = rng.choice([None, None, "writer.after_pre_commit",
                                  "coordinator.after_pending", "sink.mid_commit"])
@@ -408,6 +429,30 @@ def _leader_kill(rng: random.Random, spec: TrialSpec) -> None:
     spec.delay = round(rng.uniform(0.0, 0.3), 3)
     spec.extra["partition"] = rng.randrange(3)
     spec.extra["down"] = round(rng.uniform(0.0, 3.0), 1)
+
+
+def _maintenance_point(rng: random.Random, spec: TrialSpec) -> None:
+    """The point (``spec.point``, set by turn) SIGKILLs the coordinator (``how="self"``,
+    two in three) or raises (``raise``: the pass fails and is tried again); ``variant``
+    says which pass reaches it: one forced by ``rt.maintain()`` while the fault epoch is
+    written, or the coordinator's own pass after a commit (due after every epoch).
+    ``extra["maintenance"]`` is the policy: compaction of any two small files, few
+    snapshots kept and none for their age, checkpoints every version or two."""
+    spec.victim = "coordinator"
+    spec.how = rng.choice(["self", "self", "raise"])
+    spec.variant = rng.choice(["forced", "auto"])
+    keep = rng.randint(1, 2)
+    if (spec.sink, spec.point) == ("iceberg", "maintenance.mid_cleanup"):
+        # the point lies between an expiry's first and second file deletions; passes after
+        # every epoch keeping two snapshots expire one manifest list each (the snapshot
+        # before the last compaction, whose files the next one still holds): never two
+        keep = 1
+    spec.extra["maintenance"] = {
+        "every_epochs": 1 if spec.variant == "auto" else 1000, "min_interval_s": 0.0,
+        "min_compact_files": 2, "keep_snapshots": keep, "keep_seconds": 0.0,
+        "checkpoint_every": rng.randint(1, 2)}
+    for epoch in range(spec.fault_epoch - 1):  # rows before the fault: files to compact
+        spec.rows[epoch] = max(20, spec.rows[epoch])
 
 
 def _node_loss(rng: random.Random, spec: TrialSpec) -> None:

@@ -4,7 +4,8 @@
 function runs in the test process and in a driver subprocess). ``read_target`` returns the
 rows readers see (``id``, ``epoch``, ``feed``) and ``commit_order`` the epochs in the order
 the target recorded their commits: the Parquet commit log (by ``committed_at``), Delta
-versions (their ``txn`` actions), Iceberg snapshots (by sequence number), PostgreSQL
+versions (their ``txn`` actions), Iceberg snapshots (by sequence number; a maintenance
+snapshot, which carries the marker of the epoch before it, left out), PostgreSQL
 progress rows (by ``committed_at``), the epoch records of a Kafka sink's progress topic
 (by offset).
 
@@ -48,10 +49,13 @@ def epoch_table(epoch: int, rows: int, feed: int) -> pa.Table:
 
 def sink_specs(kind: str, trial_dir: Path, table: str, *, data_dir: Path | None = None,
                pg_dsn: str | None = None, kafka: str | None = None, two_sinks: bool = False,
-               stall: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
+               stall: Mapping[str, Any] | None = None,
+               maintenance: Mapping[str, Any] | None = None) -> dict[str, dict[str, Any]]:
     """JSON-able descriptions of the trial's sinks: ``main`` of ``kind``, and optionally a
     Parquet ``copy``. ``data_dir`` holds file targets (a tmpfs in filesystem trials);
-    ``kafka`` is the broker's bootstrap address (the topic is ``table``)."""
+    ``kafka`` is the broker's bootstrap address (the topic is ``table``); ``maintenance``
+    the fields of a Delta or Iceberg ``main``'s ``raysink.Maintenance`` (else the sink's
+    default policy)."""
     root = data_dir or trial_dir
     main: dict[str, Any] = {"kind": kind}
     if kind == "parquet":
@@ -71,10 +75,21 @@ def sink_specs(kind: str, trial_dir: Path, table: str, *, data_dir: Path | None 
         main["topic"] = table
     if stall:
         main["stall"] = {**stall, "state_dir": str(trial_dir / "failing")}
+    if maintenance:
+        main["maintenance"] = dict(maintenance)
     specs = {"main": main}
     if two_sinks:
         specs["copy"] = {"kind": "parquet", "path": str(trial_dir / "copy")}
     return specs
+
+
+def _policy(spec: Mapping[str, Any]) -> Any:
+    """The sink's ``maintenance=`` option: the spec's policy, or ``None`` (the default)."""
+    if not spec.get("maintenance"):
+        return None
+    from raysink import Maintenance
+
+    return Maintenance(**spec["maintenance"])
 
 
 def _build_one(spec: Mapping[str, Any]) -> Sink:
@@ -87,12 +102,13 @@ def _build_one(spec: Mapping[str, Any]) -> Sink:
     elif kind == "delta":
         from raysink.sinks import DeltaSink
 
-        sink = DeltaSink(spec["path"])
+        sink = DeltaSink(spec["path"], maintenance=_policy(spec))
     elif kind == "iceberg":
         from raysink.sinks import IcebergSink
 
         sink = IcebergSink(spec["identifier"], catalog=spec["catalog"],
-                           catalog_name="chaos", partition_by=spec.get("partition_by"))
+                           catalog_name="chaos", partition_by=spec.get("partition_by"),
+                           maintenance=_policy(spec))
     elif kind == "postgres":
         from raysink.sinks import PostgresSink
 
@@ -273,6 +289,8 @@ def _iceberg_order(spec: Mapping[str, Any]) -> list[int]:
     order: list[int] = []
     for snapshot in snapshots:
         summary = snapshot.summary
+        if summary is not None and summary.get("raysink.maintenance") is not None:
+            continue  # a maintenance snapshot carries the marker of the epoch before it
         value = summary.get("raysink.epoch") if summary is not None else None
         if value is not None:
             order.append(int(value))

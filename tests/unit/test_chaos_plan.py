@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 
+from raysink._faults import MAINTENANCE_POINTS
 from tests.chaos.plan import (
     BLOCK,
     BROKER_MID_COMMIT,
@@ -134,3 +135,32 @@ def test_seed_29s_t0021_is_still_its_broker_restart() -> None:
     trial = make_plan(29, 40)[21]
     assert trial.name == "chaos-s29-t0021-brokerrestart-feeds"
     assert (trial.sink, trial.variant, trial.point) == ("kafka", "mid_epoch", None)
+
+
+@pytest.mark.parametrize("seed", (*SEEDS, 29, 4242))
+def test_maintenance_points_come_on_delta_and_iceberg_with_every_point(seed: int) -> None:
+    """A 1,000-trial plan kills or fails a maintenance pass at every maintenance crash
+    point on Delta and on Iceberg (each pair in every six such trials), in forced and
+    automatic passes, and never on another target or in the default sample."""
+    trials = [t for t in make_plan(seed, 1000) if t.fault == "maintenance_point"]
+    assert {t.sink for t in trials} == {"delta", "iceberg"}
+    assert {(t.sink, t.point) for t in trials} == {
+        (sink, point) for sink in ("delta", "iceberg") for point in MAINTENANCE_POINTS}
+    for k in range(0, len(trials) - 5, 6):
+        assert len({(t.sink, t.point) for t in trials[k:k + 6]}) == 6
+    assert {t.variant for t in trials} == {"forced", "auto"}
+    assert {t.how for t in trials} == {"self", "raise"}
+    for t in trials:
+        assert t.victim == "coordinator" and 2 <= t.fault_epoch < t.epochs
+        policy = t.extra["maintenance"]
+        assert policy["min_interval_s"] == 0 and policy["keep_seconds"] == 0
+        assert policy["every_epochs"] == (1 if t.variant == "auto" else 1000)
+        assert all(rows >= 20 for rows in t.rows[:t.fault_epoch - 1])
+        if (t.sink, t.point) == ("iceberg", "maintenance.mid_cleanup"):
+            assert policy["keep_snapshots"] == 1  # an expiry deletes two files or more
+    assert "maintenance_point" not in {t.fault for t in sample(seed)}
+    size = len(BLOCK) + len(LATER_BLOCKS)
+    plan = make_plan(seed, len(BLOCK) + 3 * size)
+    for k in range(3):  # one in each block from the second on
+        block = plan[len(BLOCK) + k * size:len(BLOCK) + (k + 1) * size]
+        assert [t.fault for t in block].count("maintenance_point") == 1
