@@ -349,3 +349,21 @@ def test_batches_refused_naming_the_field(avro: Any, column: pa.Array | None,
     with pytest.raises(SchemaMismatchError, match=said) as info:
         avro_values(table, parse(record({"name": "v", "type": avro})))
     assert info.value.column == "v"
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(tables())
+def test_random_tables_as_fastavro_writes_them(case: tuple[dict[str, Any], pa.Table]) -> None:
+    """A second oracle where fastavro can be imported (it is no dependency: the test is
+    skipped without it)."""
+    fastavro = pytest.importorskip("fastavro")
+    import io
+
+    schema, table = case
+    parsed = fastavro.parse_schema(json.loads(json.dumps(schema)))
+    want = []
+    for row in table.to_pylist():
+        buffer = io.BytesIO()
+        fastavro.schemaless_writer(buffer, parsed, row)
+        want.append(buffer.getvalue())
+    assert ours(schema, table) == want

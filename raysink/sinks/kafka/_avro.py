@@ -1,18 +1,17 @@
 """Rows to Avro record values, a column at a time, with no Python step per row.
 
-Each field of the schema (``_avroschema``) becomes one or more *pieces*, each holding
-every row's bytes for one part of the field: a union's branch index, a length, the value.
-A piece is either a matrix (one row of up to ``w`` bytes per record, of which the first
-``counts[i]`` are taken: varints, fixed-width numbers) or spans of a buffer (strings and
-bytes, straight from the Arrow buffer). Varints are zigzag-encoded in numpy for the whole
-column: the byte count of each value from comparisons, its 7-bit groups by shifts.
+Each field of the schema (``_avroschema``) becomes one or more *parts*, each a binary
+array holding every row's bytes for one part of the field: a union's branch index, a
+length, the value. Varints are zigzag-encoded in numpy for the whole column (the byte
+count of each value from comparisons, its 7-bit groups by shifts, the bytes kept by a
+mask); fixed-width numbers are the column's little-endian bytes; strings and bytes are the
+Arrow column itself, not copied; a default or the registry framing is one constant.
 
-The pieces are then laid row-wise into one buffer: every record's length is the sum of its
-pieces' counts, its start their cumulative sum, and each piece is written at a cursor per
-record with one vectorized scatter, after which the cursors move by its counts. The
-result is an Arrow binary array over that buffer: what the JSON encoder's row-wise join
-is to its texts. Rows go in slices of ``_SLICE`` so the index arrays (8 bytes per byte
-written) stay small.
+The parts are then joined row-wise by Arrow (``binary_join_element_wise``, as the JSON
+encoder joins its texts): record ``i`` is part 1's row ``i``, then part 2's, and so on; a
+null part (a null row of a nullable string) joins as nothing, its union branch having said
+null. Rows go in slices of ``_SLICE`` so the varints' temporary matrices (8 bytes per
+7-bit group) stay small.
 
 The Arrow column types each Avro type takes: ``boolean`` a bool; ``int``/``long`` an
 integer (in range); ``float``/``double`` a float or integer; ``string`` (and ``uuid``) a
@@ -27,7 +26,6 @@ encoded, before a record of it is produced.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
@@ -39,31 +37,10 @@ from raysink.sinks.kafka._avroschema import AvroField, AvroValues
 
 __all__ = ["avro_values"]
 
-_SLICE = 32_768
+_SLICE = 65_536
 _SHIFTS = np.arange(10, dtype=np.uint64) * np.uint64(7)
 _THRESHOLDS = np.uint64(1) << _SHIFTS[1:]
-
-
-@dataclass(frozen=True, slots=True)
-class _Matrix:
-    """Row ``i`` contributes ``data[i, :counts[i]]`` (all ``w`` bytes when ``None``)."""
-
-    data: Any  # uint8 (rows, w)
-    counts: Any = None  # int64 (rows,) or None
-
-
-@dataclass(frozen=True, slots=True)
-class _Spans:
-    """Row ``i`` contributes ``data[starts[i]:starts[i] + lengths[i]]``; ``contiguous``:
-    the rows' spans follow each other in ``data`` from ``starts[0]``."""
-
-    data: Any  # uint8
-    starts: Any  # int64 (rows,)
-    lengths: Any  # int64 (rows,)
-    contiguous: bool
-
-
-_Piece = _Matrix | _Spans
+_WIDE = 2**31 - 2**20  # bytes of a slice's parts past which its records are large_binary
 
 
 def avro_values(table: pa.Table | pa.RecordBatch, values: AvroValues) -> Any:
@@ -79,7 +56,8 @@ def avro_values(table: pa.Table | pa.RecordBatch, values: AvroValues) -> Any:
     rows = table.num_rows
     slices = [_encode_rows(columns, values, start, min(_SLICE, rows - start))
               for start in range(0, rows, _SLICE)] or [pa.array([], pa.binary())]
-    if sum(s.nbytes for s in slices) >= 2**31 - 2**20:
+    if any(pa.types.is_large_binary(s.type) for s in slices) or sum(
+            s.nbytes for s in slices) >= _WIDE:
         slices = [s.cast(pa.large_binary()) for s in slices]
     return slices[0] if len(slices) == 1 else pa.concat_arrays(slices)
 
@@ -91,106 +69,78 @@ def _whole(column: Any) -> Any:
 
 
 def _encode_rows(columns: dict[str, Any], values: AvroValues, start: int, rows: int) -> Any:
-    pieces: list[_Piece] = []
+    """The records of rows ``start`` to ``start + rows``: their parts, joined."""
+    parts: list[Any] = []  # binary arrays of ``rows`` values, or bytes for every row
     if values.prefix:
-        pieces.append(_constant(values.prefix, rows))
+        parts.append(values.prefix)
     for field in values.fields:
         column = columns.get(field.name)
         if column is None:
             if field.default:
-                pieces.append(_constant(field.default, rows))
+                parts.append(field.default)
             continue
-        pieces += _field_pieces(field, column.slice(start, rows))
-    return _assemble(pieces, rows)
+        parts += _field_parts(field, column.slice(start, rows))
+    return _join(parts, rows)
 
 
-def _constant(data: bytes, rows: int) -> _Matrix:
-    return _Matrix(np.tile(np.frombuffer(data, np.uint8), (rows, 1)))
+def _join(parts: list[Any], rows: int) -> Any:
+    """Record ``i``: every part's row ``i`` (a null as nothing), one after another."""
+    arrays = [p for p in parts if not isinstance(p, bytes)]
+    if not arrays:
+        return pa.array([b"".join(parts)] * rows, pa.binary())
+    large = any(pa.types.is_large_binary(a.type) for a in arrays) or sum(
+        a.nbytes for a in arrays) >= _WIDE
+    kind = pa.large_binary() if large else pa.binary()
+    typed = [pa.scalar(p, kind) if isinstance(p, bytes) else p.cast(kind) for p in parts]
+    if len(typed) == 1:
+        return pc.fill_null(typed[0], pa.scalar(b"", kind))
+    return pc.binary_join_element_wise(*typed, pa.scalar(b"", kind),
+                                       null_handling="replace",
+                                       null_replacement=b"")
 
 
-# -- laying pieces row-wise ------------------------------------------------------------
-
-
-def _counts(piece: _Piece, rows: int) -> Any:
-    if isinstance(piece, _Spans):
-        return piece.lengths
-    if piece.counts is None:
-        return np.full(rows, piece.data.shape[1], np.int64)
-    return piece.counts
-
-
-def _assemble(pieces: list[_Piece], rows: int) -> Any:
-    """The records: each row's pieces one after another, as one binary array."""
-    sizes = [_counts(p, rows) for p in pieces]
-    lengths = np.sum(sizes, axis=0, dtype=np.int64) if sizes else np.zeros(rows, np.int64)
-    offsets = np.zeros(rows + 1, np.int64)
-    np.cumsum(lengths, out=offsets[1:])
-    out = np.empty(int(offsets[-1]), np.uint8)
-    cursor = offsets[:-1].copy()
-    for piece, size in zip(pieces, sizes, strict=True):
-        if isinstance(piece, _Spans):
-            _scatter_spans(out, cursor, piece)
-        else:
-            _scatter_matrix(out, cursor, piece)
-        cursor += size
-    wide = offsets[-1] >= 2**31
-    kind = pa.large_binary() if wide else pa.binary()
-    bounds = offsets if wide else offsets.astype(np.int32)
-    return pa.Array.from_buffers(kind, rows, [None, pa.py_buffer(bounds), pa.py_buffer(out)])
-
-
-def _scatter_matrix(out: Any, cursor: Any, piece: _Matrix) -> None:
-    width = piece.data.shape[1]
-    where = cursor[:, None] + np.arange(width)
-    if piece.counts is None:
-        out[where.ravel()] = piece.data.ravel()
+def _packed(data: Any, counts: Any = None) -> Any:
+    """A binary array from a byte matrix: row ``i`` is ``data[i, :counts[i]]`` (the whole
+    row when ``counts`` is ``None``)."""
+    rows, width = data.shape
+    if counts is None:
+        offsets = np.arange(0, rows * width + 1, width, dtype=np.int64)
+        flat = np.ascontiguousarray(data).reshape(-1)
     else:
-        taken = np.arange(width) < piece.counts[:, None]
-        out[where[taken]] = piece.data[taken]
-
-
-def _scatter_spans(out: Any, cursor: Any, piece: _Spans) -> None:
-    lengths = piece.lengths
-    total = int(lengths.sum())
-    if not total:
-        return
-    first = np.cumsum(lengths) - lengths  # each row's start among the bytes taken
-    step = np.arange(total, dtype=np.int64)
-    if piece.contiguous:
-        begin = int(piece.starts[0])
-        out[np.repeat(cursor - first, lengths) + step] = piece.data[begin:begin + total]
-        return
-    within = step - np.repeat(first, lengths)
-    out[np.repeat(cursor, lengths) + within] = piece.data[np.repeat(piece.starts, lengths)
-                                                          + within]
+        offsets = np.zeros(rows + 1, np.int64)
+        np.cumsum(counts, out=offsets[1:])
+        flat = data[np.arange(width) < counts[:, None]]
+    if offsets[-1] < 2**31:
+        return pa.Array.from_buffers(pa.binary(), rows, [None, pa.py_buffer(
+            offsets.astype(np.int32)), pa.py_buffer(flat)])
+    return pa.Array.from_buffers(pa.large_binary(), rows, [None, pa.py_buffer(offsets),
+                                                            pa.py_buffer(flat)])
 
 
 # -- numbers -------------------------------------------------------------------------
 
 
-def varints(numbers: Any, present: Any = None) -> _Matrix:
-    """``numbers`` (int64) zigzag-encoded as Avro ``long`` varints; a row outside
-    ``present`` takes no bytes."""
+def varints(numbers: Any, present: Any = None) -> Any:
+    """``numbers`` (integers) zigzag-encoded as Avro ``long`` varints, a binary array; a
+    row outside ``present`` takes no bytes."""
     signed = numbers.astype(np.int64, copy=False)
     zz = ((signed << 1) ^ (signed >> 63)).view(np.uint64)
-    counts = 1 + (zz[:, None] >= _THRESHOLDS).sum(axis=1, dtype=np.int64)
-    width = int(counts.max()) if len(counts) else 1
+    top = int(zz.max()) if len(zz) else 0
+    if top < 0x80:  # one byte each: lengths of short strings, enums, small numbers
+        return _fixed_width(zz.astype(np.uint8).reshape(-1, 1), present)
+    counts = 1 + np.searchsorted(_THRESHOLDS, zz, side="right")
+    width = int(np.searchsorted(_THRESHOLDS, np.uint64(top), side="right")) + 1
     groups = (zz[:, None] >> _SHIFTS[:width]) & np.uint64(0x7F)
     more = np.arange(width) < (counts - 1)[:, None]
     data = (groups | (more.astype(np.uint64) << np.uint64(7))).astype(np.uint8)
-    if present is not None:
-        counts = np.where(present, counts, 0)
-    elif width == 1:
-        counts = None
-    return _Matrix(data, counts)
+    return _packed(data, counts if present is None else np.where(present, counts, 0))
 
 
-def _fixed_width(data: Any, present: Any) -> _Matrix:
-    counts = None if present is None else np.where(present, data.shape[1], 0)
-    return _Matrix(data, counts)
+def _fixed_width(data: Any, present: Any) -> Any:
+    return _packed(data, None if present is None else np.where(present, data.shape[1], 0))
 
 
-def _integers(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _integers(field: AvroField, column: Any, present: Any) -> list[Any]:
     if not pa.types.is_integer(column.type):
         raise _mismatch(field, column, "an integer column")
     numbers = pc.fill_null(column, 0).to_numpy(zero_copy_only=False)
@@ -203,7 +153,7 @@ def _integers(field: AvroField, column: Any, present: Any) -> list[_Piece]:
     return [varints(numbers, present)]
 
 
-def _floats(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _floats(field: AvroField, column: Any, present: Any) -> list[Any]:
     if not (pa.types.is_floating(column.type) or pa.types.is_integer(column.type)):
         raise _mismatch(field, column, "a float or integer column")
     dtype = "<f4" if field.type.kind == "float" else "<f8"
@@ -212,7 +162,7 @@ def _floats(field: AvroField, column: Any, present: Any) -> list[_Piece]:
     return [_fixed_width(data, present)]
 
 
-def _booleans(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _booleans(field: AvroField, column: Any, present: Any) -> list[Any]:
     if not pa.types.is_boolean(column.type):
         raise _mismatch(field, column, "a bool column")
     flags = pc.fill_null(column, False).to_numpy(zero_copy_only=False)
@@ -222,23 +172,21 @@ def _booleans(field: AvroField, column: Any, present: Any) -> list[_Piece]:
 # -- strings and bytes -----------------------------------------------------------------
 
 
-def _spans(column: Any, present: Any) -> _Spans:
-    """A string or binary column's values where they lie in its data buffer."""
-    _, offsets, data = column.buffers()
-    width = np.int64 if (pa.types.is_large_string(column.type)
-                         or pa.types.is_large_binary(column.type)) else np.int32
-    rows = len(column)
-    bounds = np.frombuffer(offsets, dtype=width, count=rows + 1,
-                           offset=column.offset * np.dtype(width).itemsize).astype(np.int64)
-    raw = np.frombuffer(data, np.uint8) if data is not None else np.zeros(0, np.uint8)
-    lengths = np.diff(bounds)
-    contiguous = present is None
-    if present is not None:
-        lengths = np.where(present, lengths, 0)
-    return _Spans(raw, bounds[:-1], lengths, contiguous)
+def _binary(column: Any) -> Any:
+    """A string or binary column as binary (the same buffers)."""
+    kind = column.type
+    if pa.types.is_string(kind):
+        return column.cast(pa.binary())
+    if pa.types.is_large_string(kind):
+        return column.cast(pa.large_binary())
+    return column
 
 
-def _strings(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _lengths(column: Any) -> Any:
+    return pc.fill_null(pc.binary_length(column), 0).to_numpy(zero_copy_only=False)
+
+
+def _strings(field: AvroField, column: Any, present: Any) -> list[Any]:
     kind = column.type
     text = (pa.types.is_string(kind) or pa.types.is_large_string(kind))
     binary = pa.types.is_binary(kind) or pa.types.is_large_binary(kind)
@@ -247,30 +195,27 @@ def _strings(field: AvroField, column: Any, present: Any) -> list[_Piece]:
     if not (text or (binary and field.type.kind == "bytes")):
         want = "a string column" if field.type.kind == "string" else "a binary column"
         raise _mismatch(field, column, want)
-    spans = _spans(column, present)
-    return [varints(spans.lengths, present), spans]
+    return [varints(_lengths(column), present), _binary(column)]
 
 
-def _fixed(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _fixed(field: AvroField, column: Any, present: Any) -> list[Any]:
     size = field.type.size
     kind = column.type
     if pa.types.is_fixed_size_binary(kind) and kind.byte_width == size:
-        raw = np.frombuffer(column.buffers()[1], np.uint8, count=(column.offset + len(column))
-                            * size)[column.offset * size:]
-        return [_fixed_width(raw.reshape(len(column), size), present)]
+        return [column.cast(pa.binary())]
     if not (pa.types.is_binary(kind) or pa.types.is_large_binary(kind)):
         raise _mismatch(field, column, f"a fixed_size_binary({size}) column")
-    spans = _spans(column, present)
-    wrong = spans.lengths != (size if present is None else np.where(present, size, 0))
+    lengths = _lengths(column)
+    wrong = (lengths != size) if present is None else (present & (lengths != size))
     if wrong.any():
         raise SchemaMismatchError(
             f"the Avro field {field.name!r} is a fixed of {size} bytes; column "
-            f"{field.name!r} has a value of {int(spans.lengths[wrong][0])} bytes",
+            f"{field.name!r} has a value of {int(lengths[wrong][0])} bytes",
             column=field.name)
-    return [spans]
+    return [column]
 
 
-def _enum(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _enum(field: AvroField, column: Any, present: Any) -> list[Any]:
     kind = column.type
     if not (pa.types.is_string(kind) or pa.types.is_large_string(kind)):
         raise _mismatch(field, column, "a string (or dictionary of strings) column")
@@ -291,7 +236,7 @@ _UNITS = {"date": None, "time-millis": "ms", "time-micros": "us", "timestamp-mil
           "local-timestamp-micros": "us"}
 
 
-def _temporal(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _temporal(field: AvroField, column: Any, present: Any) -> list[Any]:
     """Dates as days, times and timestamps as milli- or microseconds: the column cast to
     the unit (``safe``: a finer value is refused, not cut), then its integers."""
     logical = str(field.type.logical)
@@ -319,7 +264,7 @@ def _temporal(field: AvroField, column: Any, present: Any) -> list[_Piece]:
     return [varints(numbers, present)]
 
 
-def _decimal(field: AvroField, column: Any, present: Any) -> list[_Piece]:
+def _decimal(field: AvroField, column: Any, present: Any) -> list[Any]:
     """The unscaled integer in big-endian two's complement: as few bytes as hold it (after
     a length) for ``bytes``, sign-extended to the size for ``fixed``."""
     avro, kind = field.type, column.type
@@ -353,7 +298,7 @@ def _decimal(field: AvroField, column: Any, present: Any) -> list[_Piece]:
     columns = np.minimum(np.arange(width) + skip[:, None], width - 1)
     body = np.take_along_axis(big, columns, axis=1)
     counts = needed if present is None else np.where(present, needed, 0)
-    return [varints(needed, present), _Matrix(body, counts)]
+    return [varints(needed, present), _packed(body, counts)]
 
 
 # -- a field -------------------------------------------------------------------------
@@ -363,9 +308,9 @@ _BY_KIND = {"boolean": _booleans, "int": _integers, "long": _integers, "float": 
             "enum": _enum}
 
 
-def _field_pieces(field: AvroField, column: Any) -> list[_Piece]:
-    """A field's pieces for ``column``: the union branch (nullable fields), then the
-    value (none for a null row)."""
+def _field_parts(field: AvroField, column: Any) -> list[Any]:
+    """A field's parts for ``column``: the union branch (nullable fields), then the
+    value (nothing for a null row)."""
     if pa.types.is_dictionary(column.type):
         column = column.dictionary_decode()
     if field.type.kind == "null":
@@ -379,18 +324,18 @@ def _field_pieces(field: AvroField, column: Any) -> list[_Piece]:
             f"holds {nulls} nulls; make its type the union [\"null\", ...] or fill the "
             "nulls", column=field.name)
     present = column.is_valid().to_numpy(zero_copy_only=False) if nulls else None
-    pieces: list[_Piece] = []
-    if field.nullable:
-        branch = np.full(len(column), 1 - field.null_branch, np.int64)
+    parts: list[Any] = []
+    if field.nullable:  # the branch index: 0 or 1, one byte as a varint (0x00, 0x02)
+        branch = np.full(len(column), 2 * (1 - field.null_branch), np.uint8)
         if present is not None:
-            branch[~present] = field.null_branch
-        pieces.append(varints(branch))
+            branch[~present] = 2 * field.null_branch
+        parts.append(_packed(branch.reshape(-1, 1)))
     logical = field.type.logical
     if logical == "decimal":
-        return pieces + _decimal(field, column, present)
+        return parts + _decimal(field, column, present)
     if logical in _UNITS:
-        return pieces + _temporal(field, column, present)
-    return pieces + _BY_KIND[field.type.kind](field, column, present)
+        return parts + _temporal(field, column, present)
+    return parts + _BY_KIND[field.type.kind](field, column, present)
 
 
 def _mismatch(field: AvroField, column: Any, want: str) -> SchemaMismatchError:
