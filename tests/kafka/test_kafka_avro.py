@@ -75,8 +75,9 @@ def test_avro_values_exactly_once_and_a_lost_part_replayed(
                   schema_id=SCHEMA_ID)
     with SinkRuntime(name, target, writers=2, metastore=meta, progress=False,
                      retry_cap=1.0, commit_timeout=120) as rt:
+        # (not read back here: a committed transaction's markers reach the partitions
+        # after the commit returns, so a read_committed reader may still stop before them)
         assert rt.write_arrow(_halves(1)).committed
-        _assert_exactly(kafka_broker, topic, [1])
         pid = _writer_pid(rt)
         arm_fault(name, "kafka.before_finish", action="sleep", seconds=3.0,
                   when={"epoch": 2})
