@@ -26,6 +26,8 @@ coordinator, ``_writer`` in each writer actor)::
     _progress    the progress topic (epoch and part records), topic creation
     _failures    what a librdkafka error means: fencing, a missing ACL
     _encode      rows to records
+    _avro        rows to Avro record values, column-wise
+    _avroschema  an Avro record schema read and checked, defaults encoded
     _wire        the requests librdkafka lacks (DescribeProducers, WriteTxnMarkers, Fetch)
     _config      settings, names, refused producer settings, the client module
 """

@@ -1,10 +1,11 @@
 """Rows to Kafka records, a column at a time in Arrow.
 
 A record's value is its row as a JSON object (``{"id":1,"name":"a"}``: the columns in
-order, compact separators), or a binary column's bytes as they are (``value=``, or a
-binary column named ``value``). Its key is a column's value (strings and bytes as they
-are, anything else as its JSON text; a null key leaves the record without one). Header
-columns become headers named after them.
+order, compact separators), its row as an Avro record (``value_format="avro"``: the
+schema's fields, column-wise in ``_avro``), or a binary column's bytes as they are
+(``value=``, or a binary column named ``value``). Its key is a column's value (strings
+and bytes as they are, anything else as its JSON text; a null key leaves the record
+without one). Header columns become headers named after them.
 
 JSON is built with Arrow compute: each column becomes its JSON text (numbers as Arrow
 prints them, shortest round-trip for floats; strings escaped; temporal values as ISO
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import base64
 import json
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -27,8 +28,10 @@ import pyarrow as pa
 import pyarrow.compute as pc
 
 from raysink.errors import ConfigError, SchemaMismatchError
+from raysink.sinks.kafka._avro import avro_values
+from raysink.sinks.kafka._avroschema import AvroValues, parse
 
-__all__ = ["Encoded", "encode", "value_column"]
+__all__ = ["Encoded", "encode", "value_column", "value_source"]
 
 _CONTROL = r"[\x00-\x1f]"
 
@@ -97,15 +100,21 @@ def value_column(schema: pa.Schema, value: str | None) -> str | None:
     return None
 
 
-def encode(table: pa.Table | pa.RecordBatch, *, key: str | None, value: str | None,
-           headers: Sequence[str]) -> Encoded:
-    """The records of ``table``; ``SchemaMismatchError`` names a missing column."""
+def encode(table: pa.Table | pa.RecordBatch, *, key: str | None,
+           value: str | AvroValues | None, headers: Sequence[str]) -> Encoded:
+    """The records of ``table``; ``SchemaMismatchError`` names a missing column. ``value``
+    says what a record's value is: a column's bytes (its name), the row in Avro
+    (``AvroValues``), or ``None``: a binary column named ``value``, else the row as JSON."""
     for name in (key, *headers):
         if name is not None and name not in table.schema.names:
             raise SchemaMismatchError(f"the column {name!r} is not in the batch (columns: "
                                       f"{table.schema.names})", column=name)
-    passthrough = value_column(table.schema, value)
-    values = (table.column(passthrough) if passthrough is not None else json_rows(table))
+    if isinstance(value, AvroValues):
+        values = avro_values(table, value)
+    else:
+        passthrough = value_column(table.schema, value)
+        values = (table.column(passthrough) if passthrough is not None
+                  else json_rows(table))
     return Encoded(value_array=_binary(_array(values)),
                    key_array=None if key is None
                    else _array(_text_or_bytes(table.column(key))),
@@ -229,6 +238,28 @@ def _default(value: Any) -> Any:
     if hasattr(value, "isoformat"):
         return value.isoformat()
     return str(value)
+
+
+def value_source(value: str | None, value_format: str,
+                 avro_schema: Mapping[str, Any] | str | None,
+                 schema_id: int | None) -> str | AvroValues | None:
+    """What ``KafkaSink``'s value options make a record's value (``encode``'s ``value``):
+    a column's bytes, the row in Avro, or ``None`` (the row as JSON, or a binary column
+    named ``value``); ``ConfigError`` for options that contradict each other."""
+    if value_format == "json":
+        if avro_schema is not None or schema_id is not None:
+            raise ConfigError("avro_schema and schema_id go with value_format='avro'; got "
+                              "value_format='json'")
+        return value
+    if value_format != "avro":
+        raise ConfigError(f"value_format must be 'json' or 'avro'; got {value_format!r}")
+    if value is not None:
+        raise ConfigError(f"value={value!r} passes a column's bytes as they are, while "
+                          "value_format='avro' encodes the row: give one of them")
+    if avro_schema is None:
+        raise ConfigError("value_format='avro' needs avro_schema= (an Avro record schema, "
+                          "as a dict or its JSON text)")
+    return parse(avro_schema, schema_id)
 
 
 def check_columns(key: str | None, value: str | None, headers: Sequence[str]) -> None:

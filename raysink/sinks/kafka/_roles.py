@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Any, Protocol
 if TYPE_CHECKING:
     from collections.abc import Sequence
 
+    from raysink.sinks.kafka._avroschema import AvroValues
     from raysink.sinks.kafka._committer import Committer
     from raysink.sinks.kafka._config import KafkaSettings
     from raysink.sinks.kafka._progress import ProgressReader
@@ -39,7 +40,9 @@ class SinkView(BoundSink, Protocol):
     def key_column(self) -> str | None: ...
 
     @property
-    def value_column(self) -> str | None: ...
+    def value_column(self) -> str | AvroValues | None:
+        """What a record's value is (``_encode.encode``'s ``value``): a column's bytes, the
+        row in Avro, or ``None`` (a binary column named ``value``, else JSON)."""
 
     @property
     def headers(self) -> Sequence[str]: ...

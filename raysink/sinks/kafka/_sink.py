@@ -26,7 +26,7 @@ import dataclasses
 import logging
 import time
 from collections.abc import Mapping, Sequence
-from typing import Any
+from typing import Any, Literal
 
 from raysink import _faults
 from raysink.errors import (
@@ -47,7 +47,7 @@ from raysink.sinks.kafka._config import (
     kafka_module,
     unavailable,
 )
-from raysink.sinks.kafka._encode import check_columns
+from raysink.sinks.kafka._encode import check_columns, value_source
 from raysink.sinks.kafka._progress import (
     KafkaManifest,
     ProgressReader,
@@ -71,7 +71,10 @@ class KafkaSink(Sink):
     """Exactly-once sink into the Kafka topic ``topic`` for ``read_committed`` readers.
 
     Each row is one record: its value the row as JSON (or the bytes of ``value``, a
-    binary or string column; a binary column named ``value`` is taken by default), its
+    binary or string column; a binary column named ``value`` is taken by default; or,
+    with ``value_format="avro"``, the row as one Avro record of ``avro_schema``, a record
+    schema as a dict or JSON text, its fields taken from the columns of their names, framed
+    for a Schema Registry when ``schema_id`` is given: docs/kafka.md, "Avro values"), its
     key the ``key`` column (partitioned by the client's default partitioner on it),
     headers from the ``headers`` columns. ``producer_config`` passes librdkafka settings
     to the writers' producers and refuses those that contradict exactly-once;
@@ -97,6 +100,9 @@ class KafkaSink(Sink):
         key: str | None = None,
         value: str | None = None,
         headers: Sequence[str] = (),
+        value_format: Literal["json", "avro"] = "json",
+        avro_schema: Mapping[str, Any] | str | None = None,
+        schema_id: int | None = None,
         progress_topic: str | None = None,
         partitions: int | None = None,
         replication_factor: int | None = None,
@@ -125,7 +131,8 @@ class KafkaSink(Sink):
             transactional_id_prefix=transactional_id_prefix,
             transaction_timeout_ms=int(transaction_timeout * 1000), timeout=timeout)
         self.key_column = key
-        self.value_column = value
+        # a column's name, the Avro schema (``AvroValues``), or None: what ``encode`` takes
+        self.value_column = value_source(value, value_format, avro_schema, schema_id)
         self.headers = tuple(headers)
         self._topics: Topics | None = None
         self._reader: ProgressReader | None = None
