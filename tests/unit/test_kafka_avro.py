@@ -354,8 +354,8 @@ def test_batches_refused_naming_the_field(avro: Any, column: pa.Array | None,
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(tables())
 def test_random_tables_as_fastavro_writes_them(case: tuple[dict[str, Any], pa.Table]) -> None:
-    """A second oracle where fastavro can be imported (it is no dependency: the test is
-    skipped without it)."""
+    """A second oracle: fastavro (in the dev extra, so ``make test`` runs it; the compat
+    venv has no fastavro and skips it)."""
     fastavro = pytest.importorskip("fastavro")
     import io
 
