@@ -48,6 +48,30 @@ def test_deleted_topics(kafka_broker: KafkaBroker, topic: str, name: str,
     Records(kafka_broker, topic).assert_exactly([1])
 
 
+@pytest.mark.parametrize("created_again", [
+    False,  # deleted: the read on says the topic is unknown, it is looked up
+    True,   # created again, empty: the read on finds its end below where it was
+])
+def test_a_progress_topic_deleted_under_a_reader_that_reads_on_is_no_marker(
+        kafka_broker: KafkaBroker, topic: str, name: str, tmp_path: Path,
+        created_again: bool) -> None:
+    """Once a reader has read the progress topic it reads on without looking the topic
+    up (``ProgressReader.read_on``: one round trip fewer per commit). A topic deleted
+    since, or created again, still reads as no marker (which the coordinator's check
+    before a commit finds lost), never as the epoch read before."""
+    progress = f"{topic}-raysink-progress"
+    with _runtime(name, kafka_broker, topic, f"sqlite:///{tmp_path / 'meta.db'}") as rt:
+        for epoch in (1, 2):
+            assert rt.write_arrow(halves(epoch)).committed
+        main = rt.sinks["main"]
+        assert main.committed_epoch() == 2  # looked up, then read
+        assert main.committed_epoch() == 2  # read on
+        kafka_broker.delete_topic(progress)
+        if created_again:
+            kafka_broker.create_topic(progress, 1, **{"cleanup.policy": "compact"})
+        assert main.committed_epoch() is None
+
+
 def test_a_compacted_topic_is_refused(kafka_broker: KafkaBroker, topic: str, name: str,
                                       meta: str) -> None:
     """``validate()`` refuses a compacted data topic (compaction drops aborted records a
