@@ -139,8 +139,10 @@ class EpochDriver:
         last_error: BaseException | None = None
         for attempt_no in range(1, self._options.max_attempts + 1):
             predicted, next_attempt, generation = self._predicted or (None, 0, None)
+            known: int | None = None  # every epoch up to it is committed everywhere
             if predicted is not None and requested in (None, predicted):
-                epoch, attempt = predicted, next_attempt
+                # predicted from the previous epoch's answer: it committed everywhere
+                epoch, attempt, known = predicted, next_attempt, predicted - 1
             else:
                 decision = self._open_epoch(actors, requested)
                 if decision.skip:
@@ -150,7 +152,8 @@ class EpochDriver:
                 epoch, attempt, generation = decision.epoch, decision.attempt, None
             self._predicted = None
             try:
-                rows, outcome = self._feed_and_commit(actors, epoch, attempt, plan, generation)
+                rows, outcome = self._feed_and_commit(actors, epoch, attempt, plan,
+                                                      generation, known)
             except SchemaMismatchError:
                 self._abandon(actors, epoch, attempt)
                 raise
@@ -242,24 +245,28 @@ class EpochDriver:
         return decision
 
     def _feed_and_commit(self, actors: ActorSet, epoch: int, attempt: int,
-                         plan: routing.FeedPlan, generation: int | None = None
-                         ) -> tuple[int, CommitWait]:
+                         plan: routing.FeedPlan, generation: int | None = None,
+                         committed_through: int | None = None) -> tuple[int, CommitWait]:
         """Send the data and the barriers; gather every writer's commit request from its
         barrier answer and send them to the coordinator in one call, which decides the
         attempt and answers once every sink made it visible (or ``commit_timeout``).
-        Returns the rows and that answer."""
+        Returns the rows and that answer. ``committed_through`` goes with the barriers
+        (``routing.send``)."""
         with actors.watching():  # an actor that stops answering fails the attempt at once
-            return self._feed_and_commit_watched(actors, epoch, attempt, plan, generation)
+            return self._feed_and_commit_watched(actors, epoch, attempt, plan, generation,
+                                                 committed_through)
 
     def _feed_and_commit_watched(self, actors: ActorSet, epoch: int, attempt: int,
-                                 plan: routing.FeedPlan, generation: int | None
+                                 plan: routing.FeedPlan, generation: int | None,
+                                 committed_through: int | None
                                  ) -> tuple[int, CommitWait]:
         progress = self._progress
         on_rows = None if progress is None else (lambda rows: progress.advance(rows=rows))
         barriers = routing.send(epoch=epoch, attempt=attempt, plan=plan, writers=actors.writers,
                               credits=self._options.credits, checkpoint_id=self.next_checkpoint(),
                               shuffle=self.shuffle, on_rows=on_rows,
-                              avoid=self._starting_writers(actors, plan))
+                              avoid=self._starting_writers(actors, plan),
+                              committed_through=committed_through)
         return self.commit_barriers(actors, epoch, attempt, barriers, generation)
 
     def commit_barriers(self, actors: ActorSet, epoch: int, attempt: int,

@@ -285,6 +285,7 @@ def send(
     shuffle: random.Random | None = None,
     on_rows: Callable[[int], None] | None = None,
     avoid: frozenset[int] = frozenset(),
+    committed_through: int | None = None,
 ) -> Barriers:
     """Send the plan's writes (feed 0, the driver) with a credit window, then every
     writer's barrier.
@@ -293,7 +294,10 @@ def send(
     ``BarrierAck`` once it pre-committed), and the writers that received nothing.
     With ``shuffle`` the writes go in a random order (tests prove the writer's reordering).
     ``avoid``: writer indexes that get nothing (a movable plan only: their items go to the
-    other writers in turn); they are idle in the attempt.
+    other writers in turn); they are idle in the attempt. ``committed_through``: an
+    epoch the driver knows every sink committed, with every epoch before it (the
+    barrier tells the writers, so a sink holding transactions pre-commits without asking
+    the coordinator); ``None`` when it does not know.
     """
     sender = Sender(writers, epoch=epoch, attempt=attempt, credits=credits, on_rows=on_rows)
     items = around(plan, avoid, len(sender.seqs)) if plan.movable else iter(plan)
@@ -310,7 +314,8 @@ def send(
     seqs = sender.seqs
     barrier = CheckpointBarrier(checkpoint_id, epoch, BarrierFlags.NONE)
     return Barriers(
-        refs=[WriterClient(handle).barrier(barrier, attempt, seqs[k]).send()
+        refs=[WriterClient(handle).barrier(barrier, attempt, seqs[k],
+                                           committed_through).send()
               for handles in writers.values() for k, handle in enumerate(handles)
               if seqs[k]],
         idle=[(sink, k) for sink, handles in writers.items() for k in range(len(handles))

@@ -215,9 +215,10 @@ class WriterClient:
                      last_seq: int) -> Call[None]:
         return Call(lambda: self.actor.feed_barrier.remote(barrier, attempt, feed, last_seq))
 
-    def barrier(self, barrier: CheckpointBarrier, attempt: int,
-                last_seq: int) -> Call[BarrierAck]:
-        return Call(lambda: self.actor.barrier.remote(barrier, attempt, last_seq))
+    def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int,
+                committed_through: int | None = None) -> Call[BarrierAck]:
+        return Call(lambda: self.actor.barrier.remote(barrier, attempt, last_seq,
+                                                      committed_through))
 
     def seal(self, barrier: CheckpointBarrier, attempt: int,
              feeds: Sequence[Any]) -> Call[BarrierAck]:

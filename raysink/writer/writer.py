@@ -11,7 +11,8 @@ write          data        file ``(epoch, attempt, seq, [ref])``; apply in seq o
 barrier        barrier     wait for ``last_seq`` writes, flush, pre-commit; answer with the
                            commit request (the driver gathers every writer's and sends them
                            to the coordinator at once). With ``DRAIN`` set it was the last
-                           epoch: the writer closes after it
+                           epoch: the writer closes after it. ``committed_through``: what
+                           the sender knows committed (see below)
 cancel         control     a ``CANCEL`` barrier: the attempt was abandoned; stop waiting for
                            it and drop what it staged
 drain          control     a ``DRAIN`` barrier between epochs (``rt.close()``): drop what an
@@ -24,10 +25,9 @@ process, ping  control     answer at once (``process``: where the writer runs an
                            mailbox's state, for ``rt.processes()``)
 =============  ==========  ==================================================================
 
-A sink with ``holds_transactions`` pre-commits an epoch only once the coordinator's status
-shows every earlier epoch committed to it: its records are written
-at the pre-commit, so no later epoch's records precede an earlier one's in the target,
-even when an earlier epoch had to be written again (replayed) by its commit.
+A sink with ``holds_transactions`` pre-commits an epoch only once every earlier epoch is
+committed to it (``raysink.writer.ordering``: told by the barrier's
+``committed_through``, else asked of the coordinator).
 
 A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a watchdog
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
@@ -72,6 +72,7 @@ from raysink.sinks._format import stamp
 from raysink.sinks.base import Held, Sink
 from raysink.writer.held import HeldRows, Key
 from raysink.writer.mailbox import EpochSlot, FeedId, Mailbox, Verdict
+from raysink.writer.ordering import EarlierCommits
 from raysink.writer.watchdog import Watchdog
 
 __all__ = ["SinkWriterActor", "WriterConfig"]
@@ -109,6 +110,11 @@ class SinkWriterActor:
         self._flush_failed: BaseException | None = None
         self._books = HeldRows()  # whose rows the sink writer holds (under _lock)
         self._coordinator_handle: Any = None
+        self._earlier = EarlierCommits(runtime=config.runtime, sink=config.sink_name,
+                                       writer=config.writer_id,
+                                       timeout=config.barrier_timeout,
+                                       status=self._coordinator_status,
+                                       lost=self._forget_coordinator)
         self._watchdog = Watchdog(self._name, config.warn_interval)
         self._open_writer(deferrable=True)
         self._mailbox: Mailbox[pa.Table] = Mailbox(config.max_buffer_bytes)
@@ -293,18 +299,23 @@ class SinkWriterActor:
 
     # ------------------------------------------------------------------ barrier group
 
-    def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int) -> BarrierAck:
+    def barrier(self, barrier: CheckpointBarrier, attempt: int, last_seq: int,
+                committed_through: int | None = None) -> BarrierAck:
         """The driver's barrier: it was the epoch's only feed (feed 0) and sent
         ``last_seq`` messages. Pre-commit once they are applied."""
         self.feed_barrier(barrier, attempt, 0, last_seq)
-        return self.seal(barrier, attempt, [0])
+        return self.seal(barrier, attempt, [0], committed_through)
 
-    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[FeedId]) -> BarrierAck:
+    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[FeedId],
+             committed_through: int | None = None) -> BarrierAck:
         """The epoch ``barrier.epoch`` has these ``feeds``: once each delivered its barrier
         (``feed_barrier``) and its messages are applied (aligned: a
         ``BarrierAligner`` over the feeds), and every earlier epoch is done here,
-        pre-commit; the answer carries the commit request. ``DRAIN`` set: close after."""
+        pre-commit; the answer carries the commit request. ``DRAIN`` set: close after.
+        ``committed_through``: an epoch the sender knows every sink committed, with every
+        epoch before it (``None``: it does not know; ``raysink.writer.ordering``)."""
         epoch = barrier.epoch
+        self._earlier.learn(committed_through)
         if barrier.is_cancel:
             raise BarrierOrderError("a CANCEL barrier goes to cancel(), not barrier()",
                                     checkpoint_id=barrier.checkpoint_id, epoch=epoch,
@@ -317,7 +328,7 @@ class SinkWriterActor:
         rows = slot.rows if slot else 0
         schema = None if slot is None or slot.schema is None else _schema.encode(slot.schema)
         if self._config.sink.holds_transactions:
-            self._await_earlier_commits(epoch)
+            self._earlier.wait(epoch)
         _faults.hit("writer.before_pre_commit", runtime=self._config.runtime, epoch=epoch,
                     attempt=attempt, writer=self._config.writer_id,
                     sink=self._config.sink_name)
@@ -405,33 +416,14 @@ class SinkWriterActor:
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
             runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
 
-    def _await_earlier_commits(self, epoch: int) -> None:
-        """Wait until every epoch before ``epoch`` that the coordinator decided is
-        committed to this sink (``Sink.holds_transactions``), polling its status (sinks
-        commit their epochs in order); a coordinator being replaced is asked again, up
-        to ``barrier_timeout``."""
+    def _coordinator_status(self) -> RuntimeStatus:
         import ray
 
-        sink = self._config.sink_name
-        deadline = time.monotonic() + self._config.barrier_timeout
-        while True:
-            try:
-                status: RuntimeStatus = ray.get(self._coordinator().status().send(), timeout=30)
-                done = status.sinks[sink].last_committed_epoch
-                if not any(p < epoch and (done is None or done < p)
-                           for p in status.pending_epochs):
-                    return
-                error: Exception | None = None
-            except Exception as exc:
-                self._coordinator_handle = None
-                error = exc
-            if time.monotonic() > deadline:
-                raise EpochFailedError(
-                    f"writer {self._config.writer_id} waited {self._config.barrier_timeout:g}"
-                    f" s for the epochs before {epoch} to be committed to sink {sink!r}"
-                    + (f" ({error})" if error else ""), runtime=self._config.runtime,
-                    sink=sink, epoch=epoch)
-            time.sleep(0.5 if error else 0.02)
+        status: RuntimeStatus = ray.get(self._coordinator().status().send(), timeout=30)
+        return status
+
+    def _forget_coordinator(self) -> None:
+        self._coordinator_handle = None
 
     def _coordinator(self) -> CoordinatorClient:
         """The coordinator's calls; its handle looked up by name once (again after a call

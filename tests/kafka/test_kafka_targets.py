@@ -9,6 +9,7 @@ import pytest
 import ray
 
 from raysink import ConfigError, DataLossError, SinkRuntime
+from raysink.sinks.kafka._progress import epoch_key, record_value
 from tests.kafka.conftest import ROWS, Records, epoch_rows, halves, sink
 from tests.support.kafka import KafkaBroker, read_topic
 
@@ -46,6 +47,33 @@ def test_deleted_topics(kafka_broker: KafkaBroker, topic: str, name: str,
     with _runtime(name, kafka_broker, topic, fresh) as rt:
         assert rt.write_arrow(halves(1)).committed
     Records(kafka_broker, topic).assert_exactly([1])
+
+
+@pytest.mark.parametrize("created_again", [
+    False,  # deleted: the read on says the topic is unknown, it is looked up
+    True,   # created again, empty: the read on finds its end below where it was
+])
+def test_a_progress_topic_deleted_under_a_reader_that_reads_on_is_no_marker(
+        kafka_broker: KafkaBroker, topic: str, created_again: bool) -> None:
+    """Once a reader has read the progress topic it reads on without looking the topic
+    up (``ProgressReader.read_on``: one round trip fewer per commit). A topic deleted
+    since, or created again, still reads as no marker (which the coordinator's check
+    before a commit finds lost), never as the epoch read before. No runtime: the epoch
+    record is produced here, as the committer writes it."""
+    import confluent_kafka
+
+    progress = kafka_broker.create_topic(f"{topic}-raysink-progress", 1,
+                                         **{"cleanup.policy": "compact"})
+    producer = confluent_kafka.Producer({"bootstrap.servers": kafka_broker.bootstrap})
+    producer.produce(progress, record_value(2, 0), epoch_key("rt", "main"))
+    assert producer.flush(30) == 0
+    main = sink(kafka_broker, topic, progress_topic=progress).bind("rt", "main")
+    assert main.committed_epoch() == 2  # looked up, then read
+    assert main.committed_epoch() == 2  # read on
+    kafka_broker.delete_topic(progress)
+    if created_again:
+        kafka_broker.create_topic(progress, 1, **{"cleanup.policy": "compact"})
+    assert main.committed_epoch() is None
 
 
 def test_a_compacted_topic_is_refused(kafka_broker: KafkaBroker, topic: str, name: str,

@@ -25,7 +25,7 @@ from typing import Any
 
 from raysink.sinks.kafka._config import kafka_module
 
-__all__ = ["FENCING", "error_of", "is_fencing", "missing_acl", "named"]
+__all__ = ["FENCING", "error_of", "is_fencing", "is_unknown_topic", "missing_acl", "named"]
 
 FENCING = ("_FENCED", "PRODUCER_FENCED", "INVALID_PRODUCER_EPOCH")
 
@@ -49,6 +49,19 @@ def is_fencing(error: Any) -> bool:
     """Whether ``error`` says another producer took the transactional id over (or the
     broker fenced a transaction that outlived its timeout)."""
     return _is(error, FENCING)
+
+
+def is_unknown_topic(exc: BaseException) -> bool:
+    """Whether ``exc``, or the client error it was raised from, says the topic (or its
+    partition) does not exist: a deleted topic answers ``UNKNOWN_TOPIC_OR_PART``, one the
+    client's metadata lacks ``_NOENT`` ("no leaders found")."""
+    names = ("UNKNOWN_TOPIC_OR_PART", "_UNKNOWN_TOPIC", "_UNKNOWN_PARTITION", "_NOENT")
+    seen: BaseException | None = exc
+    while seen is not None:
+        if _is(error_of(seen), names):
+            return True
+        seen = seen.__cause__
+    return False
 
 
 def named(error: Any) -> str:

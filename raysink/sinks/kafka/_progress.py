@@ -35,6 +35,7 @@ from raysink.errors import SinkUnavailableError, TransactionHeldError
 from raysink.sinks._format import MARKER_FORMAT, check_marker
 from raysink.sinks.base import Manifest
 from raysink.sinks.kafka._config import KafkaSettings, kafka_module, unavailable
+from raysink.sinks.kafka._failures import is_unknown_topic
 
 __all__ = ["KafkaManifest", "ProgressReader", "Topics", "epoch_key", "kafka_manifests",
            "part_key", "record_value"]
@@ -187,6 +188,20 @@ class ProgressReader:
         if self._consumer is not None:
             self._consumer.close()
             self._consumer = None
+
+    def read_on(self) -> tuple[int | None] | None:
+        """The epoch record's epoch (in a 1-tuple), read on from where this reader is
+        without looking the topic up first: one metadata round trip fewer per commit.
+        ``None`` when it has read nothing yet, or when the read says the topic is unknown
+        (deleted): the caller then looks it up as at the first read."""
+        if self._position <= 0:
+            return None
+        try:
+            return (self.committed_epoch(strict=False),)
+        except SinkUnavailableError as exc:
+            if is_unknown_topic(exc):
+                return None
+            raise
 
     def reset(self) -> None:
         """Forget what was read (the topic was deleted, or re-created)."""

@@ -418,7 +418,12 @@ class KafkaSink(Sink):
 
     def committed_epoch(self) -> int | None:
         """The last epoch the progress topic records committed (``None``: no record, or
-        no progress topic)."""
+        no progress topic); the topic looked up first unless the reader reads on
+        (``ProgressReader.read_on``)."""
+        known = self.progress().read_on()
+        if known is not None:
+            self._read_at = time.monotonic()
+            return known[0]
         if not self.topics().exists(self.settings.progress_topic):
             self.progress().reset()
             return None

@@ -1,0 +1,81 @@
+"""``EarlierCommits``: a writer of a sink that holds transactions pre-commits an epoch only
+once every earlier epoch is committed to that sink.
+
+Such a sink (``Sink.holds_transactions``: Kafka) writes an epoch's records at its
+pre-commit, so no later epoch's records may precede an earlier one's in the target, even
+when an earlier epoch had to be written again (replayed) by its commit. The writer knows
+the earlier epochs committed in one of two ways:
+
+* **told**: the barrier carries ``committed_through``, an epoch the driver knows every
+  sink committed with every epoch before it (the previous epoch's commit answer said so).
+  A commit is never taken back, so the fact stays true however late the barrier arrives;
+  the highest epoch heard is kept, from barriers and from the status answers below;
+* **asked**: otherwise the coordinator's status is polled until no decided (PENDING)
+  epoch before this one is missing from the sink (sinks commit their epochs in order); a
+  coordinator being replaced is asked again, up to the barrier timeout.
+
+Being told saves the status round trip before each pre-commit on the common path (one
+epoch after another through ``rt.write*``); a stream, whose writers pre-commit while
+earlier epochs commit, still asks.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+
+from raysink.errors import EpochFailedError
+from raysink.reports import RuntimeStatus
+
+__all__ = ["EarlierCommits"]
+
+
+class EarlierCommits:
+    """One writer's wait for the epochs before the one it pre-commits (module docstring).
+    ``status`` asks the coordinator; ``lost`` is called when that failed (the writer
+    looks the coordinator up again)."""
+
+    def __init__(self, *, runtime: str, sink: str, writer: int, timeout: float,
+                 status: Callable[[], RuntimeStatus], lost: Callable[[], None],
+                 poll: float = 0.02) -> None:
+        self._runtime, self._sink, self._writer = runtime, sink, writer
+        self._timeout, self._poll = timeout, poll
+        self._status, self._lost = status, lost
+        # every epoch up to this one is committed to every sink
+        self.committed_through: int | None = None
+
+    def learn(self, epoch: int | None) -> None:
+        """Every epoch up to ``epoch`` is committed to every sink (``None``: nothing new)."""
+        if epoch is not None and (self.committed_through is None
+                                  or epoch > self.committed_through):
+            self.committed_through = epoch
+
+    def known(self, epoch: int) -> bool:
+        """Whether every epoch before ``epoch`` is known committed without asking."""
+        return self.committed_through is not None and self.committed_through >= epoch - 1
+
+    def wait(self, epoch: int) -> None:
+        """Return once every epoch before ``epoch`` is committed to the sink: at once when
+        known, else by the coordinator's status; ``EpochFailedError`` after the timeout."""
+        if self.known(epoch):
+            return
+        deadline = time.monotonic() + self._timeout
+        while True:
+            try:
+                status = self._status()
+                self.learn(status.last_committed_epoch)
+                done = status.sinks[self._sink].last_committed_epoch
+                if not any(p < epoch and (done is None or done < p)
+                           for p in status.pending_epochs):
+                    return
+                error: Exception | None = None
+            except Exception as exc:
+                self._lost()
+                error = exc
+            if time.monotonic() > deadline:
+                raise EpochFailedError(
+                    f"writer {self._writer} waited {self._timeout:g} s for the epochs before "
+                    f"{epoch} to be committed to sink {self._sink!r}"
+                    + (f" ({error})" if error else ""), runtime=self._runtime,
+                    sink=self._sink, epoch=epoch)
+            time.sleep(0.5 if error else self._poll)

@@ -1,0 +1,100 @@
+"""A writer of a sink that holds transactions pre-commits an epoch only after every
+earlier epoch is committed to that sink (``raysink.writer.ordering``), told by the barrier
+or asked of the coordinator. No Ray: the coordinator's status is a list of answers.
+
+The barrier's ``committed_through`` saves the status call only when it covers every
+epoch before the one sealed; an epoch still outstanding below it must hold the
+pre-commit whatever the barrier says.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+
+import pytest
+
+from raysink.errors import EpochFailedError
+from raysink.reports import RuntimeStatus, SinkStatus
+from raysink.writer.ordering import EarlierCommits
+
+
+def _status(*, committed: int | None, pending: list[int],
+            sink_committed: int | None = None) -> RuntimeStatus:
+    """The coordinator's answer: ``committed`` by every sink, ``pending`` decided,
+    ``sink_committed`` the last epoch committed to sink ``main``."""
+    done = committed if sink_committed is None else sink_committed
+    return RuntimeStatus(name="rt", metastore="sqlite://", last_committed_epoch=committed,
+                         pending_epochs=pending,
+                         sinks={"main": SinkStatus(state="running",
+                                                   last_committed_epoch=done,
+                                                   last_error=None)})
+
+
+class Coordinator:
+    """Answers ``status`` from ``answers`` in turn (the last one again and again)."""
+
+    def __init__(self, *answers: RuntimeStatus) -> None:
+        self.answers = list(answers)
+        self.asked = 0
+
+    def status(self) -> RuntimeStatus:
+        self.asked += 1
+        return self.answers[min(self.asked, len(self.answers)) - 1]
+
+
+def _earlier(coordinator: Coordinator, timeout: float = 5.0) -> EarlierCommits:
+    return EarlierCommits(runtime="rt", sink="main", writer=0, timeout=timeout,
+                          status=coordinator.status, lost=lambda: None, poll=0.001)
+
+
+@pytest.fixture
+def nothing_pending() -> Iterator[Coordinator]:
+    yield Coordinator(_status(committed=4, pending=[]))
+
+
+def test_a_barrier_that_covers_the_earlier_epochs_saves_the_status_call(
+        nothing_pending: Coordinator) -> None:
+    earlier = _earlier(nothing_pending)
+    earlier.learn(4)
+    earlier.wait(5)
+    assert nothing_pending.asked == 0
+
+
+def test_without_a_hint_the_coordinator_is_asked(nothing_pending: Coordinator) -> None:
+    earlier = _earlier(nothing_pending)
+    earlier.wait(5)
+    assert nothing_pending.asked == 1
+    earlier.wait(5)  # what the answer said is kept: every sink holds epoch 4
+    assert nothing_pending.asked == 1
+
+
+def test_an_earlier_epoch_outstanding_holds_the_pre_commit_despite_an_older_hint() -> None:
+    """Epoch 5 is decided but not committed to the sink; the barrier of epoch 6 says only
+    that epochs up to 4 are committed: the pre-commit waits until the status shows 5
+    committed (here on the third answer)."""
+    coordinator = Coordinator(_status(committed=4, pending=[5]),
+                              _status(committed=4, pending=[5]),
+                              _status(committed=4, pending=[5], sink_committed=5))
+    earlier = _earlier(coordinator)
+    earlier.learn(4)
+    earlier.wait(6)
+    assert coordinator.asked == 3
+
+
+def test_an_earlier_epoch_that_never_commits_fails_the_pre_commit() -> None:
+    coordinator = Coordinator(_status(committed=3, pending=[4, 5]))
+    earlier = _earlier(coordinator, timeout=0.05)
+    earlier.learn(3)
+    with pytest.raises(EpochFailedError, match="epochs before 5 to be committed"):
+        earlier.wait(5)
+    assert coordinator.asked >= 1
+
+
+def test_a_lower_hint_never_lowers_what_is_known(nothing_pending: Coordinator) -> None:
+    """A late barrier (an older fact) leaves the newer one: commits are never undone."""
+    earlier = _earlier(nothing_pending)
+    earlier.learn(7)
+    earlier.learn(2)
+    earlier.learn(None)
+    earlier.wait(8)
+    assert (earlier.committed_through, nothing_pending.asked) == (7, 0)
