@@ -151,7 +151,12 @@ class StreamController:
                     self._feed_timeout))
                 if owed.ended:
                     return
-                deadline = deadline or time.monotonic() + self._feed_timeout
+                if deadline is None:
+                    deadline = time.monotonic() + self._feed_timeout
+                    log.info("%s: the drain waits up to %g s for producers to replay what a "
+                             "rewind dropped: owing %s, not heard from since their cut %s",
+                             self._driver.name, self._feed_timeout,
+                             [o.feed for o in owed.feeds], list(owed.unknown))
                 if time.monotonic() > deadline and (
                         owed.feeds or time.monotonic() > deadline + self._feed_timeout):
                     raise self._owed_error(owed)

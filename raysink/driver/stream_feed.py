@@ -28,6 +28,18 @@ were dropped, which the stream keeps telling it until it wrote again (other prod
 epochs may commit meanwhile). A source that cannot replay loses the rows of a failed
 epoch: that is at-most-once, not raysink's guarantee.
 
+A producer that goes idle (no more calls) is still told: its poll thread closes its
+parts, and a rewind that dropped what it wrote reaches it at its next call, ``close``
+included (with no part open, ``close`` raises ``StreamRewind`` when the rewind dropped
+an epoch this process wrote into; replay, then close). A producer that makes no call at
+all after such a rewind *owes a replay*: its polls report the last epoch it wrote into,
+and ``rt.close()`` does not end the stream over it. The drain waits up to
+``feed_timeout`` for it to replay, then raises ``EpochFailedError`` naming its feed and
+the epochs given up; the target holds exactly the epochs committed. Rows a rewind
+dropped are never lost silently: call ``feed.write`` or ``feed.close`` before
+``rt.close()`` (and replay on ``StreamRewind``), or open the runtime again and resume
+from ``feed.committed()``.
+
 What the runtime does meanwhile, and guarantees:
 
 - a writer killed (Ray restarts it, empty) or replaced (the runtime re-creates it, on a
@@ -187,7 +199,9 @@ class StreamFeed:
         ``commit_timeout`` and ``feed_timeout``). Raises ``StreamRewind`` when the stream
         rewound first: replay, then close; ``RuntimeUnavailableError`` naming what held
         it past the deadline (no barrier: the driver's stream not ticking; the
-        coordinator or the writers not answering)."""
+        coordinator or the writers not answering). With no part open (its poll thread
+        closed the last), a rewind that dropped an epoch this process wrote into still
+        raises ``StreamRewind``: leaving would lose those rows."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         with self._guarded("close()"):
