@@ -9,6 +9,7 @@ of ``rt.stream()`` in the test's process)."""
 
 from __future__ import annotations
 
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -99,6 +100,44 @@ def test_a_producer_closing_after_its_epoch_failed_gets_the_rewind_and_replays(
         for batch in sorted(b for b, e in epochs.items() if e > committed):
             _write(feed, batch, epochs)  # the replay
         feed.close()
+    assert table_ids(target) == _ids([0, 1])
+
+
+def test_a_producer_that_replays_while_close_waits_for_it_is_drained_exactly_once(
+        tmp_path: Path, name: str) -> None:
+    """``rt.close()`` waits for the producer owing a replay; the producer's next call
+    (here ``feed.close()``, meanwhile) raises ``StreamRewind``; it replays, and the drain
+    takes its rows into the last epoch."""
+    target = ParquetTarget(tmp_path / "table")
+    rt = _runtime(tmp_path, name).start()
+    epochs: dict[int, int] = {}
+    closed: list[BaseException | None] = []
+
+    def close() -> None:
+        try:
+            rt.close()
+            closed.append(None)
+        except BaseException as exc:
+            closed.append(exc)
+
+    closer = threading.Thread(target=close, daemon=True)
+    try:
+        feed = rt.stream(poll_interval=0.1)
+        _fail_the_epoch_of_batch_1(rt, name, feed, epochs)
+        closer.start()
+        time.sleep(0.5)  # the drain waits for feed 1
+        with pytest.raises(StreamRewind) as rewind:
+            feed.close()
+        committed = rewind.value.committed
+        assert committed is not None
+        for batch in sorted(b for b, e in epochs.items() if e > committed):
+            feed.write(source_batch(0, batch))  # the replay
+        feed.close()
+    finally:
+        closer.join(60.0)
+        if not closed:
+            rt.close()
+    assert closed == [None], f"rt.close(): {closed}"
     assert table_ids(target) == _ids([0, 1])
 
 
