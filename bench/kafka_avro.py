@@ -40,6 +40,8 @@ import pyarrow.compute as pc
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
+from raysink.sinks.kafka._avroschema import zigzag
+
 SCHEMA: dict[str, Any] = {
     "type": "record", "name": "Order", "namespace": "bench",
     "fields": [{"name": "id", "type": "long"},
@@ -62,19 +64,9 @@ def make_table(rows: int) -> pa.Table:
 # -- the row-by-row encoder ----------------------------------------------------------
 
 
-def _long(value: int) -> bytes:
-    number = (value << 1) ^ (value >> 63)
-    out = bytearray()
-    while number > 0x7F:
-        out.append((number & 0x7F) | 0x80)
-        number >>= 7
-    out.append(number)
-    return bytes(out)
-
-
 def _string(value: str) -> bytes:
     data = value.encode()
-    return _long(len(data)) + data
+    return zigzag(len(data)) + data
 
 
 def _double(value: float) -> bytes:
@@ -86,7 +78,7 @@ def _nullable_string(value: str | None) -> bytes:
 
 
 _ROW_FIELDS: list[tuple[str, Callable[[Any], bytes]]] = [
-    ("id", _long), ("customer", _string), ("amount", _double), ("note", _nullable_string)]
+    ("id", zigzag), ("customer", _string), ("amount", _double), ("note", _nullable_string)]
 
 
 def row_wise(table: pa.Table) -> list[bytes]:
