@@ -19,7 +19,8 @@ twice; the release's own ``site-packages`` comes first, so its raysink is the on
 and ``.pth`` files of the named directory are not run, so an editable raysink there is not
 seen) and the wheel installed ``--no-deps`` by ``pip --python``. It is kept under
 ``~/.cache/raysink/upgrade/<tag>-<sha256>`` (``RAYSINK_UPGRADE_CACHE`` moves it) and
-reused; ``fresh=True`` installs it again.
+reused, its ``.pth`` line written again at every use (``make upgrade`` runs from a fresh
+venv each time); ``fresh=True`` installs it again.
 
 ``OldDriver`` runs ``tests/upgrade/old_driver.py`` with that environment's interpreter,
 from a directory outside the source tree and without ``PYTHONPATH``, so it and its Ray
@@ -127,6 +128,7 @@ def previous_release(tag: str, *, fresh: bool = False) -> Release:
             python, package = _make_env(home / "venv", wheel)
             done.write_text(json.dumps({"python": str(python), "package": str(package)}))
         python = Path(json.loads(done.read_text())["python"])
+        _point_at_dependencies(python)
     return Release(tag=tag, version=entry["version"], commit=entry["commit"],
                    schema=int(entry["schema"]), wheel=wheel, python=python)
 
@@ -148,16 +150,25 @@ def _make_env(venv: Path, wheel: Path) -> tuple[Path, Path]:
     base = getattr(sys, "_base_executable", sys.executable)
     _run(base, "-m", "venv", "--without-pip", venv)
     python = venv / "bin" / "python"
-    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()"
-                                      "['purelib'])").strip())
-    deps = sysconfig.get_paths()["purelib"]
-    (purelib / "_raysink_upgrade_deps.pth").write_text(f"{deps}\n")
+    purelib = _point_at_dependencies(python)
     _run(sys.executable, "-m", "pip", "--python", python, "install", "--no-deps",
          "--ignore-installed", "--no-index", "--quiet", wheel)
     package = purelib / "raysink"
     if not (package / "__init__.py").exists():
         raise RuntimeError(f"installing {wheel.name} left no raysink in {purelib}")
     return python, package
+
+
+def _point_at_dependencies(python: Path) -> Path:
+    """Have the release's environment find its dependencies in this interpreter's
+    ``site-packages``, written at every use: the environment is cached, the interpreter
+    running the test is not (``make upgrade`` makes a fresh one each time). Returns the
+    environment's own ``site-packages``."""
+    purelib = Path(_run(python, "-c", "import sysconfig; print(sysconfig.get_paths()"
+                                      "['purelib'])").strip())
+    deps = sysconfig.get_paths()["purelib"]
+    (purelib / "_raysink_upgrade_deps.pth").write_text(f"{deps}\n")
+    return purelib
 
 
 def build_from_tag(tag: str, out: Path) -> tuple[str, Path]:
