@@ -28,6 +28,18 @@ were dropped, which the stream keeps telling it until it wrote again (other prod
 epochs may commit meanwhile). A source that cannot replay loses the rows of a failed
 epoch: that is at-most-once, not raysink's guarantee.
 
+A producer that goes idle (no more calls) is still told: its poll thread closes its
+parts, and a rewind that dropped what it wrote reaches it at its next call, ``close``
+included (with no part open, ``close`` raises ``StreamRewind`` when the rewind dropped
+an epoch this process wrote into; replay, then close). A producer that makes no call at
+all after such a rewind *owes a replay*: its polls report the last epoch it wrote into,
+and ``rt.close()`` does not end the stream over it. The drain waits up to
+``feed_timeout`` for it to replay, then raises ``EpochFailedError`` naming its feed and
+the epochs given up; the target holds exactly the epochs committed. Rows a rewind
+dropped are never lost silently: call ``feed.write`` or ``feed.close`` before
+``rt.close()`` (and replay on ``StreamRewind``), or open the runtime again and resume
+from ``feed.committed()``.
+
 What the runtime does meanwhile, and guarantees:
 
 - a writer killed (Ray restarts it, empty) or replaced (the runtime re-creates it, on a
@@ -187,7 +199,9 @@ class StreamFeed:
         ``commit_timeout`` and ``feed_timeout``). Raises ``StreamRewind`` when the stream
         rewound first: replay, then close; ``RuntimeUnavailableError`` naming what held
         it past the deadline (no barrier: the driver's stream not ticking; the
-        coordinator or the writers not answering)."""
+        coordinator or the writers not answering). With no part open (its poll thread
+        closed the last), a rewind that dropped an epoch this process wrote into still
+        raises ``StreamRewind``: leaving would lose those rows."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         with self._guarded("close()"):
@@ -196,6 +210,7 @@ class StreamFeed:
                     self._stalled(wait)
                 try:
                     if self._current is None:
+                        self._check_dropped()
                         break
                     self._catch_up(raising=True, start_epoch=False)
                 finally:
@@ -209,6 +224,32 @@ class StreamFeed:
             if self._stop is not None:
                 self._stop.set()
             self._call(lambda c: c.stream_leave(self.id), deadline=deadline)
+
+    def _check_dropped(self) -> None:
+        """At ``close`` with no part open (its poll thread closed the last one): raise
+        ``StreamRewind`` when a rewind it was not told of dropped what this process
+        wrote (or a part was lost, or this process is new and has a cut): leaving
+        instead would lose those rows silently."""
+        seen = self._position(fresh=True)
+        if self._broken is None and (seen.rewinds == self._raised or (
+                self._raised is not None and not self._dropped(seen))):
+            self._raised = seen.rewinds  # nothing of this process's was dropped
+            return
+        if self._raised is None and not seen.rewound:
+            return  # a new process with nothing to replay
+        self._raise_rewind()
+
+    def _dropped(self, seen: StreamPosition) -> bool:
+        """Whether the cut ``seen`` brings dropped an epoch this process wrote into."""
+        return seen.rewound and self.last_epoch is not None and (
+            seen.committed is None or self.last_epoch > seen.committed)
+
+    def _wrote(self) -> int | None:
+        """What polls report: the last epoch this process wrote into, or writes now."""
+        current, last = self._current, self.last_epoch
+        epochs = [e for e in (last, None if current is None else current.epoch)
+                  if e is not None]
+        return max(epochs) if epochs else None
 
     # ------------------------------------------------------------------ errors
 
@@ -401,8 +442,10 @@ class StreamFeed:
 
     def _poll(self) -> StreamPosition | None:
         with self._poll_lock:
+            seen = None if self._seen is None else self._seen.rewinds
+            wrote = self._wrote()  # after ``seen``: a later write raises StreamRewind
             position = self._call(lambda c: c.stream_poll(
-                self.id, not self._joined, self._applied, self.route_number))
+                self.id, not self._joined, self._applied, self.route_number, wrote, seen))
             if position is not None:
                 # joined only once a coordinator that knows the stream answered (a
                 # successor taking the stream over knows it a moment later)
