@@ -129,6 +129,7 @@ class StreamFeed:
         self._poll_error: str | None = None  # the last poll's failure, while they fail
         self._died: BaseException | None = None  # why the poll thread ended, not told yet
         self._closing: str | None = None  # a part being closed (what close waits for)
+        self._drained: int | None = None  # the epoch of a part closed by the drain's barrier
         self.last_epoch: int | None = None  # the epoch the last write went into
 
     def __getstate__(self) -> dict[str, Any]:
@@ -210,7 +211,9 @@ class StreamFeed:
                     self._stalled(wait)
                 try:
                     if self._current is None:
-                        self._check_dropped()
+                        leave = not self._stream_ended()
+                        if leave:
+                            self._check_dropped()
                         break
                     self._catch_up(raising=True, start_epoch=False)
                 finally:
@@ -223,7 +226,17 @@ class StreamFeed:
                 time.sleep(self.poll_interval)
             if self._stop is not None:
                 self._stop.set()
-            self._call(lambda c: c.stream_leave(self.id), deadline=deadline)
+            if leave:
+                self._call(lambda c: c.stream_leave(self.id), deadline=deadline)
+
+    def _stream_ended(self) -> bool:
+        """Whether the stream ended for this process: its last part was closed by the
+        drain's barrier, or a poll said the stream was drained. Nothing is left to leave
+        then, and ``rt.close()`` may have stopped the coordinator already: ``close``
+        returns without a call (the drained epoch's outcome is ``rt.close()``'s to tell:
+        it raises naming this feed if that epoch fails and this process does not
+        replay)."""
+        return self._drained is not None or (self._seen is not None and self._seen.ended)
 
     def _check_dropped(self) -> None:
         """At ``close`` with no part open (its poll thread closed the last one): raise
@@ -414,6 +427,8 @@ class StreamFeed:
                 self._current = None
             else:
                 self._call(lambda c: c.feed_closed(barrier.epoch, attempt, self.id, {}))
+            if barrier.is_drain:
+                self._drained = barrier.epoch
         except _ray_errors() as exc:
             if current is not None:
                 self._lose_part(current, f"closing epoch {barrier.epoch}: {short(exc)}")
