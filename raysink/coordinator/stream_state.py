@@ -70,9 +70,10 @@ class Cut:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamState:
     """What the driver keeps of its stream, for a successor coordinator to take it over:
-    the rewinds so far, the cuts not yet applied, the feeds handed out (ids ``1..feeds``)
-    and the route (``route``: its number, the writers' handles the driver gives). As
-    answered by a rewind: ``(epoch, attempt)``, the epoch the stream goes on with."""
+    the rewinds so far, the cuts not yet applied, the feeds handed out (ids ``1..feeds``),
+    those that left as of the last tick, and the route (``route``: its number, the
+    writers' handles the driver gives). As answered by a rewind: ``(epoch, attempt)``,
+    the epoch the stream goes on with."""
 
     epoch: int = 0
     attempt: int = 0
@@ -80,6 +81,7 @@ class StreamState:
     cuts: Mapping[int, Cut] = field(default_factory=dict)
     feeds: int = 0
     route: int = 0
+    left: frozenset[int] = frozenset()  # feeds that left (a drain never waits for them)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -190,13 +192,14 @@ class StreamBook:
         book.rewinds = state.rewinds + 2
         book._cuts = dict(state.cuts)
         book._floor, book._floor_feeds = Cut(epoch=cut, since=book.rewinds), state.feeds
-        book.route = state.route
+        book.route, book._left = state.route, set(state.left)
         return book
 
     def state(self) -> StreamState:
         """The rewinds and the cuts not applied yet (the driver adds the rest)."""
         return StreamState(epoch=self.epoch, attempt=self.attempt, rewinds=self.rewinds,
-                           cuts=dict(self._cuts), route=self.route)
+                           cuts=dict(self._cuts), route=self.route,
+                           left=frozenset(self._left))
 
     def set_route(self, route: int, writers: Mapping[str, Sequence[Any]]) -> None:
         """The writers producers send to from now on (route number ``route``)."""

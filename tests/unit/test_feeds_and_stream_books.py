@@ -4,6 +4,8 @@ owed at the drain)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from raysink.coordinator.producers import FeedRegistry
 from raysink.coordinator.stream_state import Owed, StreamBook
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
@@ -206,3 +208,18 @@ def test_a_failed_drain_reopens_the_stream_for_its_members_replay() -> None:
     assert not stream.ended
     assert [o.feed for o in stream.owed(now=1.5, lease=5.0).feeds] == [1]
     assert stream.poll(1, 1, committed=2, now=2.0).member  # it replays into epoch 3
+
+
+def test_a_successor_drain_does_not_wait_for_feeds_that_left_before_the_takeover() -> None:
+    """Feeds 1 and 2 were handed out; feed 2 left (``feed.close()``) before the
+    coordinator was lost. The successor cuts every feed handed out; it waits at the drain
+    for feed 1 (not heard from since the takeover, up to the lease), never for feed 2:
+    the state the driver kept says it left."""
+    stream = StreamBook(epoch=3, attempt=0)
+    for feed in (1, 2):
+        stream.poll(feed, 0, committed=2, wrote=3, seen=0, now=1.0)
+    stream.leave(2)
+    state = dataclasses.replace(stream.state(), feeds=2)
+    successor = StreamBook.taken_over(state, 4, 0, 3, opened=True, now=10.0)
+    assert successor.owed(now=11.0, lease=5.0).unknown == (1,)
+    assert successor.owed(now=16.0, lease=5.0) == Owed(ended=False)
