@@ -202,7 +202,9 @@ class StreamFeed:
         it past the deadline (no barrier: the driver's stream not ticking; the
         coordinator or the writers not answering). With no part open (its poll thread
         closed the last), a rewind that dropped an epoch this process wrote into still
-        raises ``StreamRewind``: leaving would lose those rows."""
+        raises ``StreamRewind``: leaving would lose those rows. Once the stream was
+        drained (``rt.close()``), it returns at once: whether the drained epoch
+        committed is ``rt.close()``'s to say, and ``wait_committed`` waits for it."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         with self._guarded("close()"):
