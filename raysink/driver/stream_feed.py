@@ -204,7 +204,7 @@ class StreamFeed:
         closed the last), a rewind that dropped an epoch this process wrote into still
         raises ``StreamRewind``: leaving would lose those rows. Once the stream was
         drained (``rt.close()``), it returns at once: whether the drained epoch
-        committed is ``rt.close()``'s to say, and ``wait_committed`` waits for it."""
+        committed is ``rt.close()``'s to say (it raises naming this feed if not)."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         with self._guarded("close()"):
