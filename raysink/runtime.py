@@ -192,7 +192,9 @@ class SinkRuntime:
         closed); the coordinator pauses the sinks and closes its connections and the meta
         store; then the actors end and their names are free. Every step runs; then close
         raises when something decided may not be committed: ``EpochFailedError`` (the
-        stream's last epoch could not be drained), ``RuntimeUnavailableError`` (the
+        stream's last epoch could not be drained, or a stream producer whose rows a
+        failed epoch dropped made no call since and did not replay within
+        ``feed_timeout``: the error names its feed), ``RuntimeUnavailableError`` (the
         coordinator did not recover in time, naming why), ``SinkUnavailableError`` (a
         decided epoch is still uncommitted: the next start commits it). See
         ``raysink.driver.closing``."""

@@ -2,15 +2,18 @@
 ``CoordinatorActor``::
 
     driver    stream_start(timeout)                      -> StreamPosition   (begins it)
-    driver    stream_tick(checkpoint_id, drain)          -> StreamTick | None
+    driver    stream_tick(checkpoint_id, drain, lease)   -> StreamTick | None
+    driver    stream_owed(lease)                         -> Owed  (what holds a drain)
     driver    stream_rewind(epoch, timeout, state, writers) -> StreamState  (after a
               failure: also how a successor coordinator takes the stream over)
-    producer  stream_poll(feed, joining, applied, route) -> StreamPosition | None
+    producer  stream_poll(feed, joining, applied, route, wrote, seen)
+                                                         -> StreamPosition | None
     producer  stream_leave(feed)
 
 The bookkeeping is ``raysink.coordinator.stream_state``'s. A rewind cuts the producers at the
 last *decided* epoch and reopens the one after it: an epoch PENDING at the failure is
-never given up, it only rolls forward (``EpochCoordinator.decided_through``).
+never given up, it only rolls forward (``EpochCoordinator.decided_through``). A drain
+does not end the stream while a feed owes a replay (``StreamBook.owed``).
 """
 
 from __future__ import annotations
@@ -21,7 +24,13 @@ from abc import abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, TypeVar
 
-from raysink.coordinator.stream_state import StreamBook, StreamPosition, StreamState, StreamTick
+from raysink.coordinator.stream_state import (
+    Owed,
+    StreamBook,
+    StreamPosition,
+    StreamState,
+    StreamTick,
+)
 from raysink.errors import (
     BackpressureError,
     EpochFailedError,
@@ -79,14 +88,15 @@ class StreamCalls:
 
     async def stream_poll(self, feed: int, joining: bool = False,
                           applied_rewinds: int | None = None,
-                          route: int | None = None) -> StreamPosition | None:
+                          route: int | None = None, wrote: int | None = None,
+                          seen: int | None = None) -> StreamPosition | None:
         """A producer's poll: where to write, and its barrier once (``None``: no stream
         here, yet: a successor the driver has not handed the stream to). ``joining``: the
         first poll of the feed in its process; a member joining again was restarted, and
         what it wrote before is lost with its old process: its epoch fails, and the poll
         returns once the stream rewound, with the member's cut (an epoch it closed before
         may still be being decided: only the rewind says where to resume).
-        ``applied_rewinds`` and ``route``: see ``StreamBook.poll``."""
+        ``applied_rewinds``, ``route``, ``wrote`` and ``seen``: see ``StreamBook.poll``."""
         self._ensure_started()
         if self._stream is None:
             return None
@@ -99,7 +109,8 @@ class StreamCalls:
                 return None
         book = self._stream
         position = book.poll(feed, applied_rewinds, committed=self._core.committed_through(),
-                             decided=self._core.decided_through(), route=route)
+                             decided=self._core.decided_through(), route=route,
+                             wrote=wrote, seen=seen, now=time.monotonic())
         writing = book.writing(feed)
         if writing is not None:  # the poll is the member's heartbeat too
             self._feeds.alive(*writing, feed, time.monotonic())
@@ -118,8 +129,10 @@ class StreamCalls:
                     runtime=self._runtime)
             await self._wait_change(min(left, 0.5))
 
-    async def stream_tick(self, checkpoint_id: int, drain: bool) -> StreamTick | None:
-        """Close the stream's current epoch (see ``StreamBook.tick``).
+    async def stream_tick(self, checkpoint_id: int, drain: bool,
+                          lease: float = 0.0) -> StreamTick | None:
+        """Close the stream's current epoch (see ``StreamBook.tick``; ``lease``: the
+        feeds' heartbeat lease, for a drain's ``owed``).
         ``StreamUnknownError`` when this coordinator does not know the stream (it was
         restarted by Ray): the driver hands it over (``stream_rewind``)."""
         await self._until_recovered()
@@ -128,7 +141,15 @@ class StreamCalls:
             raise StreamUnknownError("this coordinator does not know the stream (restarted "
                                      "since it began)", runtime=self._runtime)
         return book.tick(checkpoint_id, self._core.next_attempt(book.epoch + 1),
-                         self._core.generation, drain=drain)
+                         self._core.generation, drain=drain, now=time.monotonic(), lease=lease)
+
+    async def stream_owed(self, lease: float) -> Owed:
+        """What holds the stream's drain (``StreamBook.owed``); ended when there is no
+        stream here (nothing of it to drain)."""
+        self._ensure_started()
+        if self._stream is None:
+            return Owed(ended=True)
+        return self._stream.owed(time.monotonic(), lease)
 
     async def stream_rewind(self, epoch: int, timeout: float, state: StreamState | None = None,
                             writers: Mapping[str, Sequence[Any]] | None = None
@@ -146,7 +167,8 @@ class StreamCalls:
         book = self._stream
         if book is None:
             book = self._stream = StreamBook.taken_over(state or StreamState(), epoch,
-                                                        attempt, cut, opened=opened)
+                                                        attempt, cut, opened=opened,
+                                                        now=time.monotonic())
             log.info("%s: took the stream over at epoch %s (producers resume after %s)",
                      self._runtime, epoch, cut)
         else:

@@ -32,6 +32,18 @@ then resumes from its older recorded cut, which replays nothing decided: it wrot
 into epochs ticked after that answer, none of them decided (a decision follows a tick
 answer, which lists the cuts applied before it).
 
+Replays owed at the drain. Only the producer's own calls apply a rewind, never its poll
+thread: a producer that wrote into an epoch a rewind dropped and then made no call (no
+write, ``close`` or ``wait_committed``) was never told. Each poll reports the last epoch
+its process wrote into (or writes now) and the rewinds it had seen when it sent the poll;
+a feed whose cut is older than the epoch it last wrote into, that has not applied the
+rewind nor left, *owes a replay* (``Owing``). The drain (``tick`` with ``drain``) does not
+end the stream while a feed owes one, or while a cut feed's last report predates its cut
+and it may still report (heard from within the lease): the driver waits for those
+producers to replay (their next call raises ``StreamRewind``), then raises naming them
+(``StreamBook.owed``). A report sent once the feed had seen the rewind is complete: any
+later write raises ``StreamRewind`` instead of sending.
+
 Pure bookkeeping; the coordinator serves it.
 """
 
@@ -43,7 +55,7 @@ from typing import Any
 
 from raysink.protocol.barrier import BarrierFlags, BarrierInjector, CheckpointBarrier
 
-__all__ = ["Cut", "StreamBook", "StreamPosition", "StreamState", "StreamTick"]
+__all__ = ["Cut", "Owed", "Owing", "StreamBook", "StreamPosition", "StreamState", "StreamTick"]
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -58,9 +70,10 @@ class Cut:
 @dataclass(frozen=True, kw_only=True, slots=True)
 class StreamState:
     """What the driver keeps of its stream, for a successor coordinator to take it over:
-    the rewinds so far, the cuts not yet applied, the feeds handed out (ids ``1..feeds``)
-    and the route (``route``: its number, the writers' handles the driver gives). As
-    answered by a rewind: ``(epoch, attempt)``, the epoch the stream goes on with."""
+    the rewinds so far, the cuts not yet applied, the feeds handed out (ids ``1..feeds``),
+    those that left as of the last tick, and the route (``route``: its number, the
+    writers' handles the driver gives). As answered by a rewind: ``(epoch, attempt)``,
+    the epoch the stream goes on with."""
 
     epoch: int = 0
     attempt: int = 0
@@ -68,6 +81,7 @@ class StreamState:
     cuts: Mapping[int, Cut] = field(default_factory=dict)
     feeds: int = 0
     route: int = 0
+    left: frozenset[int] = frozenset()  # feeds that left (a drain never waits for them)
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)
@@ -110,6 +124,34 @@ class StreamTick:
     state: StreamState = field(default_factory=StreamState)
 
 
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Owing:
+    """A feed that owes a replay: it wrote into epochs up to ``wrote`` (its last report),
+    a rewind dropped everything after ``cut``, and it made no call since."""
+
+    feed: int
+    cut: int | None
+    wrote: int
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class Owed:
+    """What holds a drain: ``feeds`` owing a replay, and ``unknown`` cut feeds whose last
+    report predates their cut (they may owe one; waited for up to the lease). ``ended``:
+    the stream was drained, nothing is owed."""
+
+    ended: bool
+    feeds: tuple[Owing, ...] = ()
+    unknown: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True, kw_only=True, slots=True)
+class _Report:
+    wrote: int | None  # the last epoch the feed's process wrote into (or writes now)
+    seen: int | None  # the rewinds it had seen when it sent the poll
+    at: float  # when it came
+
+
 @dataclass(kw_only=True, slots=True)
 class _Member:
     injector: BarrierInjector = field(default_factory=BarrierInjector)
@@ -120,8 +162,10 @@ class StreamBook:
     """The stream's current epoch, its members, each member's pending barrier, and the
     cuts of the feeds that have a rewind to apply."""
 
-    def __init__(self, epoch: int, attempt: int, *, opened: bool = True) -> None:
+    def __init__(self, epoch: int, attempt: int, *, opened: bool = True,
+                 now: float = 0.0) -> None:
         self.epoch, self.attempt = epoch, attempt
+        self._created = now  # a feed never heard from here: as if heard from then
         # the epoch opened at the coordinator (its OPEN recorded); the others' opens
         # travel with their decision
         self.opened: int | None = epoch if opened else None
@@ -135,37 +179,46 @@ class StreamBook:
         self._cuts: dict[int, Cut] = {}  # feed -> its cut, until it applied the rewind
         self._floor: Cut | None = None  # taken over: the cut of every feed handed out
         self._floor_feeds = 0
+        self._applied: dict[int, int] = {}  # feed -> the rewinds it applied (last poll)
+        self._reports: dict[int, _Report] = {}  # feed -> its last poll's report
 
     @classmethod
     def taken_over(cls, state: StreamState, epoch: int, attempt: int, cut: int | None, *,
-                   opened: bool) -> StreamBook:
+                   opened: bool, now: float = 0.0) -> StreamBook:
         """A successor coordinator's book of a stream its predecessor kept: the stream
         goes on with ``(epoch, attempt)``; every feed handed out (``state.feeds``) is cut
         at ``cut``, the last decided epoch, unless its recorded cut is older."""
-        book = cls(epoch, attempt, opened=opened)
+        book = cls(epoch, attempt, opened=opened, now=now)
         book.rewinds = state.rewinds + 2
         book._cuts = dict(state.cuts)
         book._floor, book._floor_feeds = Cut(epoch=cut, since=book.rewinds), state.feeds
-        book.route = state.route
+        book.route, book._left = state.route, set(state.left)
         return book
 
     def state(self) -> StreamState:
         """The rewinds and the cuts not applied yet (the driver adds the rest)."""
         return StreamState(epoch=self.epoch, attempt=self.attempt, rewinds=self.rewinds,
-                           cuts=dict(self._cuts), route=self.route)
+                           cuts=dict(self._cuts), route=self.route,
+                           left=frozenset(self._left))
 
     def set_route(self, route: int, writers: Mapping[str, Sequence[Any]]) -> None:
         """The writers producers send to from now on (route number ``route``)."""
         self.route, self.writers = route, writers
 
     def poll(self, feed: int, applied_rewinds: int | None = None, *, committed: int | None,
-             decided: int | None = None, route: int | None = None) -> StreamPosition:
+             decided: int | None = None, route: int | None = None, wrote: int | None = None,
+             seen: int | None = None, now: float = 0.0) -> StreamPosition:
         """A feed's poll: a member's pending barrier, claimed. ``applied_rewinds``: the
         rewinds its producer applied (``None``: a new process); with every one applied
         the feed joins (a member from the current epoch on), else it is told its cut.
         ``committed``: every target holds the epochs up to it; ``decided``: the last
-        decided epoch (default ``committed``); ``route``: the feed's route number."""
+        decided epoch (default ``committed``); ``route``: the feed's route number.
+        ``wrote`` and ``seen``: its report (the last epoch its process wrote into, the
+        rewinds it had seen), kept for ``owed``."""
         decided = committed if decided is None else decided
+        self._reports[feed] = _Report(wrote=wrote, seen=seen, at=now)
+        if applied_rewinds is not None:
+            self._applied[feed] = applied_rewinds
         cut = self._cut(feed, applied_rewinds)
         member = self._members.get(feed)
         if applied_rewinds == self.rewinds and member is None:
@@ -200,6 +253,35 @@ class StreamBook:
             return floor
         return None
 
+    def owed(self, now: float, lease: float) -> Owed:
+        """The feeds a drain must wait for (see the module docstring): cut, not applied,
+        not left, and either owing a replay by their last report or not heard from since
+        their cut while heard from within ``lease`` seconds."""
+        if self.ended:
+            return Owed(ended=True)
+        owing: list[Owing] = []
+        unknown: list[int] = []
+        for feed, cut in sorted(self._open_cuts().items()):
+            report = self._reports.get(feed)
+            if report is not None and report.wrote is not None and (
+                    cut.epoch is None or report.wrote > cut.epoch):
+                owing.append(Owing(feed=feed, cut=cut.epoch, wrote=report.wrote))
+            elif (report is None or report.seen is None or report.seen < cut.since) and \
+                    now - (self._created if report is None else report.at) <= lease:
+                unknown.append(feed)
+        return Owed(ended=False, feeds=tuple(owing), unknown=tuple(unknown))
+
+    def _open_cuts(self) -> dict[int, Cut]:
+        """Every feed's cut it has not applied (recorded, or the floor), left ones aside."""
+        cuts = dict(self._cuts)
+        floor = self._floor
+        if floor is not None:
+            for feed in range(1, self._floor_feeds + 1):
+                if feed not in cuts and self._applied.get(feed, -1) < floor.since:
+                    cuts[feed] = floor
+        return {f: c for f, c in cuts.items() if f not in self._left
+                and self._applied.get(f, -1) < c.since}
+
     def _join(self, feed: int) -> _Member | None:
         if self.ended or feed in self._left:
             return None
@@ -221,10 +303,16 @@ class StreamBook:
         return self.attempt if epoch == self.epoch else self._closing_attempt
 
     def tick(self, checkpoint_id: int, next_attempt: int, generation: int, *,
-             drain: bool = False) -> StreamTick | None:
+             drain: bool = False, now: float = 0.0, lease: float = 0.0) -> StreamTick | None:
         """Close the current epoch: its members get its barrier; the stream goes on with
         the next epoch (``next_attempt``), or, with ``drain``, ends. ``None`` when the
-        epoch has no members (nothing to commit; the stream stays on it)."""
+        epoch has no members (nothing to commit; the stream stays on it), and for a
+        drain while a feed owes a replay or may (``owed``: the stream stays open for
+        their replay)."""
+        if drain:
+            owed = self.owed(now, lease)
+            if owed.feeds or owed.unknown:
+                return None
         members = tuple(sorted(f for f, m in self._members.items() if m.epoch == self.epoch))
         if not members:
             self.ended = self.ended or drain
@@ -249,6 +337,7 @@ class StreamBook:
         self.epoch, self.attempt = epoch, attempt
         self.opened = epoch if opened else None
         self.rewinds += 1
+        self.ended = False  # a failed drain: its members replay, then it drains again
         for feed in self._members:
             self._cuts[feed] = Cut(epoch=cut, since=self.rewinds)
         self._members.clear()

@@ -12,8 +12,9 @@ behind. So the decided epochs are taken from a coordinator that says it has reco
 (before, it knows none of them: a coordinator Ray just restarted, or one retrying its
 recovery while the meta store fails over), and they are committed before any writer is
 told to close (a Kafka writer still holds a decided epoch's transaction until then). The
-first two steps raise, after the other steps ran: the stream's last epoch not drained
-(``EpochFailedError``); the coordinator not recovered within ``timeout``
+first two steps raise, after the other steps ran: the stream's last epoch not drained,
+or a producer still owing the replay of rows a failed epoch dropped (``EpochFailedError``
+naming its feed: ``StreamController.drain``); the coordinator not recovered within ``timeout``
 (``RuntimeUnavailableError`` naming why) or stopped for good (its own error, such as
 ``FencedError`` when a second runtime of the name took the sink over); a decided epoch
 still uncommitted (``SinkUnavailableError`` naming the sink, or

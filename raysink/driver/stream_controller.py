@@ -26,6 +26,13 @@ decision that could not be made. After any failure the controller recovers at on
 
 A recovery that fails (the coordinator still restarting, say) is tried again before the
 next tick: a failure never leaves the stream stuck.
+
+The drain never ends the stream over rows a rewind dropped that nobody replays: a
+producer cut by a rewind after writing into an epoch it dropped, that made no call since
+(only its own calls apply a rewind: it was never told), *owes a replay*. ``drain`` waits
+for such producers up to ``feed_timeout`` (their next call raises ``StreamRewind``, they
+replay and the last epoch takes their rows), then raises ``EpochFailedError`` naming
+them: ``rt.close()`` never returns over rows given up silently.
 """
 
 from __future__ import annotations
@@ -37,7 +44,7 @@ import time
 from collections.abc import Callable, Mapping
 from typing import TYPE_CHECKING, Any
 
-from raysink.coordinator.stream_state import StreamPosition, StreamState, StreamTick
+from raysink.coordinator.stream_state import Owed, StreamPosition, StreamState, StreamTick
 from raysink.driver.calls import ask, result, short, watched
 from raysink.driver.feed import FeedRoute
 from raysink.driver.handle import seal_writers, wait_for_feeds
@@ -125,19 +132,59 @@ class StreamController:
 
     def drain(self) -> None:
         """Stop ticking; one last ``DRAIN`` tick closes and commits the last epoch (after
-        a failure, recovered and tried again: a coordinator lost meanwhile is replaced)."""
+        a failure, recovered and tried again: a coordinator lost meanwhile is replaced).
+
+        The drain does not end the stream while a producer owes a replay (it wrote into
+        an epoch a rewind dropped and made no call since, so it was never told:
+        ``StreamBook.owed``): it waits up to ``feed_timeout`` for those producers to
+        replay (their next call raises ``StreamRewind``), then raises
+        ``EpochFailedError`` naming their feeds and the epochs given up."""
         self._stop.set()
         if self._thread is not None:
             self._thread.join()
         if self.died is not None and self._unrecovered is None:
             self._unrecovered = f"the tick thread died ({short(self.died)})"  # recover first
-        for attempt in range(1, _DRAIN_TRIES + 1):
+        failed, deadline = 0, None
+        while True:
             if self._step(drain=True):
-                return
-            if attempt == _DRAIN_TRIES:
+                owed: Owed = result(self._actors.coordinator_client.stream_owed(
+                    self._feed_timeout))
+                if owed.ended:
+                    return
+                if deadline is None:
+                    deadline = time.monotonic() + self._feed_timeout
+                    log.info("%s: the drain waits up to %g s for producers to replay what a "
+                             "rewind dropped: owing %s, not heard from since their cut %s",
+                             self._driver.name, self._feed_timeout,
+                             [o.feed for o in owed.feeds], list(owed.unknown))
+                if time.monotonic() > deadline and (
+                        owed.feeds or time.monotonic() > deadline + self._feed_timeout):
+                    raise self._owed_error(owed)
+                time.sleep(min(0.2, self.interval))
+                continue
+            failed += 1
+            if failed == _DRAIN_TRIES:
                 raise EpochFailedError(f"the stream's last epoch could not be drained: "
                                        f"{self.failures[-1] if self.failures else '?'}",
                                        runtime=self._driver.name) from self.died
+
+    def _owed_error(self, owed: Owed) -> EpochFailedError:
+        """The drain's error when producers did not replay what a rewind dropped."""
+        feeds = "; ".join(
+            f"feed {o.feed}: wrote into epochs up to {o.wrote}, cut at "
+            f"{'the start' if o.cut is None else f'epoch {o.cut}'}" for o in owed.feeds)
+        unknown = f"feeds {list(owed.unknown)} not heard from since their cut" \
+            if owed.unknown else ""
+        first = min((0 if o.cut is None else o.cut + 1 for o in owed.feeds), default=None)
+        return EpochFailedError(
+            f"the stream was not drained: a failed epoch was given up and these producers "
+            f"made no call since, so they were never told and did not replay "
+            f"({'; '.join(x for x in (feeds, unknown) if x)}); their rows after the cut are "
+            f"not in the target (the epochs given up from epoch {first} on). Each producer "
+            "must call feed.write() or feed.close() before rt.close(): it gets "
+            "StreamRewind and must replay from its committed; or open the runtime again "
+            "and resume each producer from feed.committed()",
+            runtime=self._driver.name, epoch=first)
 
     def _check_ticking(self) -> None:
         """``RuntimeUnavailableError`` (the thread's error its cause) when the tick thread
@@ -193,7 +240,7 @@ class StreamController:
     def _tick(self, *, drain: bool) -> None:
         pings = self._ping_writers()  # asked before any member can write the next epoch
         tick: StreamTick | None = result(self._actors.coordinator_client.stream_tick(
-            self._driver.next_checkpoint(), drain))
+            self._driver.next_checkpoint(), drain, self._feed_timeout))
         if tick is None:
             return
         self._in_flight, started = tick, time.monotonic()

@@ -28,6 +28,18 @@ were dropped, which the stream keeps telling it until it wrote again (other prod
 epochs may commit meanwhile). A source that cannot replay loses the rows of a failed
 epoch: that is at-most-once, not raysink's guarantee.
 
+A producer that goes idle (no more calls) is still told: its poll thread closes its
+parts, and a rewind that dropped what it wrote reaches it at its next call, ``close``
+included (with no part open, ``close`` raises ``StreamRewind`` when the rewind dropped
+an epoch this process wrote into; replay, then close). A producer that makes no call at
+all after such a rewind *owes a replay*: its polls report the last epoch it wrote into,
+and ``rt.close()`` does not end the stream over it. The drain waits up to
+``feed_timeout`` for it to replay, then raises ``EpochFailedError`` naming its feed and
+the epochs given up; the target holds exactly the epochs committed. Rows a rewind
+dropped are never lost silently: call ``feed.write`` or ``feed.close`` before
+``rt.close()`` (and replay on ``StreamRewind``), or open the runtime again and resume
+from ``feed.committed()``.
+
 What the runtime does meanwhile, and guarantees:
 
 - a writer killed (Ray restarts it, empty) or replaced (the runtime re-creates it, on a
@@ -117,6 +129,7 @@ class StreamFeed:
         self._poll_error: str | None = None  # the last poll's failure, while they fail
         self._died: BaseException | None = None  # why the poll thread ended, not told yet
         self._closing: str | None = None  # a part being closed (what close waits for)
+        self._drained: int | None = None  # the epoch of a part closed by the drain's barrier
         self.last_epoch: int | None = None  # the epoch the last write went into
 
     def __getstate__(self) -> dict[str, Any]:
@@ -187,7 +200,11 @@ class StreamFeed:
         ``commit_timeout`` and ``feed_timeout``). Raises ``StreamRewind`` when the stream
         rewound first: replay, then close; ``RuntimeUnavailableError`` naming what held
         it past the deadline (no barrier: the driver's stream not ticking; the
-        coordinator or the writers not answering)."""
+        coordinator or the writers not answering). With no part open (its poll thread
+        closed the last), a rewind that dropped an epoch this process wrote into still
+        raises ``StreamRewind``: leaving would lose those rows. Once the stream was
+        drained (``rt.close()``), it returns at once: whether the drained epoch
+        committed is ``rt.close()``'s to say (it raises naming this feed if not)."""
         wait = self.timeout if timeout is None else timeout
         deadline = time.monotonic() + wait
         with self._guarded("close()"):
@@ -196,6 +213,9 @@ class StreamFeed:
                     self._stalled(wait)
                 try:
                     if self._current is None:
+                        leave = not self._stream_ended()
+                        if leave:
+                            self._check_dropped()
                         break
                     self._catch_up(raising=True, start_epoch=False)
                 finally:
@@ -208,7 +228,43 @@ class StreamFeed:
                 time.sleep(self.poll_interval)
             if self._stop is not None:
                 self._stop.set()
-            self._call(lambda c: c.stream_leave(self.id), deadline=deadline)
+            if leave:
+                self._call(lambda c: c.stream_leave(self.id), deadline=deadline)
+
+    def _stream_ended(self) -> bool:
+        """Whether the stream ended for this process: its last part was closed by the
+        drain's barrier, or a poll said the stream was drained. Nothing is left to leave
+        then, and ``rt.close()`` may have stopped the coordinator already: ``close``
+        returns without a call (the drained epoch's outcome is ``rt.close()``'s to tell:
+        it raises naming this feed if that epoch fails and this process does not
+        replay)."""
+        return self._drained is not None or (self._seen is not None and self._seen.ended)
+
+    def _check_dropped(self) -> None:
+        """At ``close`` with no part open (its poll thread closed the last one): raise
+        ``StreamRewind`` when a rewind it was not told of dropped what this process
+        wrote (or a part was lost, or this process is new and has a cut): leaving
+        instead would lose those rows silently."""
+        seen = self._position(fresh=True)
+        if self._broken is None and (seen.rewinds == self._raised or (
+                self._raised is not None and not self._dropped(seen))):
+            self._raised = seen.rewinds  # nothing of this process's was dropped
+            return
+        if self._raised is None and not seen.rewound:
+            return  # a new process with nothing to replay
+        self._raise_rewind()
+
+    def _dropped(self, seen: StreamPosition) -> bool:
+        """Whether the cut ``seen`` brings dropped an epoch this process wrote into."""
+        return seen.rewound and self.last_epoch is not None and (
+            seen.committed is None or self.last_epoch > seen.committed)
+
+    def _wrote(self) -> int | None:
+        """What polls report: the last epoch this process wrote into, or writes now."""
+        current, last = self._current, self.last_epoch
+        epochs = [e for e in (last, None if current is None else current.epoch)
+                  if e is not None]
+        return max(epochs) if epochs else None
 
     # ------------------------------------------------------------------ errors
 
@@ -373,6 +429,8 @@ class StreamFeed:
                 self._current = None
             else:
                 self._call(lambda c: c.feed_closed(barrier.epoch, attempt, self.id, {}))
+            if barrier.is_drain:
+                self._drained = barrier.epoch
         except _ray_errors() as exc:
             if current is not None:
                 self._lose_part(current, f"closing epoch {barrier.epoch}: {short(exc)}")
@@ -401,8 +459,10 @@ class StreamFeed:
 
     def _poll(self) -> StreamPosition | None:
         with self._poll_lock:
+            seen = None if self._seen is None else self._seen.rewinds
+            wrote = self._wrote()  # after ``seen``: a later write raises StreamRewind
             position = self._call(lambda c: c.stream_poll(
-                self.id, not self._joined, self._applied, self.route_number))
+                self.id, not self._joined, self._applied, self.route_number, wrote, seen))
             if position is not None:
                 # joined only once a coordinator that knows the stream answered (a
                 # successor taking the stream over knows it a moment later)

@@ -22,7 +22,7 @@ from typing import TYPE_CHECKING, Any, Generic, Protocol, TypeVar
 if TYPE_CHECKING:
     from raysink.coordinator.coordinator import CoordinatorConfig
     from raysink.coordinator.producers import FeedsState
-    from raysink.coordinator.stream_state import StreamPosition, StreamState, StreamTick
+    from raysink.coordinator.stream_state import Owed, StreamPosition, StreamState, StreamTick
     from raysink.protocol.barrier import CheckpointBarrier
     from raysink.protocol.messages import (
         BarrierAck,
@@ -172,8 +172,12 @@ class CoordinatorClient:
     def stream_start(self, timeout: float) -> Call[StreamPosition]:
         return Call(lambda: self.actor().stream_start.remote(timeout))
 
-    def stream_tick(self, checkpoint_id: int, drain: bool) -> Call[StreamTick | None]:
-        return Call(lambda: self.actor().stream_tick.remote(checkpoint_id, drain))
+    def stream_tick(self, checkpoint_id: int, drain: bool,
+                    lease: float = 0.0) -> Call[StreamTick | None]:
+        return Call(lambda: self.actor().stream_tick.remote(checkpoint_id, drain, lease))
+
+    def stream_owed(self, lease: float) -> Call[Owed]:
+        return Call(lambda: self.actor().stream_owed.remote(lease))
 
     def stream_rewind(self, epoch: int, timeout: float, state: StreamState | None = None,
                       writers: Mapping[str, Sequence[Any]] | None = None
@@ -182,9 +186,10 @@ class CoordinatorClient:
 
     def stream_poll(self, feed: int, joining: bool = False,
                     applied_rewinds: int | None = None,
-                    route: int | None = None) -> Call[StreamPosition | None]:
+                    route: int | None = None, wrote: int | None = None,
+                    seen: int | None = None) -> Call[StreamPosition | None]:
         return Call(lambda: self.actor().stream_poll.remote(feed, joining, applied_rewinds,
-                                                            route))
+                                                            route, wrote, seen))
 
     def stream_leave(self, feed: int) -> Call[None]:
         return Call(lambda: self.actor().stream_leave.remote(feed))

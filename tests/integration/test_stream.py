@@ -63,8 +63,10 @@ def test_producers_stream_epochs_that_commit_on_their_own(tmp_path: Path, name: 
         assert all(n >= 30 for n in ray.get([p.run.remote(30, 0.05) for p in producers]))
         committed = rt.status().last_committed_epoch
         assert committed is not None and committed >= 2  # several epochs, each on its own
+    # producers that waited for their last epoch leave the drain nothing to commit; a
+    # rewind (above) skips the number of the epoch it dropped
     epochs = target.commit_epochs(name)
-    assert epochs == sorted(set(epochs)) and len(epochs) >= 3  # the drained one too
+    assert epochs == sorted(set(epochs)) and len(epochs) >= 2
     assert table_ids(target) == source_ids(2, 30)
 
 

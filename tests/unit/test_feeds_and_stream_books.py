@@ -1,10 +1,13 @@
 """The coordinator's books of producers: ``FeedRegistry`` (closed, failed, lost by lease)
-and ``StreamBook`` (members, one barrier per member per tick, joins, rewinds)."""
+and ``StreamBook`` (members, one barrier per member per tick, joins, rewinds, replays
+owed at the drain)."""
 
 from __future__ import annotations
 
+import dataclasses
+
 from raysink.coordinator.producers import FeedRegistry
-from raysink.coordinator.stream_state import StreamBook
+from raysink.coordinator.stream_state import Owed, StreamBook
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
 from raysink.writer.mailbox import Mailbox, Verdict
 
@@ -153,3 +156,70 @@ def test_a_rewound_member_rejoins_only_once_it_applied_the_rewind() -> None:
     assert tick is not None and tick.members == (2,), (
         f"members {tick.members}: the producer that did not replay yet is one again")
     assert stream.has_cut(1)
+
+
+def test_a_drain_waits_for_a_cut_feed_that_wrote_into_a_dropped_epoch() -> None:
+    """Feed 1 wrote into epoch 3 and went idle (its poll thread reports it); the epoch
+    fails and the stream rewinds to 2. The drain must not end the stream while feed 1
+    owes that replay: only its own next call tells it. Feed 2, a member that wrote
+    nothing after its cut, owes nothing; feed 3 left on purpose."""
+    stream = StreamBook(epoch=3, attempt=0)
+    for feed in (1, 2, 3):
+        stream.poll(feed, 0, committed=2, wrote=3 if feed == 1 else 2, seen=0, now=1.0)
+    stream.tick(1, 0, 1)
+    stream.rewind(3, 1, cut=2)
+    stream.leave(3)
+    for feed in (1, 2):  # the idle producers' poll threads, having seen the rewind
+        stream.poll(feed, 0, committed=2, wrote=3 if feed == 1 else 2, seen=1, now=2.0)
+    owed = stream.owed(now=2.0, lease=5.0)
+    assert (owed.ended, [(o.feed, o.cut, o.wrote) for o in owed.feeds], owed.unknown) == (
+        False, [(1, 2, 3)], ())
+    assert stream.tick(2, 0, 1, drain=True, now=2.0, lease=5.0) is None
+    assert not stream.ended  # open for the replay
+    stream.poll(1, 1, committed=2, wrote=3, seen=1, now=3.0)  # replayed: applied, joined
+    assert stream.owed(now=3.0, lease=5.0).feeds == ()
+    tick = stream.tick(3, 0, 1, drain=True, now=3.0, lease=5.0)
+    assert tick is not None and tick.members == (1,) and stream.ended
+    assert stream.owed(now=3.0, lease=5.0).ended
+
+
+def test_a_cut_feed_not_heard_from_since_its_cut_holds_the_drain_for_the_lease() -> None:
+    """A feed's last report came before it saw the rewind: a write may have ended after
+    it, so the drain waits for its next poll, up to the lease (a feed silent past it is
+    lost, as in an epoch)."""
+    stream = StreamBook(epoch=3, attempt=0)
+    stream.poll(1, 0, committed=2, wrote=2, seen=0, now=1.0)
+    stream.tick(1, 0, 1)
+    stream.rewind(3, 1, cut=2)
+    assert stream.owed(now=2.0, lease=5.0).unknown == (1,)
+    assert stream.owed(now=7.0, lease=5.0).unknown == ()  # silent past the lease
+    stream.poll(1, 0, committed=2, wrote=2, seen=1, now=2.5)  # nothing after its cut
+    assert stream.owed(now=2.5, lease=5.0) == Owed(ended=False)
+    tick = stream.tick(2, 0, 1, drain=True, now=2.5, lease=5.0)
+    assert tick is None and stream.ended  # no member, nothing owed: drained
+
+
+def test_a_failed_drain_reopens_the_stream_for_its_members_replay() -> None:
+    stream = StreamBook(epoch=3, attempt=0)
+    stream.poll(1, 0, committed=2, wrote=3, seen=0, now=1.0)
+    assert stream.tick(1, 0, 1, drain=True, now=1.0, lease=5.0) is not None
+    assert stream.ended
+    stream.rewind(3, 1, cut=2)  # the drained epoch failed
+    assert not stream.ended
+    assert [o.feed for o in stream.owed(now=1.5, lease=5.0).feeds] == [1]
+    assert stream.poll(1, 1, committed=2, now=2.0).member  # it replays into epoch 3
+
+
+def test_a_successor_drain_does_not_wait_for_feeds_that_left_before_the_takeover() -> None:
+    """Feeds 1 and 2 were handed out; feed 2 left (``feed.close()``) before the
+    coordinator was lost. The successor cuts every feed handed out; it waits at the drain
+    for feed 1 (not heard from since the takeover, up to the lease), never for feed 2:
+    the state the driver kept says it left."""
+    stream = StreamBook(epoch=3, attempt=0)
+    for feed in (1, 2):
+        stream.poll(feed, 0, committed=2, wrote=3, seen=0, now=1.0)
+    stream.leave(2)
+    state = dataclasses.replace(stream.state(), feeds=2)
+    successor = StreamBook.taken_over(state, 4, 0, 3, opened=True, now=10.0)
+    assert successor.owed(now=11.0, lease=5.0).unknown == (1,)
+    assert successor.owed(now=16.0, lease=5.0) == Owed(ended=False)
