@@ -74,6 +74,13 @@ class RuntimeStatus:
     open_epoch: int | None = None
     error: str | None = None
 
+    def committed_before(self, sink: str, epoch: int) -> bool:
+        """Whether no decided epoch before ``epoch`` is missing from ``sink`` (a sink
+        commits its epochs in order: one committed through ``p`` holds every ``p``
+        before it)."""
+        done = self.sinks[sink].last_committed_epoch
+        return not any(p < epoch and (done is None or done < p) for p in self.pending_epochs)
+
 
 @dataclass(frozen=True, kw_only=True, slots=True)
 class ActorProcess:

@@ -43,6 +43,7 @@ from raysink.coordinator.maintenance import MaintenanceBook, MaintenanceCalls
 from raysink.coordinator.producers import FeedRegistry, FeedsState
 from raysink.coordinator.retries import BACKOFF_START, CommitRetries
 from raysink.coordinator.stream_calls import StreamCalls
+from raysink.coordinator.waits import CommitWaits
 from raysink.errors import (
     BackpressureError,
     FencedError,
@@ -84,7 +85,7 @@ class CoordinatorConfig:
     lease_holder: str | None = None  # the driver's lease: claims need it held
 
 
-class CoordinatorActor(StreamCalls, MaintenanceCalls):
+class CoordinatorActor(StreamCalls, MaintenanceCalls, CommitWaits):
     """One per runtime, named ``<runtime>.coordinator`` in the ``raysink`` namespace (the
     continuous stream's calls: ``StreamCalls``; table maintenance: ``MaintenanceCalls``)."""
 

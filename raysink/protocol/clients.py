@@ -126,6 +126,9 @@ class CoordinatorClient:
     def status(self) -> Call[RuntimeStatus]:
         return Call(lambda: self.actor().status.remote())
 
+    def earlier_committed(self, sink: str, epoch: int, wait: float) -> Call[RuntimeStatus]:
+        return Call(lambda: self.actor().earlier_committed.remote(sink, epoch, wait))
+
     def maintain(self, sink: str | None, timeout: float) -> Call[list[MaintenanceReport]]:
         """A full maintenance pass of ``sink`` (every sink maintained: ``None``)."""
         return Call(lambda: self.actor().maintain.remote(sink, timeout))

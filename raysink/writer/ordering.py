@@ -10,13 +10,15 @@ the earlier epochs committed in one of two ways:
   sink committed with every epoch before it (the previous epoch's commit answer said so).
   A commit is never taken back, so the fact stays true however late the barrier arrives;
   the highest epoch heard is kept, from barriers and from the status answers below;
-* **asked**: otherwise the coordinator's status is polled until no decided (PENDING)
-  epoch before this one is missing from the sink (sinks commit their epochs in order); a
-  coordinator being replaced is asked again, up to the barrier timeout.
+* **asked**: otherwise the coordinator is asked, and answers once no decided (PENDING)
+  epoch before this one is missing from the sink (sinks commit their epochs in order;
+  ``CoordinatorActor.earlier_committed`` wakes at each commit it records, so the answer
+  comes without polling) or after a few seconds, when it is asked again; a coordinator
+  being replaced is asked again, up to the barrier timeout.
 
-Being told saves the status round trip before each pre-commit on the common path (one
-epoch after another through ``rt.write*``); a stream, whose writers pre-commit while
-earlier epochs commit, still asks.
+Being told saves the round trip before each pre-commit on the common path (one epoch
+after another through ``rt.write*``); a stream, whose writers pre-commit while earlier
+epochs commit, still asks.
 """
 
 from __future__ import annotations
@@ -32,14 +34,15 @@ __all__ = ["EarlierCommits"]
 
 class EarlierCommits:
     """One writer's wait for the epochs before the one it pre-commits (module docstring).
-    ``status`` asks the coordinator; ``lost`` is called when that failed (the writer
-    looks the coordinator up again)."""
+    ``status(epoch, wait)`` asks the coordinator, which answers once the epochs before
+    ``epoch`` are committed or after ``wait`` seconds; ``lost`` is called when that
+    failed (the writer looks the coordinator up again)."""
 
     def __init__(self, *, runtime: str, sink: str, writer: int, timeout: float,
-                 status: Callable[[], RuntimeStatus], lost: Callable[[], None],
-                 poll: float = 0.02) -> None:
+                 status: Callable[[int, float], RuntimeStatus], lost: Callable[[], None],
+                 ask_every: float = 5.0) -> None:
         self._runtime, self._sink, self._writer = runtime, sink, writer
-        self._timeout, self._poll = timeout, poll
+        self._timeout, self._ask_every = timeout, ask_every
         self._status, self._lost = status, lost
         # every epoch up to this one is committed to every sink
         self.committed_through: int | None = None
@@ -61,12 +64,11 @@ class EarlierCommits:
             return
         deadline = time.monotonic() + self._timeout
         while True:
+            left = deadline - time.monotonic()
             try:
-                status = self._status()
+                status = self._status(epoch, max(0.0, min(self._ask_every, left)))
                 self.learn(status.last_committed_epoch)
-                done = status.sinks[self._sink].last_committed_epoch
-                if not any(p < epoch and (done is None or done < p)
-                           for p in status.pending_epochs):
+                if status.committed_before(self._sink, epoch):
                     return
                 error: Exception | None = None
             except Exception as exc:
@@ -78,4 +80,5 @@ class EarlierCommits:
                     f"{epoch} to be committed to sink {self._sink!r}"
                     + (f" ({error})" if error else ""), runtime=self._runtime,
                     sink=self._sink, epoch=epoch)
-            time.sleep(0.5 if error else self._poll)
+            if error is not None:
+                time.sleep(0.5)

@@ -416,10 +416,11 @@ class SinkWriterActor:
             + (f" ({type(poison).__name__}: {poison})" if poison else ""),
             runtime=self._config.runtime, sink=self._config.sink_name, epoch=epoch)
 
-    def _coordinator_status(self) -> RuntimeStatus:
+    def _coordinator_status(self, epoch: int, wait: float) -> RuntimeStatus:
         import ray
 
-        status: RuntimeStatus = ray.get(self._coordinator().status().send(), timeout=30)
+        status: RuntimeStatus = ray.get(self._coordinator().earlier_committed(
+            self._config.sink_name, epoch, wait).send(), timeout=wait + 30)
         return status
 
     def _forget_coordinator(self) -> None:

@@ -1,18 +1,23 @@
 """A writer of a sink that holds transactions pre-commits an epoch only after every
 earlier epoch is committed to that sink (``raysink.writer.ordering``), told by the barrier
-or asked of the coordinator. No Ray: the coordinator's status is a list of answers.
+or asked of the coordinator (``CoordinatorActor.earlier_committed``, which answers at
+the commit that completes them). No Ray: the coordinator is a list of answers, or
+``CommitWaits`` over a status that changes.
 
-The barrier's ``committed_through`` saves the status call only when it covers every
+The barrier's ``committed_through`` saves the coordinator call only when it covers every
 epoch before the one sealed; an epoch still outstanding below it must hold the
 pre-commit whatever the barrier says.
 """
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 from collections.abc import Iterator
 
 import pytest
 
+from raysink.coordinator.waits import CommitWaits
 from raysink.errors import EpochFailedError
 from raysink.reports import RuntimeStatus, SinkStatus
 from raysink.writer.ordering import EarlierCommits
@@ -31,20 +36,23 @@ def _status(*, committed: int | None, pending: list[int],
 
 
 class Coordinator:
-    """Answers ``status`` from ``answers`` in turn (the last one again and again)."""
+    """Answers ``earlier_committed`` from ``answers`` in turn (the last one again and
+    again), noting each question (the epoch, the wait)."""
 
     def __init__(self, *answers: RuntimeStatus) -> None:
         self.answers = list(answers)
         self.asked = 0
+        self.questions: list[tuple[int, float]] = []
 
-    def status(self) -> RuntimeStatus:
+    def status(self, epoch: int, wait: float) -> RuntimeStatus:
         self.asked += 1
+        self.questions.append((epoch, wait))
         return self.answers[min(self.asked, len(self.answers)) - 1]
 
 
 def _earlier(coordinator: Coordinator, timeout: float = 5.0) -> EarlierCommits:
     return EarlierCommits(runtime="rt", sink="main", writer=0, timeout=timeout,
-                          status=coordinator.status, lost=lambda: None, poll=0.001)
+                          status=coordinator.status, lost=lambda: None, ask_every=2.0)
 
 
 @pytest.fixture
@@ -98,3 +106,56 @@ def test_a_lower_hint_never_lowers_what_is_known(nothing_pending: Coordinator) -
     earlier.learn(None)
     earlier.wait(8)
     assert (earlier.committed_through, nothing_pending.asked) == (7, 0)
+
+
+def test_the_coordinator_is_asked_about_the_epoch_and_waits_at_most_the_time_left() -> None:
+    """One question per answer that is not yet the one wanted, each naming the epoch and
+    a wait within ``ask_every`` and the deadline: no polling loop of its own."""
+    coordinator = Coordinator(_status(committed=4, pending=[5]),
+                              _status(committed=5, pending=[]))
+    _earlier(coordinator).wait(6)
+    assert [epoch for epoch, _ in coordinator.questions] == [6, 6]
+    assert all(0 < wait <= 2.0 for _, wait in coordinator.questions)
+
+
+class _Snapshots(CommitWaits):
+    """``CommitWaits`` over a status that changes, with the coordinator's wake."""
+
+    def __init__(self, first: RuntimeStatus) -> None:
+        self.now = first
+        self.changed = asyncio.Condition()
+
+    async def status(self) -> RuntimeStatus:
+        return self.now
+
+    async def _wait_change(self, timeout: float) -> None:
+        async with self.changed:
+            with contextlib.suppress(asyncio.TimeoutError):
+                await asyncio.wait_for(self.changed.wait(), timeout)
+
+    async def commit(self, status: RuntimeStatus) -> None:
+        self.now = status
+        async with self.changed:
+            self.changed.notify_all()
+
+
+def test_the_coordinator_answers_at_the_commit_that_completes_the_earlier_epochs() -> None:
+    async def scenario() -> tuple[RuntimeStatus, RuntimeStatus]:
+        waits = _Snapshots(_status(committed=4, pending=[5]))
+        asked = asyncio.ensure_future(waits.earlier_committed("main", 6, wait=60.0))
+        await asyncio.sleep(0.05)
+        assert not asked.done()  # epoch 5 is not committed yet: the call waits
+        await waits.commit(_status(committed=5, pending=[]))
+        answer = await asyncio.wait_for(asked, 30.0)
+        stale = await waits.earlier_committed("main", 7, wait=0.0)
+        return answer, stale
+
+    answer, stale = asyncio.run(scenario())
+    assert answer.committed_before("main", 6)
+    assert stale.committed_before("main", 7)  # nothing pending: answered at once
+
+
+def test_the_coordinator_answers_after_the_wait_whatever_the_status() -> None:
+    waits = _Snapshots(_status(committed=3, pending=[4]))
+    answer = asyncio.run(waits.earlier_committed("main", 5, wait=0.1))
+    assert not answer.committed_before("main", 5)  # the writer asks again
