@@ -35,8 +35,11 @@ writer's time). So the writer instead:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import length_hint
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -370,23 +373,42 @@ def _send(producer: Any, topic: str, part: _Rows, row: int, wait: Callable[[], N
 
 def _send_range(producer: Any, topic: str, part: _Rows, begin: int, end: int,
                 wait: Callable[[], None]) -> None:
-    """Records ``begin`` to ``end`` (exclusive) of ``part``, without reports."""
-    produce, partition = producer.produce, part.partition
+    """Records ``begin`` to ``end`` (exclusive) of ``part``, without reports, in order."""
     values = part.values[begin:end]
-    keys = [None] * len(values) if part.keys is None else part.keys[begin:end]
+    keys = None if part.keys is None else part.keys[begin:end]
     if part.headers is None:
-        for value, key in zip(values, keys, strict=True):
-            while True:
-                try:
-                    produce(topic, value, key, partition=partition)
-                    break
-                except BufferError:
-                    wait()
+        produce_in_order(producer.produce, topic, part.partition, values, keys, wait)
         return
-    for value, key, headers in zip(values, keys, part.headers[begin:end], strict=True):
+    produce, partition = producer.produce, part.partition
+    for value, key, headers in zip(values, keys or [None] * len(values),
+                                   part.headers[begin:end], strict=True):
         while True:
             try:
-                produce(topic, value, key, partition=partition, headers=headers)
+                produce(topic, value, key, partition, headers=headers)
                 break
             except BufferError:
                 wait()
+
+
+def produce_in_order(produce: Callable[..., None], topic: str, partition: int,
+                     values: list[Any], keys: list[Any] | None,
+                     wait: Callable[[], None]) -> None:
+    """``produce(topic, value, key, partition)`` for each record, in order, without a
+    Python step per record: ``map`` drives the client's C call and ``deque(maxlen=0)``
+    drains it. When the client's queue is full, ``produce`` raises ``BufferError`` for the
+    record it could not take; every record before it was taken (``map`` calls them one
+    after another), and how far ``map`` got is read off the values' iterator
+    (``length_hint``: a list iterator knows exactly how many items it has left), so after
+    ``wait`` the loop goes on at that very record: none is skipped and none is produced
+    twice (``tests/unit/test_kafka_batches.py``)."""
+    at = 0
+    while at < len(values):
+        remaining = iter(values[at:] if at else values)
+        tail = repeat(None) if keys is None else iter(keys[at:] if at else keys)
+        try:
+            deque(map(produce, repeat(topic), remaining, tail, repeat(partition)), 0)
+            return
+        except BufferError:
+            # the values' iterator gave up the refused record before the call raised
+            at = len(values) - length_hint(remaining) - 1
+            wait()
