@@ -14,9 +14,9 @@ writer's time). So the writer instead:
    rows at a time. The key-to-partition mapping is the one raysink had before, so the
    order of a key's records carries across the change. A sink whose ``producer_config``
    names another ``partitioner`` keeps the per-record reports (``plan`` returns ``None``);
-2. **produces partition by partition**, each writer starting at another partition
-   (``partition_order``), so that two writers of one epoch seldom write one partition at
-   the same time and their batches seldom interleave;
+2. **produces partition by partition**, each writer starting at another partition, odd
+   writers going the other way round (``partition_order``), so that two writers of one
+   epoch seldom write one partition at the same time and their batches seldom interleave;
 3. asks a delivery report for the **first and the last record of each chunk** (at most
    ``CHUNK`` consecutive records of one partition) only. An idempotent producer's records
    of one partition are written in order without gaps in their sequence numbers (the
@@ -49,10 +49,17 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     from raysink.sinks.kafka._encode import Encoded
 
-__all__ = ["CHUNK", "Chunks", "Part", "key_partitions", "partition_order", "plan"]
+__all__ = ["BLOCK", "CHUNK", "Chunks", "Part", "key_partitions", "partition_order", "plan"]
 
-CHUNK = 4096
-"""Records of one partition between two pairs of delivery reports."""
+CHUNK = 512
+"""Records of one partition between two pairs of delivery reports. Small, because a chunk
+another writer's batch landed inside is read back (``resolve``) at a cost in proportion
+to its size, while the reports cost two callbacks per chunk (a few microseconds): how
+many chunks spread depends on how often the writers' batches interleave, not on the chunk
+size (docs/kafka.md, "Throughput")."""
+
+BLOCK = 4096
+"""Records without a key placed in one partition before the next."""
 
 _GOLDEN = 0.6180339887498949
 
@@ -100,9 +107,14 @@ def key_partitions(keys: Any, count: int) -> Any:
 
 def partition_order(count: int, writer: int) -> list[int]:
     """The partitions in the order writer ``writer`` produces to them: all of them, each
-    writer starting elsewhere (spread by the golden ratio, whatever the writer count)."""
+    writer starting elsewhere (spread by the golden ratio, whatever the writer count), odd
+    writers going the other way round. Two writers going the same way whose pre-commits
+    start a few partitions apart can follow each other through every partition (their
+    batches interleaving all the way); going opposite ways they cross, and share a
+    partition only while they cross."""
     start = int(writer * count * _GOLDEN) % count
-    return [(start + i) % count for i in range(count)]
+    step = -1 if writer % 2 else 1
+    return [(start + step * i) % count for i in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -149,10 +161,10 @@ def plan(buffer: Sequence[Encoded], count: int, writer: int) -> list[Part]:
         else:
             chosen = np.full(rows, -1, dtype=np.int64)
         unkeyed = chosen < 0
-        if unkeyed.any():  # a block of CHUNK rows per partition, rotating
+        if unkeyed.any():  # a block of BLOCK rows per partition, rotating
             blocks = np.cumsum(unkeyed) - 1
-            chosen = np.where(unkeyed, (rotor + blocks // CHUNK) % count, chosen)
-            rotor += int(blocks[-1]) // CHUNK + 1
+            chosen = np.where(unkeyed, (rotor + blocks // BLOCK) % count, chosen)
+            rotor += int(blocks[-1]) // BLOCK + 1
         order = np.argsort(chosen, kind="stable")
         bounds = np.searchsorted(chosen[order], np.arange(count + 1))
         for p in range(count):
