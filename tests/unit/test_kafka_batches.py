@@ -10,6 +10,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.compute as pc
 import pytest
 
 from raysink.sinks.kafka._batches import (
@@ -22,7 +23,7 @@ from raysink.sinks.kafka._batches import (
     produce_in_order,
     produce_parts,
 )
-from raysink.sinks.kafka._encode import encode, json_text
+from raysink.sinks.kafka._encode import encode, json_rows, json_text
 
 
 def test_keys_are_placed_by_their_crc32_like_librdkafka() -> None:
@@ -207,3 +208,27 @@ def test_produce_in_order_resumes_at_the_refused_record() -> None:
     produce_in_order(produce, "t", 0, list(range(10)), None, lambda: None)
     assert [c for c in calls if c != "refused"] == list(range(10))
     assert calls.count("refused") == 3
+
+
+@pytest.mark.parametrize("table", [
+    pa.table({"s": ["a", "b"], "t": ["c", "é☃"], "n": [1, 2]}),  # strings first, adjacent
+    pa.table({"n": [1.5, float("nan")], "s": ['q"', "x"], "u": ["y", None]}),
+    pa.table({"s": pa.chunked_array([["a"], ["b\\"]]), "l": pa.array(["z", "w"],
+                                                                      pa.large_string())}),
+    pa.table({"x": [1, 2], "last": ["", "ctl\x01"]}),
+    pa.table({"only": ["one", "two"]}),
+])
+def test_rows_are_the_same_json_with_quotes_folded_into_the_literals(table: pa.Table
+                                                                     ) -> None:
+    """``json_rows`` joins plain string columns with their quotes in the literals around
+    them: byte for byte what quoting each column and joining gives."""
+    parts: list[Any] = []
+    for i, (name, column) in enumerate(zip(table.schema.names, table.columns,
+                                           strict=True)):
+        parts += [("{" if i == 0 else ",") + json.dumps(name) + ":", json_text(column)]
+    want = pc.binary_join_element_wise(*parts, "}", "").to_pylist()
+    got = json_rows(table).to_pylist()
+    assert got == want
+    assert [json.loads(row) for row in got] == [
+        {k: None if isinstance(v, float) and v != v else v for k, v in row.items()}
+        for row in table.to_pylist()]
