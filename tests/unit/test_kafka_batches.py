@@ -36,6 +36,14 @@ def test_keys_are_placed_by_their_crc32_like_librdkafka() -> None:
         zlib.crc32(k.encode()) % 6 for k in keys[3:13]]
     assert key_partitions(pa.array([b"\x00\xff", b"k"]), 5).tolist() == [
         zlib.crc32(b"\x00\xff") % 5, zlib.crc32(b"k") % 5]
+    # keys of one length take the matrix path: whole, sliced, and one row
+    fixed = [f"customer-{i:05d}" for i in range(300)]
+    for array, want_keys in ((pa.array(fixed), fixed), (pa.array(fixed).slice(7, 50),
+                                                        fixed[7:57]),
+                             (pa.array(["é☃"]), ["é☃"])):
+        for count in (1, 6, 7):
+            assert key_partitions(array, count).tolist() == [
+                zlib.crc32(k.encode()) % count for k in want_keys]
 
 
 def test_plan_keeps_each_keys_order_and_spreads_the_writers() -> None:
