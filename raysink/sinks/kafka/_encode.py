@@ -54,11 +54,12 @@ class Encoded:
 
     @property
     def values(self) -> list[Any]:
-        return list(self.value_array.to_pylist())
+        values: list[Any] = self.value_array.to_pylist()
+        return values
 
     @property
     def keys(self) -> list[Any] | None:
-        return None if self.key_array is None else list(self.key_array.to_pylist())
+        return None if self.key_array is None else self.key_array.to_pylist()
 
     @property
     def headers(self) -> list[list[tuple[str, Any]]] | None:
