@@ -18,14 +18,25 @@ same records (``--rows`` rows of about 100 bytes of JSON, keyed by ``customer``)
 * ``rt.write(df)``    the same cached DataFrame into a ``KafkaSink`` (exactly once).
 
 Each prints records/s (from the first row handed over to the last record acknowledged or
-committed), then the ratios against the targets: ``rt.write(df)`` / Spark (at least 2),
-``write_arrow`` / bare x2 (at least 0.8). Last, epoch latency: ``--epochs`` epochs of
-``--epoch-rows`` records each through ``write_arrow``, p50 and p99 (targets 30 and 100
-ms). The machine's load average is printed at the start and the end: on a shared machine
-only the ratios of one run carry over.
+committed) and, for ``encode``, ``bare x2`` and ``write_arrow``, the CPU seconds per record
+of the processes doing the work, every thread counted (librdkafka's are in-process): the
+bare producers' own (``getrusage``, from the start signal to the end of their flush), the
+writer actors' (``psutil``, the processes under this driver titled ``SinkWriterActor``,
+around the epoch). On a loaded machine the wall clock says more about the neighbours
+than about the sink; CPU per record much less so. Then the ratios against the targets:
+``rt.write(df)`` / Spark (at least 2), ``write_arrow`` / bare x2 (at least 0.8) by
+records/s and by CPU per record (the bare producers' CPU per record over the writers').
+``--repeat N`` runs ``bare x2`` and ``write_arrow`` N times in turn, each
+``write_arrow`` in a fresh runtime: its first large epoch, then a second one (``2nd
+epoch``: the writers' memory already grown, as in a stream). Last, epoch
+latency (``--epochs 0`` leaves it out): ``--epochs`` epochs of ``--epoch-rows`` records
+each through ``write_arrow``, p50 and p99 (targets 30 and 100 ms). The machine's load
+average is printed at the start and the end: on a shared machine only the ratios of one
+run carry over.
 
     .venv/bin/python bench/kafka.py                          # 1 M records
     .venv/bin/python bench/kafka.py --rows 300000 --epochs 100 --no-spark
+    .venv/bin/python bench/kafka.py --rows 500000 --no-spark --epochs 0 --repeat 3
 """
 
 from __future__ import annotations
@@ -33,11 +44,13 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import resource
 import statistics
 import sys
 import tempfile
 import time
 import uuid
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -48,6 +61,19 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 os.environ.setdefault("PYSPARK_PYTHON", sys.executable)  # before ray.init: Spark's workers
 
 NOTE = "order placed through the web shop"
+
+
+@dataclass(frozen=True)
+class Rate:
+    """One case: records/s (wall clock) and, where measured, CPU seconds per record of the
+    processes that do the case's work (every thread: librdkafka's are in-process)."""
+
+    per_second: float
+    cpu: float | None = None
+
+    def line(self, case: str) -> str:
+        cpu = "" if self.cpu is None else f"  {self.cpu * 1e6:6.2f} us CPU/record"
+        return f"{case:>14}: {self.per_second:12,.0f} records/s{cpu}"
 
 
 def make_table(rows: int) -> pa.Table:
@@ -72,15 +98,17 @@ def producer_settings(bootstrap: str) -> dict[str, Any]:
     return config
 
 
-def encode_run(table: pa.Table) -> float:
-    """Records/s of the encoding alone, to the Python objects produce() takes."""
+def encode_run(table: pa.Table) -> Rate:
+    """The encoding alone, to the Python objects produce() takes."""
     from raysink.sinks.kafka._encode import encode
 
+    cpu = time.process_time()
     started = time.perf_counter()
     for batch in table.to_batches(max_chunksize=65_536):
         encoded = encode(batch, key="customer", value=None, headers=())
         encoded.values, encoded.keys  # noqa: B018 - what a producer takes
-    return table.num_rows / (time.perf_counter() - started)
+    return Rate(table.num_rows / (time.perf_counter() - started),
+                (time.process_time() - cpu) / table.num_rows)
 
 
 def _bare_producer(bootstrap: str, topic: str, table: pa.Table, ready: Any, go: Any,
@@ -99,6 +127,7 @@ def _bare_producer(bootstrap: str, topic: str, table: pa.Table, ready: Any, go: 
     producer.flush(60)
     ready.set()
     go.wait()
+    cpu = _process_cpu()
     produce = producer.produce
     for value, key in records:
         while True:
@@ -108,12 +137,46 @@ def _bare_producer(bootstrap: str, topic: str, table: pa.Table, ready: Any, go: 
             except BufferError:
                 producer.poll(0.05)
     left = producer.flush(300)
-    out.put((time.time(), left))
+    out.put((time.time(), left, _process_cpu() - cpu))
+
+
+def _process_cpu() -> float:
+    """CPU seconds of this process so far, every thread (librdkafka's too)."""
+    usage = resource.getrusage(resource.RUSAGE_SELF)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _writer_processes() -> list[Any]:
+    """This run's writer actors: the processes under this driver (its own Ray) whose
+    title names ``SinkWriterActor``."""
+    import psutil
+
+    found = []
+    for child in psutil.Process().children(recursive=True):
+        try:
+            if "SinkWriterActor" in " ".join(child.cmdline()):
+                found.append(child)
+        except psutil.Error:
+            continue
+    return found
+
+
+def _cpu_of(processes: list[Any]) -> float:
+    import psutil
+
+    total = 0.0
+    for process in processes:
+        try:
+            times = process.cpu_times()
+        except psutil.Error:
+            continue
+        total += times.user + times.system
+    return total
 
 
 def bare_run(bootstrap: str, topic: str, table: pa.Table, *, processes: int,
-             partitions: int) -> float:
-    """``processes`` bare producers at once, each its share of the rows; records/s."""
+             partitions: int) -> Rate:
+    """``processes`` bare producers at once, each its share of the rows."""
     from tests.support.kafka import KafkaBroker
 
     KafkaBroker.create_on(bootstrap, topic, partitions)
@@ -134,12 +197,15 @@ def bare_run(bootstrap: str, topic: str, table: pa.Table, *, processes: int,
     ends = [out.get(timeout=600) for _ in workers]
     for worker in workers:
         worker.join(60)
-    assert all(left == 0 for _, left in ends), ends
-    return table.num_rows / (max(end for end, _ in ends) - started)
+    assert all(left == 0 for _, left, _ in ends), ends
+    return Rate(table.num_rows / (max(end for end, _, _ in ends) - started),
+                sum(cpu for _, _, cpu in ends) / table.num_rows)
 
 
 def raysink_run(bootstrap: str, topic: str, table: pa.Table, *, writers: int,
-                partitions: int, meta: str) -> float:
+                partitions: int, meta: str) -> tuple[Rate, Rate]:
+    """The table as one epoch in a fresh runtime (the writers' first large epoch: their
+    memory pools and the client's buffers grow), then again as a second epoch."""
     from raysink import SinkRuntime
     from raysink.sinks import KafkaSink
 
@@ -148,11 +214,26 @@ def raysink_run(bootstrap: str, topic: str, table: pa.Table, *, writers: int,
     with SinkRuntime(f"bench-{topic}", sink, writers=writers, metastore=meta,
                      progress=False, commit_timeout=600) as rt:
         rt.write_arrow(make_table(10))  # warm: producers made, topic created
-        started = time.perf_counter()
-        report = rt.write_arrow([pa.Table.from_batches([b]) for b in chunks])
-        took = time.perf_counter() - started
-        assert report.committed and report.rows == table.num_rows, report
-    return table.num_rows / took
+        actors = _writer_processes()
+        assert len(actors) == writers, actors
+        rates = []
+        for _ in range(2):
+            cpu = _cpu_of(actors)
+            started = time.perf_counter()
+            report = rt.write_arrow([pa.Table.from_batches([b]) for b in chunks])
+            took = time.perf_counter() - started
+            cpu = _cpu_of(actors) - cpu
+            assert report.committed and report.rows == table.num_rows, report
+            rates.append(Rate(table.num_rows / took, cpu / table.num_rows))
+    return rates[0], rates[1]
+
+
+def _ratios(writers: Rate, bare: Rate) -> tuple[float, float]:
+    """write_arrow against the bare producers: by records/s, and by CPU per record (the
+    bare producers' CPU per record over the writer actors': above 1, the writers spend
+    less)."""
+    assert writers.cpu and bare.cpu
+    return writers.per_second / bare.per_second, bare.cpu / writers.cpu
 
 
 def spark_frame(spark: Any, rows: int) -> Any:
@@ -244,6 +325,8 @@ def main() -> None:
     parser.add_argument("--epochs", type=int, default=200)
     parser.add_argument("--epoch-rows", type=int, default=1_000)
     parser.add_argument("--no-spark", action="store_true")
+    parser.add_argument("--repeat", type=int, default=1,
+                        help="run bare x2 and write_arrow this many times, in turn")
     parser.add_argument("--bootstrap", help="an existing broker (default: start one)")
     args = parser.parse_args()
 
@@ -263,35 +346,50 @@ def main() -> None:
         print(f"{args.rows:,} records of about 97 bytes of JSON, {args.partitions} "
               f"partitions, {args.writers} writers")
         name = f"b{uuid.uuid4().hex[:6]}"
+        pairs: list[tuple[float, ...]] = []
         cases: dict[str, Any] = {
             "encode": lambda: encode_run(table),
-            "bare x2": lambda: bare_run(bootstrap, f"{name}-bare", table, processes=2,
-                                        partitions=args.partitions),
-            "write_arrow": lambda: raysink_run(bootstrap, f"{name}-rs", table,
+            "bare x2": lambda: bare_run(bootstrap, f"{name}-bare{len(pairs)}", table,
+                                        processes=2, partitions=args.partitions),
+            "write_arrow": lambda: raysink_run(bootstrap, f"{name}-rs{len(pairs)}", table,
                                                writers=args.writers,
                                                partitions=args.partitions,
                                                meta=f"sqlite:///{tmp / 'meta.db'}"),
         }
-        rates: dict[str, float] = {}
-        for case, run in cases.items():
-            rates[case] = run()
-            print(f"{case:>14}: {rates[case]:12,.0f} records/s  (load {os.getloadavg()[0]:.1f})",
-                  flush=True)
+        rates: dict[str, Rate] = {}
+        for turn in range(args.repeat):
+            for case, run in cases.items():
+                if case == "encode" and turn:
+                    continue
+                got = run()
+                named = ({case: got} if isinstance(got, Rate)
+                         else {case: got[0], "  2nd epoch": got[1]})
+                for label, rate in named.items():
+                    rates[label] = rate
+                    print(f"{rate.line(label)}  (load {os.getloadavg()[0]:.1f})", flush=True)
+            pairs.append((*_ratios(rates["write_arrow"], rates["bare x2"]),
+                          *_ratios(rates["  2nd epoch"], rates["bare x2"])))
         if not args.no_spark:
             for case, rate in spark_cases(args, bootstrap, name, tmp).items():
-                rates[case] = rate
-                print(f"{case:>14}: {rate:12,.0f} records/s", flush=True)
-        print(f"write_arrow / bare x2:  {rates['write_arrow'] / rates['bare x2']:.2f}x"
-              " (target >= 0.8)")
+                rates[case] = Rate(rate)
+                print(rates[case].line(case), flush=True)
+        print("write_arrow / bare x2 (target >= 0.8), by records/s and by CPU per record "
+              "(bare's CPU per record / the writers'):")
+        for turn, (wall, cpu, wall2, cpu2) in enumerate(pairs):
+            print(f"  turn {turn + 1}: first epoch {wall:.2f}x records/s, {cpu:.2f}x CPU; "
+                  f"2nd epoch {wall2:.2f}x records/s, {cpu2:.2f}x CPU")
         if "spark" in rates:
-            print(f"rt.write(df) / spark:   {rates['rt.write(df)'] / rates['spark']:.2f}x"
+            print(f"rt.write(df) / spark:   "
+                  f"{rates['rt.write(df)'].per_second / rates['spark'].per_second:.2f}x"
                   " (target >= 2)")
-        seconds = latency_run(bootstrap, f"{name}-lat", writers=args.writers,
-                              partitions=args.partitions, epochs=args.epochs,
-                              rows=args.epoch_rows, meta=f"sqlite:///{tmp / 'lat.db'}")
-        q = statistics.quantiles(seconds, n=100)
-        print(f"epoch latency at {args.epoch_rows:,} records per epoch ({args.epochs} epochs):"
-              f" p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms (targets 30, 100)")
+        if args.epochs:
+            seconds = latency_run(bootstrap, f"{name}-lat", writers=args.writers,
+                                  partitions=args.partitions, epochs=args.epochs,
+                                  rows=args.epoch_rows, meta=f"sqlite:///{tmp / 'lat.db'}")
+            q = statistics.quantiles(seconds, n=100)
+            print(f"epoch latency at {args.epoch_rows:,} records per epoch ({args.epochs} "
+                  f"epochs): p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms "
+                  "(targets 30, 100)")
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         ray.shutdown()

@@ -14,9 +14,9 @@ writer's time). So the writer instead:
    rows at a time. The key-to-partition mapping is the one raysink had before, so the
    order of a key's records carries across the change. A sink whose ``producer_config``
    names another ``partitioner`` keeps the per-record reports (``plan`` returns ``None``);
-2. **produces partition by partition**, each writer starting at another partition
-   (``partition_order``), so that two writers of one epoch seldom write one partition at
-   the same time and their batches seldom interleave;
+2. **produces partition by partition**, each writer starting at another partition, odd
+   writers going the other way round (``partition_order``), so that two writers of one
+   epoch seldom write one partition at the same time and their batches seldom interleave;
 3. asks a delivery report for the **first and the last record of each chunk** (at most
    ``CHUNK`` consecutive records of one partition) only. An idempotent producer's records
    of one partition are written in order without gaps in their sequence numbers (the
@@ -35,8 +35,11 @@ writer's time). So the writer instead:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
+from itertools import repeat
+from operator import length_hint
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -46,10 +49,17 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     from raysink.sinks.kafka._encode import Encoded
 
-__all__ = ["CHUNK", "Chunks", "Part", "key_partitions", "partition_order", "plan"]
+__all__ = ["BLOCK", "CHUNK", "Chunks", "Part", "key_partitions", "partition_order", "plan"]
 
-CHUNK = 4096
-"""Records of one partition between two pairs of delivery reports."""
+CHUNK = 512
+"""Records of one partition between two pairs of delivery reports. Small, because a chunk
+another writer's batch landed inside is read back (``resolve``) at a cost in proportion
+to its size, while the reports cost two callbacks per chunk (a few microseconds): how
+many chunks spread depends on how often the writers' batches interleave, not on the chunk
+size (docs/kafka.md, "Throughput")."""
+
+BLOCK = 4096
+"""Records without a key placed in one partition before the next."""
 
 _GOLDEN = 0.6180339887498949
 
@@ -83,6 +93,16 @@ def key_partitions(keys: Any, count: int) -> Any:
     if array.null_count:
         lengths = np.where(array.is_valid().to_numpy(zero_copy_only=False), lengths, 0)
     crc = np.full(rows, 0xFFFFFFFF, dtype=np.uint32)
+    shortest = int(lengths.min()) if rows else 0
+    if shortest == int(lengths.max()) and shortest and not array.null_count:
+        # keys of one length (the common case: ids of a fixed format) are the rows of a
+        # matrix: one strided column per byte position, no gather and no scatter
+        base = int(starts[0])
+        matrix = data[base:base + rows * shortest].reshape(rows, shortest)
+        for position in range(shortest):
+            crc = _CRC[(crc ^ matrix[:, position]) & 0xFF] ^ (crc >> np.uint32(8))
+        crc ^= np.uint32(0xFFFFFFFF)
+        return (crc % np.uint32(count)).astype(np.int64)
     active = np.flatnonzero(lengths > 0)
     position = 0
     while active.size:
@@ -97,9 +117,14 @@ def key_partitions(keys: Any, count: int) -> Any:
 
 def partition_order(count: int, writer: int) -> list[int]:
     """The partitions in the order writer ``writer`` produces to them: all of them, each
-    writer starting elsewhere (spread by the golden ratio, whatever the writer count)."""
+    writer starting elsewhere (spread by the golden ratio, whatever the writer count), odd
+    writers going the other way round. Two writers going the same way whose pre-commits
+    start a few partitions apart can follow each other through every partition (their
+    batches interleaving all the way); going opposite ways they cross, and share a
+    partition only while they cross."""
     start = int(writer * count * _GOLDEN) % count
-    return [(start + i) % count for i in range(count)]
+    step = -1 if writer % 2 else 1
+    return [(start + step * i) % count for i in range(count)]
 
 
 @dataclass(frozen=True, slots=True)
@@ -146,10 +171,10 @@ def plan(buffer: Sequence[Encoded], count: int, writer: int) -> list[Part]:
         else:
             chosen = np.full(rows, -1, dtype=np.int64)
         unkeyed = chosen < 0
-        if unkeyed.any():  # a block of CHUNK rows per partition, rotating
+        if unkeyed.any():  # a block of BLOCK rows per partition, rotating
             blocks = np.cumsum(unkeyed) - 1
-            chosen = np.where(unkeyed, (rotor + blocks // CHUNK) % count, chosen)
-            rotor += int(blocks[-1]) // CHUNK + 1
+            chosen = np.where(unkeyed, (rotor + blocks // BLOCK) % count, chosen)
+            rotor += int(blocks[-1]) // BLOCK + 1
         order = np.argsort(chosen, kind="stable")
         bounds = np.searchsorted(chosen[order], np.arange(count + 1))
         for p in range(count):
@@ -370,23 +395,42 @@ def _send(producer: Any, topic: str, part: _Rows, row: int, wait: Callable[[], N
 
 def _send_range(producer: Any, topic: str, part: _Rows, begin: int, end: int,
                 wait: Callable[[], None]) -> None:
-    """Records ``begin`` to ``end`` (exclusive) of ``part``, without reports."""
-    produce, partition = producer.produce, part.partition
+    """Records ``begin`` to ``end`` (exclusive) of ``part``, without reports, in order."""
     values = part.values[begin:end]
-    keys = [None] * len(values) if part.keys is None else part.keys[begin:end]
+    keys = None if part.keys is None else part.keys[begin:end]
     if part.headers is None:
-        for value, key in zip(values, keys, strict=True):
-            while True:
-                try:
-                    produce(topic, value, key, partition=partition)
-                    break
-                except BufferError:
-                    wait()
+        produce_in_order(producer.produce, topic, part.partition, values, keys, wait)
         return
-    for value, key, headers in zip(values, keys, part.headers[begin:end], strict=True):
+    produce, partition = producer.produce, part.partition
+    for value, key, headers in zip(values, keys or [None] * len(values),
+                                   part.headers[begin:end], strict=True):
         while True:
             try:
-                produce(topic, value, key, partition=partition, headers=headers)
+                produce(topic, value, key, partition, headers=headers)
                 break
             except BufferError:
                 wait()
+
+
+def produce_in_order(produce: Callable[..., None], topic: str, partition: int,
+                     values: list[Any], keys: list[Any] | None,
+                     wait: Callable[[], None]) -> None:
+    """``produce(topic, value, key, partition)`` for each record, in order, without a
+    Python step per record: ``map`` drives the client's C call and ``deque(maxlen=0)``
+    drains it. When the client's queue is full, ``produce`` raises ``BufferError`` for the
+    record it could not take; every record before it was taken (``map`` calls them one
+    after another), and how far ``map`` got is read off the values' iterator
+    (``length_hint``: a list iterator knows exactly how many items it has left), so after
+    ``wait`` the loop goes on at that very record: none is skipped and none is produced
+    twice (``tests/unit/test_kafka_batches.py``)."""
+    at = 0
+    while at < len(values):
+        remaining = iter(values[at:] if at else values)
+        tail = repeat(None) if keys is None else iter(keys[at:] if at else keys)
+        try:
+            deque(map(produce, repeat(topic), remaining, tail, repeat(partition)), 0)
+            return
+        except BufferError:
+            # the values' iterator gave up the refused record before the call raised
+            at = len(values) - length_hint(remaining) - 1
+            wait()

@@ -54,11 +54,12 @@ class Encoded:
 
     @property
     def values(self) -> list[Any]:
-        return list(self.value_array.to_pylist())
+        values: list[Any] = self.value_array.to_pylist()
+        return values
 
     @property
     def keys(self) -> list[Any] | None:
-        return None if self.key_array is None else list(self.key_array.to_pylist())
+        return None if self.key_array is None else self.key_array.to_pylist()
 
     @property
     def headers(self) -> list[list[tuple[str, Any]]] | None:
@@ -156,15 +157,35 @@ def _text_or_bytes(column: Any) -> Any:
 
 
 def json_rows(table: pa.Table | pa.RecordBatch) -> Any:
-    """Each row as a JSON object, one string per row."""
+    """Each row as a JSON object, one string per row: the columns' texts joined row-wise
+    with the literal text between them (``{"id":``, ``,"name":``, ..., ``}``). A string
+    column with no nulls and nothing to escape is joined as it is, its quotes folded into
+    the literals around it: the same bytes, one row-wise pass over it fewer."""
     if table.num_columns == 0:
         return pa.array(["{}"] * table.num_rows, pa.string())
     parts: list[Any] = []
+    literal = "{"
     for i, (name, column) in enumerate(zip(table.schema.names, table.columns, strict=True)):
-        parts.append(("{" if i == 0 else ",") + json.dumps(name) + ":")
-        parts.append(json_text(column))
-    parts.append("}")
+        literal += ("" if i == 0 else ",") + json.dumps(name) + ":"
+        plain = _plain_string(column)
+        if plain is not None:
+            parts += [literal + '"', plain]
+            literal = '"'
+        else:
+            parts += [literal, json_text(column)]
+            literal = ""
+    parts.append(literal + "}")
     return pc.binary_join_element_wise(*parts, "")
+
+
+def _plain_string(column: Any) -> Any:
+    """A string column that is its own JSON text once quoted (no nulls, nothing to
+    escape), as one array; else ``None``."""
+    if not pa.types.is_string(column.type) or column.null_count:
+        return None
+    if isinstance(column, pa.ChunkedArray):
+        column = column.combine_chunks()
+    return None if _needs_escape(column) else column
 
 
 def json_text(column: Any) -> Any:
@@ -179,8 +200,10 @@ def json_text(column: Any) -> Any:
     if pa.types.is_boolean(kind) or pa.types.is_integer(kind) or pa.types.is_decimal(kind):
         text = pc.cast(column, pa.string())
     elif pa.types.is_floating(kind):
+        text = pc.cast(column, pa.string())
         finite = pc.is_finite(column)
-        text = pc.if_else(finite, pc.cast(column, pa.string()), pa.scalar(None, pa.string()))
+        if not pc.all(finite).as_py():  # NaN and infinities: null (JSON has no such number)
+            text = pc.if_else(finite, text, pa.scalar(None, pa.string()))
     elif (pa.types.is_string(kind) or pa.types.is_large_string(kind)
           or pa.types.is_date(kind) or pa.types.is_time(kind)):
         text = _quoted(pc.cast(column, pa.string()))
@@ -205,14 +228,11 @@ def _quoted(text: Any) -> Any:
     return pc.binary_join_element_wise('"', escaped, '"', "")
 
 
-_ESCAPED = np.zeros(256, dtype=bool)
-_ESCAPED[:0x20] = True
-_ESCAPED[[ord('"'), ord("\\")]] = True
-
-
 def _needs_escape(text: Any) -> bool:
     """Some string of ``text`` (a string array) holds a quote, a backslash or a control
-    character."""
+    character: the bytes' minimum for the control characters, ``memchr`` (``bytes.find``)
+    for the other two, over the data buffer (bytes a null's slot may hold can only make
+    it say yes: the escaping path, right for any string)."""
     if isinstance(text, pa.ChunkedArray):
         return any(_needs_escape(chunk) for chunk in text.chunks)
     _, offsets, data = text.buffers()
@@ -222,7 +242,12 @@ def _needs_escape(text: Any) -> bool:
     bounds = np.frombuffer(offsets, dtype=width, count=len(text) + 1, offset=text.offset
                            * np.dtype(width).itemsize)
     raw = np.frombuffer(data, dtype=np.uint8)[int(bounds[0]):int(bounds[-1])]
-    return bool(_ESCAPED[raw].any())
+    if not raw.size:
+        return False
+    if int(raw.min()) < 0x20:
+        return True
+    copied = raw.tobytes()  # one memcpy: bytes.find is memchr
+    return copied.find(b'"') >= 0 or copied.find(b"\\") >= 0
 
 
 def _python_json(column: Any) -> Any:
