@@ -16,7 +16,8 @@ at ``W`` writers, over ``P`` partitions (1 unpartitioned):
   (fewer than ``min_compact_files + W x E``), plus one per ``target_file_bytes`` of data;
 * Delta's ``_delta_log``: ``R`` commit entries, back to the checkpoint below the oldest
   retained one (at most ``checkpoint_every + V`` further), and a checkpoint per
-  ``checkpoint_every`` of them (plus ``_last_checkpoint``);
+  ``checkpoint_every`` of them (plus ``_last_checkpoint`` and the newest version's
+  checksum file);
 * Iceberg's ``metadata/``: at most ``METADATA_VERSIONS + 1`` ``metadata.json`` files, a
   manifest list per retained snapshot, and at most ``W + 1`` manifests per retained
   snapshot (its own appends and a merged one).
@@ -117,10 +118,11 @@ def _size_checks(result: dict[str, Any], m: Maintenance, writers: int) -> list[C
     ]
     if kind.startswith("delta"):
         entries = retained + m.checkpoint_every + commits
-        log_files = entries + math.ceil(entries / m.checkpoint_every) + 1
+        # + _last_checkpoint and the newest version's checksum file
+        log_files = entries + math.ceil(entries / m.checkpoint_every) + 2
         found.append(Check(kind, "_delta_log files", result["metadata_files"], log_files,
                            f"R + checkpoint_every {m.checkpoint_every} + V entries, "
-                           f"a checkpoint per {m.checkpoint_every}, _last_checkpoint; "
+                           f"a checkpoint per {m.checkpoint_every}, _last_checkpoint, a .crc; "
                            f"{result['metadata_bytes'] / 2**20:.1f} MiB"))
     else:
         meta_files = _ICEBERG_METADATA_VERSIONS + 1 + retained * (writers + 2)
