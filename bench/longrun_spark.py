@@ -13,14 +13,17 @@ not read before: ``spark.read.format("delta").load(path)`` or ``spark.table(name
 open: Delta reads the log up to a snapshot, Iceberg loads the metadata) and ``count()``
 (Delta answers it from the files' ``numRecords`` stats, Iceberg from the manifests'
 record counts: neither reads data files). Then the same again (warm: the snapshot is
-cached). Not timed: the session's start and a warm-up on tiny tables of its own, written
-outside this session (by deltalake and pyiceberg, as raysink's are) and read the same
-way, so that the timed read pays neither the JVMs' first class loading and fetch of the
-connectors' jars (160 s for a first Delta count at load 30) nor a path the warm-up left
-cold (a table written by the session itself is read from its cached snapshot; the Delta
-one has a checkpoint and a commit after it, so the checkpoint's Parquet is read too). Each
-count reports its Spark jobs (how many, their seconds): each job costs 0.2-6 s on the
-loaded 2-core machine here, whatever it reads.
+cached). Then the fresh read again, ``repeats - 1`` times, each after the session's
+caches of the table are dropped (Delta's snapshot cache, Iceberg's catalog cache): a
+range rather than one sample on a loaded machine. Not timed: the session's start and a
+warm-up on tiny tables of its own, written outside this session (by deltalake and
+pyiceberg, as raysink's are) and read the same way, so that the timed read pays neither
+the JVMs' first class loading and fetch of the connectors' jars (160 s for a first Delta
+count at load 30) nor a path the warm-up left cold (a table written by the session
+itself is read from its cached snapshot; the Delta one has a checkpoint and a commit
+after it, so the checkpoint's Parquet is read too). Each count reports its Spark jobs
+(how many, their seconds): each job costs 0.2-6 s on the loaded 2-core machine here,
+whatever it reads.
 
 The floor (``--spark-floor``, on by default): ``delta-floor`` and ``iceberg-floor``, the
 same number of rows written in one commit (one log entry, one file), counted in the same
@@ -132,6 +135,16 @@ class _Jobs:
         return {"jobs": count, "jobs_s": round(seconds, 3)}
 
 
+def _forget(spark: Any, kind: str) -> None:
+    """Drop what the session keeps of a table it read, so that the next read opens it as
+    a fresh reader does (the JVMs stay warm): Delta's snapshot cache, Iceberg's catalog
+    cache."""
+    if kind.startswith("delta"):
+        spark._jvm.org.apache.spark.sql.delta.DeltaLog.clearCache()
+    else:
+        spark.catalog.refreshTable(f"{CATALOG}.bench.{kind.replace('-', '_')}")
+
+
 def _timed_count(read: Callable[[], Any], jobs: _Jobs) -> dict[str, Any]:
     jobs.mark()
     started = time.perf_counter()
@@ -143,11 +156,13 @@ def _timed_count(read: Callable[[], Any], jobs: _Jobs) -> dict[str, Any]:
             "count_s": round(done - opened, 3), **jobs.report()}
 
 
-def spark_counts(root: Path, kinds: list[str], floor_rows: int | None = None
-                 ) -> dict[str, dict[str, Any]]:
+def spark_counts(root: Path, kinds: list[str], floor_rows: int | None = None,
+                 repeats: int = 3) -> dict[str, dict[str, Any]]:
     """Per Delta or Iceberg sink of ``kinds`` (and per floor, when ``floor_rows`` is
     given): the first and warm count, each with its open and count seconds and its Spark
-    jobs; ``first_s``/``warm_s`` and ``counts`` for the verdicts. The session's start
+    jobs; then ``repeats - 1`` fresh reads more, each after ``_forget``; ``first_s``,
+    ``warm_s``, ``fresh_s`` (every fresh read's seconds, sorted) and ``counts`` for the
+    verdicts. The session's start
     and warm-up seconds under the key ``"session"``."""
     from raysink.spark import init_spark, stop_spark
     from raysink.spark.packages import DELTA, ICEBERG, SQLITE_JDBC
@@ -179,15 +194,22 @@ def spark_counts(root: Path, kinds: list[str], floor_rows: int | None = None
                 read = _reader(spark, root, kind.split("-")[0], kind)
                 first = _timed_count(read, jobs)
                 warm = _timed_count(read, jobs)
+                again = []
+                for _ in range(repeats - 1):
+                    _forget(spark, kind)
+                    again.append(_timed_count(read, jobs))
             except Exception as exc:  # reported per table, the others still read
                 out[kind] = {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                 continue
+            fresh = sorted(r["s"] for r in [first, *again])
             out[kind] = {"first_s": first["s"], "warm_s": warm["s"], "first": first,
-                         "warm": warm, "counts": {"first": first["rows"], "warm": warm["rows"]}}
+                         "warm": warm, "fresh_s": fresh, "fresh_again": again,
+                         "counts": {"first": first["rows"], "warm": warm["rows"],
+                                    **{f"fresh{i + 2}": r["rows"] for i, r in enumerate(again)}}}
             print(f"spark {kind}: count {first['rows']:,} in {first['s']} s (open "
                   f"{first['open_s']} s, count {first['count_s']} s, {first['jobs']} jobs "
-                  f"{first['jobs_s']} s), again {warm['s']} s ({warm['jobs']} jobs)",
-                  flush=True)
+                  f"{first['jobs_s']} s), again {warm['s']} s ({warm['jobs']} jobs); fresh "
+                  f"again (caches dropped) {[r['s'] for r in again]} s", flush=True)
     finally:
         stop_spark()
     return out

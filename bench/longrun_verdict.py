@@ -67,6 +67,8 @@ def _num(value: float) -> str:
 def _spark_how(spark: dict[str, Any]) -> str:
     """The warm count, the first one's Spark jobs, and the floor's counts beside it."""
     how = f"warm {spark['warm_s']} s"
+    if len(spark.get("fresh_s", [])) > 1:
+        how += f"; every fresh read {spark['fresh_s']} s"
     first = spark.get("first", {})
     if "jobs" in first:
         how += f"; first: {first['jobs']} Spark jobs, {first['jobs_s']} s of them"
