@@ -32,6 +32,7 @@ session after the sinks' tables: the part of a count no maintenance can remove.
 
 from __future__ import annotations
 
+import shutil
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -77,7 +78,8 @@ def write_one_go(root: Path, fmt: str, name: str, rows: int) -> None:
     if fmt == "delta":
         import deltalake
 
-        deltalake.write_deltalake(str(root / name), table, mode="overwrite")
+        shutil.rmtree(root / name, ignore_errors=True)  # one commit, even on a re-run
+        deltalake.write_deltalake(str(root / name), table)
         return
     catalog = _iceberg_catalog(root)
     ident = f"bench.{name.replace('-', '_')}"
