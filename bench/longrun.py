@@ -14,10 +14,11 @@ writer), then reports:
   in seconds;
 * the maintenance totals ``status()`` shows.
 
-After the last sink, one RayDP Spark session counts each Delta and Iceberg table, twice
-(``bench/longrun_spark.py``; ``--spark off`` skips it). Then issue 37's verdicts, per sink
-with the bound each checks (``bench/longrun_verdict.py``), and the exit code: 1 when any
-fails. Timing verdicts (p50 growth, count seconds) need a quiet machine.
+After the last sink, one RayDP Spark session counts each Delta and Iceberg table, twice,
+and the same rows written in one go beside them (``bench/longrun_spark.py``, which says
+what is timed; ``--spark off`` skips it, ``--spark-floor off`` the floor). Then issue
+37's verdicts, per sink with the bound each checks (``bench/longrun_verdict.py``), and the
+exit code: 1 when any fails. Timing verdicts (p50 growth, count seconds) need a quiet machine.
 
 While it runs: a progress line every ``--every`` epochs or ``--progress-s`` seconds, and
 after a sink's first 50 epochs an estimate of the whole run. Measured here (load 20-35 on
@@ -50,7 +51,7 @@ from typing import Any
 
 import pyarrow as pa
 import ray
-from longrun_spark import spark_counts
+from longrun_spark import FLOORS, spark_counts
 from longrun_verdict import Check, checks
 from longrun_verdict import report as report_verdicts
 
@@ -255,6 +256,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     parser.add_argument("--policy", default="", help="Maintenance fields: every_epochs=10,...")
     parser.add_argument("--spark", choices=("on", "off"), default="on",
                         help="count the Delta and Iceberg tables from Spark (RayDP) too")
+    parser.add_argument("--spark-floor", choices=("on", "off"), default="on",
+                        help="also count the same rows written in one go (the floor)")
     parser.add_argument("--workdir", default=None)
     parser.add_argument("--report", default=None)
     args = parser.parse_args(argv)
@@ -283,7 +286,8 @@ def main(argv: Sequence[str] | None = None) -> int:
                 clock.done.append(kind)
             print(json.dumps(results[-1]), flush=True)
         if args.spark == "on":
-            read_with_spark(root, results)
+            floor = args.epochs * args.rows if args.spark_floor == "on" else None
+            read_with_spark(root, results, floor)
     finally:
         ray.shutdown()
     elapsed = time.monotonic() - clock.started
@@ -298,16 +302,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     return 0 if ok else 1
 
 
-def read_with_spark(root: Path, results: list[dict[str, Any]]) -> None:
-    """Spark's first and warm count of each Delta and Iceberg table, into its result."""
+def read_with_spark(root: Path, results: list[dict[str, Any]], floor_rows: int | None
+                    ) -> None:
+    """Spark's first and warm count of each Delta and Iceberg table, into its result, with
+    the floor of its format (the same rows written in one go) beside it."""
     readable = [r for r in results if "error" not in r and r["sink"] != "parquet"]
     try:
-        counts = spark_counts(root, [r["sink"] for r in readable])
+        counts = spark_counts(root, [r["sink"] for r in readable], floor_rows)
     except Exception as exc:  # Spark not there or failing: every table's read fails
         counts = {r["sink"]: {"error": f"{type(exc).__name__}: {str(exc)[:300]}"}
                   for r in readable}
     for result in readable:
         result["spark"] = counts.get(result["sink"], {"error": "not read"})
+        floor = counts.get(FLOORS[result["sink"].split("-")[0]], {})
+        if "first_s" in floor and "first_s" in result["spark"]:
+            result["spark"]["floor"] = {"first_s": floor["first_s"], "warm_s": floor["warm_s"],
+                                        "rows": floor["counts"]["first"]}
     if "session" in counts:
         print(f"spark: session {counts['session']}", file=sys.stderr)
 

@@ -16,7 +16,8 @@ at ``W`` writers, over ``P`` partitions (1 unpartitioned):
   (fewer than ``min_compact_files + W x E``), plus one per ``target_file_bytes`` of data;
 * Delta's ``_delta_log``: ``R`` commit entries, back to the checkpoint below the oldest
   retained one (at most ``checkpoint_every + V`` further), and a checkpoint per
-  ``checkpoint_every`` of them (plus ``_last_checkpoint``);
+  ``checkpoint_every`` of them (plus ``_last_checkpoint`` and the newest version's
+  checksum file);
 * Iceberg's ``metadata/``: at most ``METADATA_VERSIONS + 1`` ``metadata.json`` files, a
   manifest list per retained snapshot, and at most ``W + 1`` manifests per retained
   snapshot (its own appends and a merged one).
@@ -63,6 +64,22 @@ def _num(value: float) -> str:
     return f"{value:,}" if float(value).is_integer() else f"{value:.3f}"
 
 
+def _spark_how(spark: dict[str, Any]) -> str:
+    """The warm count, the first one's Spark jobs, and the floor's counts beside it."""
+    how = f"warm {spark['warm_s']} s"
+    if len(spark.get("fresh_s", [])) > 1:
+        how += f"; every fresh read {spark['fresh_s']} s"
+    first = spark.get("first", {})
+    if "jobs" in first:
+        how += f"; first: {first['jobs']} Spark jobs, {first['jobs_s']} s of them"
+    floor = spark.get("floor")
+    if floor:
+        ratio = spark["first_s"] / floor["first_s"] if floor["first_s"] else float("inf")
+        how += (f"; floor (one commit, same rows) {floor['first_s']} s, warm "
+                f"{floor['warm_s']} s: {ratio:.2f}x")
+    return how
+
+
 def partitions(kind: str, epochs: int) -> int:
     """How many ``day`` values ``bench/longrun.py``'s epochs 1..epochs wrote."""
     if not kind.endswith("-part"):
@@ -91,8 +108,8 @@ def checks(result: dict[str, Any], policy: Maintenance | bool, writers: int,
     if "error" in spark:
         found.append(Check(kind, "Spark read failed", 1, 0, spark["error"]))
     if "first_s" in spark:
-        found.append(Check(kind, "Spark first count() s", spark["first_s"], READ_MAX_S,
-                           f"warm {spark['warm_s']} s", timing=True))
+        found.append(Check(kind, "Spark first open+count() s", spark["first_s"], READ_MAX_S,
+                           _spark_how(spark), timing=True))
     if isinstance(policy, Maintenance):
         found += _size_checks(result, policy, writers)
     return found
@@ -117,10 +134,11 @@ def _size_checks(result: dict[str, Any], m: Maintenance, writers: int) -> list[C
     ]
     if kind.startswith("delta"):
         entries = retained + m.checkpoint_every + commits
-        log_files = entries + math.ceil(entries / m.checkpoint_every) + 1
+        # + _last_checkpoint and the newest version's checksum file
+        log_files = entries + math.ceil(entries / m.checkpoint_every) + 2
         found.append(Check(kind, "_delta_log files", result["metadata_files"], log_files,
                            f"R + checkpoint_every {m.checkpoint_every} + V entries, "
-                           f"a checkpoint per {m.checkpoint_every}, _last_checkpoint; "
+                           f"a checkpoint per {m.checkpoint_every}, _last_checkpoint, a .crc; "
                            f"{result['metadata_bytes'] / 2**20:.1f} MiB"))
     else:
         meta_files = _ICEBERG_METADATA_VERSIONS + 1 + retained * (writers + 2)

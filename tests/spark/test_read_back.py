@@ -165,6 +165,15 @@ def test_delta_spark_reads_the_table_raysink_wrote(spark: SparkSession, tmp_path
     nullable = {f.name: f.nullable for f in table.schema().fields}
     assert {f.name: f.nullable for f in df.schema.fields} == nullable
 
+    # Spark's snapshot of the newest version holds the checksum file raysink wrote (its
+    # protocol and metadata come from it, sparing two jobs: raysink.sinks.delta._checksum),
+    # and Spark's own check of it against the state it replays from the log passes
+    delta_log = spark._jvm.org.apache.spark.sql.delta.DeltaLog  # type: ignore[attr-defined]
+    snapshot = delta_log.forTable(spark._jsparkSession, str(path)).unsafeVolatileSnapshot()
+    assert snapshot.version() == table.version()
+    assert snapshot.checksumOpt().isDefined()
+    assert snapshot.validateChecksum(getattr(snapshot, "validateChecksum$default$1")())
+
     # Spark's filters skip files by the statistics raysink wrote, and prune partitions:
     # a wrong minimum or maximum would lose rows here (every file has a range of n, the
     # files without epoch 1's long strings one of s)

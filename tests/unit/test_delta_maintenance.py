@@ -93,8 +93,8 @@ def test_a_pass_compacts_expires_and_cleans_yet_keeps_rows_marker_and_staged(
     after = sink.table_stats()
     assert after is not None and (after.data_files, after.snapshots) == (1, 1)
     assert [p.name for p in (path / "raysink").iterdir()] == [f"{11:012d}"]  # epoch 11's
-    assert log_names(path) == sorted(
-        [f"{10:020d}.json", f"{10:020d}.checkpoint.parquet", "_last_checkpoint"])
+    assert log_names(path) == sorted([f"{10:020d}.json", f"{10:020d}.checkpoint.parquet",
+                                      f"{10:020d}.crc", "_last_checkpoint"])
 
     sink.commit(11, pending)  # the stream goes on over the compacted table
     assert content(path) == expected(range(1, 11)) + sorted(

@@ -21,7 +21,9 @@ meanwhile), in named steps, each checked against the window's deadline before it
     meta store has not committed are never in a remove action; a path under the staging
     prefix above ``committed_epoch`` is skipped all the same.
 ``cleanup_log``
-    Log entries older than the newest checkpoint at or before the oldest retained version.
+    Log entries older than the newest checkpoint at or before the oldest retained version,
+    and the checksum file of any version but the newest (``_checksum``: the sink writes one
+    per commit and deletes the one before; this sweeps what a restart left).
     A version is retained while it is among the newest ``keep_snapshots`` or younger than
     ``keep_seconds`` (its commit file's time); every retained version stays readable by time
     travel, since the checkpoint it starts from is kept with every entry after it.
@@ -84,6 +86,10 @@ class LogEntry:
     @property
     def is_commit(self) -> bool:
         return self.name.endswith(".json") and self.name.count(".") == 1
+
+    @property
+    def is_checksum(self) -> bool:
+        return self.name.endswith(".crc") and self.name.count(".") == 1
 
     @property
     def is_checkpoint(self) -> bool:
@@ -258,11 +264,15 @@ def _expire_and_clean(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
     hit("maintenance.mid_expiry", runtime=tally.runtime, sink=tally.sink)
     start = max((e.version for e in entries if e.is_checkpoint and e.version <= keep_from),
                 default=0)
-    expiring = [e for e in entries if e.version < start]
+    expiring = [e for e in entries if e.version < start and not e.is_checksum]
     for number, entry in enumerate(expiring):
         store.delete(f"{_LOG}/{entry.name}")
         if number == 0:
             hit("maintenance.mid_cleanup", runtime=tally.runtime, sink=tally.sink)
+    latest = max((e.version for e in entries), default=0)
+    for entry in entries:  # checksum files of versions no longer the newest (_checksum)
+        if entry.is_checksum and entry.version < latest:
+            store.delete(f"{_LOG}/{entry.name}")
     if expiring:
         tally.steps.append("cleanup_log")
         tally.expired += sum(1 for e in expiring if e.is_commit)

@@ -31,6 +31,7 @@ from raysink.sinks._maintenance import (
 from raysink.sinks._table_format import StagedFilesSink, file_schemas
 from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.delta import _maintain
+from raysink.sinks.delta._checksum import write_checksum
 from raysink.sinks.delta._table import (
     STAGING_PREFIX,
     DeltaOptions,
@@ -121,6 +122,7 @@ class DeltaSink(StagedFilesSink):
             compression=compression)
         self._cache = TableCache(self._opts)
         self.maintenance = Maintenance.of(maintenance, "DeltaSink")
+        self._checksum_at: int | None = None
 
     # ------------------------------------------------------------------ description
 
@@ -241,6 +243,7 @@ class DeltaSink(StagedFilesSink):
             self._cleanup_committed(epoch, files, rewritten=None)
             return CommitResult.ALREADY
         if committed is not None:
+            self._write_checksum()
             self._cleanup_committed(epoch, files, rewritten=committed.rewrite)
             logger.info("Delta sink %s committed epoch %d (%d files%s)", self.marker_id,
                         epoch, len(files), ", schema changed" if committed.changed else "")
@@ -430,8 +433,18 @@ class DeltaSink(StagedFilesSink):
     def maintain(self, window: MaintenanceWindow) -> MaintenanceReport:
         """One pass: compaction, checkpoint, expiry of removed files, log cleanup (run by
         the coordinator between this sink's commits; ``_maintain``)."""
-        return _maintain.maintain(self._opts, self.maintenance, window, sink=self.name,
-                                  runtime=self.runtime)
+        report = _maintain.maintain(self._opts, self.maintenance, window, sink=self.name,
+                                    runtime=self.runtime)
+        self._write_checksum()
+        return report
+
+    def _write_checksum(self) -> None:
+        """The newest version's checksum file, so that a fresh Spark reader reads the
+        protocol and metadata from it instead of running two jobs (``_checksum``)."""
+        dt = self._cache.current()
+        if dt is not None:
+            self._checksum_at = write_checksum(self._opts.store(), dt, self.name,
+                                               self._checksum_at)
 
     def table_stats(self) -> TableStats | None:
         dt = self._cache.current()
