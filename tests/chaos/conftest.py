@@ -42,6 +42,10 @@ def pytest_addoption(parser: pytest.Parser) -> None:
     group.addoption("--chaos-resume", action="store_true", default=False,
                     help="skip the trials the trial log holds for this commit; report on "
                          "all of them")
+    group.addoption("--chaos-resume-from", default=None,
+                    help="with --chaos-resume: earlier commits (comma-separated) whose "
+                         "passed trials count too (a harness change that cannot alter a "
+                         "passed trial); their failed trials run again")
 
 
 def _option(config: pytest.Config, name: str, default: Any) -> Any:
@@ -76,8 +80,10 @@ def _earlier(config: pytest.Config, plan: list[TrialSpec]) -> dict[str, TrialRes
         return config.stash.setdefault(_EARLIER, {})
     if _EARLIER not in config.stash:
         log = report_dir(config) / f"trials-seed{chaos_seed(config)}.jsonl"
+        earlier = str(_option(config, "--chaos-resume-from", "") or "")
         config.stash[_EARLIER] = finished(log, code_of_session(config),
-                                          [spec.name for spec in plan])
+                                          [spec.name for spec in plan],
+                                          [c for c in earlier.split(",") if c])
     return config.stash[_EARLIER]
 
 

@@ -27,6 +27,7 @@ from typing import Any
 import pyarrow as pa
 
 from raysink import RaySinkError, SinkRuntime
+from raysink.errors import MetaStoreError, SinkUnavailableError
 from raysink.testing import arm_fault, disarm_faults, fired, fired_context
 from tests.chaos import maintenance, node_loss
 from tests.chaos.checker import Check, check
@@ -61,6 +62,8 @@ _POINT_STALL = 2.0
 _FS_COMMIT_TIMEOUT = 4.0
 _FS_HOLD = 2.5  # seconds a filesystem fault lasts in a stream trial
 _FEED_TIMEOUT = 5.0  # a killed producer is found lost this soon
+_PATIENCE = 60.0  # seconds a driver call is retried while a service comes back
+_COMING_BACK = (MetaStoreError, SinkUnavailableError)
 
 
 @dataclass(kw_only=True)
@@ -220,20 +223,34 @@ class _Trial:
         return parts or [table]
 
     def write(self, rt: SinkRuntime, epoch: int, tries: int = 6) -> bool:
-        """Write ``epoch`` until the driver call succeeds; ``True`` when it is visible."""
-        for _ in range(tries):
+        """Write ``epoch`` until the driver call succeeds; ``True`` when it is visible.
+
+        A user's retry loop: ``tries`` calls, each after the error's ``retry_after`` (or
+        0.3 s); past them, calls go on every second while the last error says a service
+        is coming back (the meta store or a target unreachable, ``_COMING_BACK``), up to
+        ``_PATIENCE`` seconds from the first call. A PostgreSQL crash restart replays its
+        WAL before it takes connections ("the database system is starting up"), which
+        outlasted the six quick tries on a loaded machine (seed 3641: t0378, t0434,
+        t0460). The first ``tries`` calls are as before, so a trial that succeeded
+        within them runs the same."""
+        started, calls, last = time.monotonic(), 0, None
+        while calls < tries or (isinstance(last, _COMING_BACK)
+                                and time.monotonic() - started < _PATIENCE):
+            calls += 1
             try:
                 report = self.way.write(rt, epoch, self.data(epoch))
             except (RaySinkError, ProducerFailed) as exc:
                 self._error(exc)
-                time.sleep(getattr(exc, "retry_after", None) or 0.3)
+                last = exc
+                time.sleep(getattr(exc, "retry_after", None) or (0.3 if calls < tries
+                                                                 else 1.0))
                 continue
             if report.committed:
                 self._committed()
             else:
                 self.result.notes.append(f"epoch {epoch} decided, not yet visible")
             return bool(report.committed)
-        raise AssertionError(f"epoch {epoch} could not be written in {tries} driver calls; "
+        raise AssertionError(f"epoch {epoch} could not be written in {calls} driver calls; "
                              f"errors: {self.result.errors}")
 
     def _error(self, exc: BaseException) -> None:

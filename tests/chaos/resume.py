@@ -51,10 +51,14 @@ def result_from_dict(line: dict[str, Any]) -> TrialResult:
         failure=line.get("failure"), phases=dict(line.get("phases", {})))
 
 
-def finished(log: Path, version: str, names: Iterable[str]) -> dict[str, TrialResult]:
+def finished(log: Path, version: str, names: Iterable[str],
+             passed_on: Iterable[str] = ()) -> dict[str, TrialResult]:
     """The results the log holds for ``names`` on code ``version`` (the last line of each
-    trial wins); none for a dirty tree."""
-    wanted = set(names)
+    trial wins); none for a dirty tree. ``passed_on``: earlier commits whose *passed*
+    trials count as well (``--chaos-resume-from``: a harness change that cannot alter a
+    trial that passed, such as more patience after the sixth failed driver call); their
+    failed trials run again."""
+    wanted, earlier = set(names), set(passed_on)
     if version.endswith("+dirty") or not log.exists():
         return {}
     found: dict[str, TrialResult] = {}
@@ -64,6 +68,10 @@ def finished(log: Path, version: str, names: Iterable[str]) -> dict[str, TrialRe
         except ValueError:
             continue  # a line cut short by a run that was stopped
         name = line.get("spec", {}).get("name")
-        if line.get("commit") == version and name in wanted:
+        if name not in wanted:
+            continue
+        commit = line.get("commit")
+        if commit == version or (commit in earlier and not line.get("failure")
+                                 and name not in found):
             found[name] = result_from_dict(line)
     return found

@@ -34,3 +34,18 @@ def test_only_trials_of_this_commit_count(tmp_path: Path) -> None:
     assert sorted(found) == ["t1"]  # t2 ran on other code, t3 is not in the plan
     assert finished(log, "abc+dirty", ["t1"]) == {}  # uncommitted code: run again
     assert finished(tmp_path / "none.jsonl", "abc", ["t1"]) == {}
+
+
+def test_an_earlier_commit_given_counts_for_its_passed_trials_only(tmp_path: Path) -> None:
+    """``--chaos-resume-from old``: a harness change that cannot alter a passed trial.
+    Its failed trials run again; a line of this commit wins over an earlier one."""
+    log = tmp_path / "trials-seed7.jsonl"
+    failed = {**_result("t2").as_dict(), "commit": "old", "failure": "AssertionError: x"}
+    lines = [{**_result("t1").as_dict(), "commit": "old"}, failed,
+             {**_result("t3").as_dict(), "commit": "other"},
+             {**_result("t4").as_dict(), "commit": "old"},
+             {**_result("t4", lost=1).as_dict(), "commit": "abc"}]
+    log.write_text("\n".join(json.dumps(line) for line in lines) + "\n")
+    found = finished(log, "abc", ["t1", "t2", "t3", "t4"], ["old"])
+    assert sorted(found) == ["t1", "t4"] and not found["t4"].ok
+    assert sorted(finished(log, "abc", ["t1", "t2", "t3", "t4"])) == ["t4"]
