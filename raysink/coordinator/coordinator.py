@@ -350,7 +350,8 @@ class CoordinatorActor(StreamCalls, MaintenanceCalls, CommitWaits):
         skip = decision.skip or decision.wait_roll_forward
         return OpenedEpoch(epoch=decision.epoch, attempt=decision.attempt, skip=skip,
                            skipped_sinks=self._skipped_sinks(decision.epoch, skip),
-                           generation=self._core.generation)
+                           generation=self._core.generation,
+                           committed_through=self._core.committed_through())
 
     async def _retrying_backpressure(self, call: Callable[[], T], timeout: float) -> T:
         """``call`` under the lock, again while it raises ``BackpressureError`` (too many

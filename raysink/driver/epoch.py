@@ -150,6 +150,7 @@ class EpochDriver:
                     return self._report(decision.epoch, 0, True, True,
                                         decision.skipped_sinks, attempt_no - 1, started)
                 epoch, attempt, generation = decision.epoch, decision.attempt, None
+                known = decision.committed_through
             self._predicted = None
             try:
                 rows, outcome = self._feed_and_commit(actors, epoch, attempt, plan,

@@ -49,6 +49,7 @@ class EpochHandle:
         self.epoch, self.attempt = opened.epoch, opened.attempt
         self.skipped = opened.skip
         self._skipped_sinks = opened.skipped_sinks
+        self._committed_through = opened.committed_through  # the seals' hint
         self.checkpoint_id = driver.next_checkpoint()
         self._feed_timeout, self._commit_timeout = feed_timeout, commit_timeout
         self._handed: set[int] = set()
@@ -124,7 +125,8 @@ class EpochHandle:
         barrier = CheckpointBarrier(self.checkpoint_id, self.epoch, BarrierFlags.NONE)
         return self._driver.commit_fed(
             self._actors, self.epoch, self.attempt,
-            lambda: seal_writers(self._actors, barrier, self.attempt, state), self._started)
+            lambda: seal_writers(self._actors, barrier, self.attempt, state,
+                                 self._committed_through), self._started)
 
     def abort(self) -> None:
         """Give the epoch's attempt up: nothing of it becomes visible. Raises raysink
@@ -176,16 +178,19 @@ def wait_for_feeds(actors: ActorSet, epoch: int, attempt: int, feeds: list[int],
 
 
 def seal_writers(actors: ActorSet, barrier: CheckpointBarrier, attempt: int,
-                 state: FeedsState) -> Barriers:
+                 state: FeedsState, committed_through: int | None = None) -> Barriers:
     """Seal every writer that received data with the feeds it must align; the others
-    staged nothing (the driver answers for them)."""
+    staged nothing (the driver answers for them). ``committed_through``: an epoch the
+    driver knows every sink committed, with every one before it (a writer that holds
+    transactions then need not ask before its pre-commit)."""
     by_writer: dict[int, list[int]] = {}
     for feed, counts in state.closed.items():
         for k in counts:
             by_writer.setdefault(int(k), []).append(feed)
     writers = actors.writers
     return Barriers(
-        refs=[WriterClient(handles[k]).seal(barrier, attempt, sorted(feeds)).send()
+        refs=[WriterClient(handles[k]).seal(barrier, attempt, sorted(feeds),
+                                            committed_through).send()
               for handles in writers.values() for k, feeds in sorted(by_writer.items())],
         idle=[(sink, k) for sink, handles in writers.items()
               for k in range(len(handles)) if k not in by_writer])

@@ -228,9 +228,10 @@ class WriterClient:
         return Call(lambda: self.actor.barrier.remote(barrier, attempt, last_seq,
                                                       committed_through))
 
-    def seal(self, barrier: CheckpointBarrier, attempt: int,
-             feeds: Sequence[Any]) -> Call[BarrierAck]:
-        return Call(lambda: self.actor.seal.remote(barrier, attempt, feeds))
+    def seal(self, barrier: CheckpointBarrier, attempt: int, feeds: Sequence[Any],
+             committed_through: int | None = None) -> Call[BarrierAck]:
+        return Call(lambda: self.actor.seal.remote(barrier, attempt, feeds,
+                                                   committed_through))
 
     def cancel(self, barrier: CheckpointBarrier, attempt: int) -> Call[None]:
         return Call(lambda: self.actor.cancel.remote(barrier, attempt))

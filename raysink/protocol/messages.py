@@ -27,13 +27,16 @@ __all__ = ["BarrierAck", "CommitRequest", "CommitWait", "DrainReport", "OpenedEp
 @dataclass(frozen=True, kw_only=True, slots=True)
 class OpenedEpoch:
     """Write ``(epoch, attempt)``; or, with ``skip``, nothing: the epoch is in every target
-    already (``skipped_sinks`` lists them all). ``generation``: the coordinator's."""
+    already (``skipped_sinks`` lists them all). ``generation``: the coordinator's.
+    ``committed_through``: every sink held every epoch up to it when the epoch opened
+    (``None``: none yet); the writers' barriers carry it (``raysink.writer.ordering``)."""
 
     epoch: int
     attempt: int = 0
     skip: bool = False
     skipped_sinks: tuple[str, ...] = ()
     generation: int = 0
+    committed_through: int | None = None
 
 
 @dataclass(frozen=True, kw_only=True, slots=True)

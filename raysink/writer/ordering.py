@@ -6,8 +6,9 @@ pre-commit, so no later epoch's records may precede an earlier one's in the targ
 when an earlier epoch had to be written again (replayed) by its commit. The writer knows
 the earlier epochs committed in one of two ways:
 
-* **told**: the barrier carries ``committed_through``, an epoch the driver knows every
-  sink committed with every epoch before it (the previous epoch's commit answer said so).
+* **told**: the barrier (or an ``EpochHandle``'s seal) carries ``committed_through``, an
+  epoch the driver knows every sink committed with every epoch before it (the previous
+  epoch's commit answer said so, or the epoch's open answer, ``OpenedEpoch``).
   A commit is never taken back, so the fact stays true however late the barrier arrives;
   the highest epoch heard is kept, from barriers and from the status answers below;
 * **asked**: otherwise the coordinator is asked, and answers once no decided (PENDING)

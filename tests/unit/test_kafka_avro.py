@@ -251,7 +251,7 @@ def test_kafka_sink_takes_value_format_avro() -> None:
                      avro_schema=json.dumps(schema), schema_id=5)
     sink = pickle.loads(pickle.dumps(sink))
     table = pa.table({"id": [1, 2], "name": ["a", "b"]})
-    encoded = encode(table, key=sink.key_column, value=sink.value_column,
+    encoded = encode(table, key=sink.key_column, value=sink.value_source,
                      headers=sink.headers)
     assert encoded.values == reference(schema, table, 5)
     assert encoded.keys == ["a", "b"]

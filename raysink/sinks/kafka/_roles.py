@@ -40,7 +40,7 @@ class SinkView(BoundSink, Protocol):
     def key_column(self) -> str | None: ...
 
     @property
-    def value_column(self) -> str | AvroValues | None:
+    def value_source(self) -> str | AvroValues | None:
         """What a record's value is (``_encode.encode``'s ``value``): a column's bytes, the
         row in Avro, or ``None`` (a binary column named ``value``, else JSON)."""
 

@@ -132,7 +132,7 @@ class KafkaSink(Sink):
             transaction_timeout_ms=int(transaction_timeout * 1000), timeout=timeout)
         self.key_column = key
         # a column's name, the Avro schema (``AvroValues``), or None: what ``encode`` takes
-        self.value_column = value_source(value, value_format, avro_schema, schema_id)
+        self.value_source = value_source(value, value_format, avro_schema, schema_id)
         self.headers = tuple(headers)
         self._topics: Topics | None = None
         self._reader: ProgressReader | None = None

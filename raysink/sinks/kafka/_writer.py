@@ -233,7 +233,7 @@ class KafkaWriter(SinkWriter):
 
     def write(self, batch: pa.RecordBatch) -> None:
         s = self.sink
-        encoded = encode(batch, key=s.key_column, value=s.value_column, headers=s.headers)
+        encoded = encode(batch, key=s.key_column, value=s.value_source, headers=s.headers)
         if len(encoded):
             self._buffer.append(encoded)
             self._rows += len(encoded)
