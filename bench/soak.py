@@ -4,10 +4,13 @@ checking that nothing grows (not a test, not in CI).
 Starts its own local Ray and opens two runtimes (one runtime cannot do both: while it
 runs a stream its epochs come from the stream, and ``write_arrow`` is refused):
 
-* ``soak``: 2 writers per sink over a ``ParquetSink``, a ``DeltaSink`` or both
-  (``--sink``); the driver writes fresh Arrow tables (unique int64 ``id``, a string
-  ``name``, a float ``value``; ``--rows`` rows per epoch, cut into ``--batches`` tables
-  so every writer gets data) through ``rt.write_arrow`` until ``--minutes`` have passed;
+* ``soak-<sink>``: one runtime per table sink of ``--sink`` (``parquet``, ``delta``,
+  ``iceberg``, a comma list of them, ``both`` for the first two or ``all``, the default),
+  2 writers each, so that each sink's epoch latency is its own; the driver writes the
+  same fresh Arrow tables (unique int64 ``id``, a string ``name``, a float ``value``;
+  ``--rows`` rows per epoch, cut into ``--batches`` tables so every writer gets data)
+  through each runtime's ``rt.write_arrow`` in turn until ``--minutes`` have passed; the
+  Delta and Iceberg sinks maintain their tables by default;
 * ``soak-stream``: 2 writers over a ``ParquetSink``, ``checkpoint_interval=--interval``;
   ``--producers`` Ray actors (``soak_stream.SoakProducer``) each write ``--stream-rows``
   fresh rows per batch into ``rt.stream()``, pausing ``--stream-pause`` seconds between
@@ -31,11 +34,10 @@ sample. At the end it checks, and prints a verdict for each:
   ``max_pending_epochs``;
 * each meta store's epoch rows stayed within ``sinks * (max_pending_epochs + 2)``, and its
   sink status rows within ``sinks``;
-* the ``write_arrow`` epochs' latency grows by at most ``--max-latency-growth`` (20%):
-  the median over the last 20% of the epochs after the warm-up against the first 20%
-  (one runtime over ``--sink``'s sinks: ``--sink delta`` isolates Delta's); the live
-  data files of each sink's table are printed beside it (``DeltaSink`` maintains its
-  table by default, a Parquet directory holds a file per writer per epoch);
+* each sink's ``write_arrow`` epoch latency grows by at most ``--max-latency-growth``
+  (20%): the median over the last 20% of its epochs after the warm-up against the first
+  20%; the live data files of each sink's table are printed beside it (Delta and Iceberg
+  are compacted, a Parquet directory holds a file per writer per epoch);
 * every ``write_arrow`` epoch was committed with its rows; every producer's stream
   ended committed; every table holds exactly the rows written: each id once, none
   missing, none extra.
@@ -44,7 +46,8 @@ It prints rows/s of each side, epochs, and each process's USS (first, last, peak
 writes a JSON report (``--report``, default ``<workdir>/soak.json``). Exit code 0 when
 every check passed, 1 otherwise::
 
-    .venv/bin/python bench/soak.py --minutes 5 [--sink parquet|delta|both] [--rows 50000]
+    .venv/bin/python bench/soak.py --minutes 5 [--sink all|both|parquet,delta,iceberg]
+        [--rows 50000]
         [--producers 2] [--stream-rows 1000] [--stream-pause 0.1] [--interval 2]
     make soak MINUTES=60
 """
@@ -67,10 +70,12 @@ import pyarrow.compute as pc
 import ray
 import soak_stream
 from soak_check import (
+    ICEBERG_TABLE,
     IdCheck,
     LatencyVerdict,
     MemoryVerdict,
     check_tables,
+    iceberg_catalog,
     latency_verdict,
     memory_verdict,
     table_files,
@@ -79,7 +84,7 @@ from soak_probe import Sampler, Watched
 from soak_stream import StreamSide, StreamTotals
 
 from raysink import SinkRuntime
-from raysink.sinks import DeltaSink, ParquetSink, Sink
+from raysink.sinks import DeltaSink, IcebergSink, ParquetSink, Sink
 
 ARROW_RUNTIME = "soak"
 STREAM_RUNTIME = "soak-stream"
@@ -120,8 +125,9 @@ def parse_args(argv: list[str] | None = None) -> Options:
                         help="rows per write_arrow epoch (50000)")
     parser.add_argument("--batches", type=int, default=8,
                         help="tables per write_arrow epoch, spread over the writers (8)")
-    parser.add_argument("--sink", choices=("parquet", "delta", "both"), default="both",
-                        help="the write_arrow runtime's sinks (both)")
+    parser.add_argument("--sink", default="all",
+                        help="the write_arrow sinks, a runtime each: parquet, delta, iceberg, "
+                             "a comma list, both (parquet,delta) or all (the default)")
     parser.add_argument("--producers", type=int, default=2, help="stream producers (2)")
     parser.add_argument("--stream-rows", type=int, default=1000,
                         help="rows per stream batch (1000)")
@@ -152,6 +158,10 @@ def parse_args(argv: list[str] | None = None) -> Options:
     if min(args.minutes, args.rows, args.batches, args.producers, args.stream_rows,
            args.interval) <= 0 or args.stream_pause < 0:
         parser.error("sizes, counts and intervals must be positive")
+    try:
+        sink_kinds(args.sink)
+    except ValueError as exc:
+        parser.error(str(exc))
     if args.sample_seconds <= 0 or args.probe_seconds <= 0:
         parser.error("--sample-seconds and --probe-seconds must be positive")
     keep = args.keep or args.workdir is not None
@@ -169,15 +179,40 @@ def parse_args(argv: list[str] | None = None) -> Options:
 # ---------------------------------------------------------------------- set-up
 
 
+KINDS = ("parquet", "delta", "iceberg")
+
+
+def sink_kinds(choice: str) -> tuple[str, ...]:
+    """``--sink``'s table sinks, in the order written."""
+    if choice == "all":
+        return KINDS
+    if choice == "both":
+        return KINDS[:2]
+    kinds = tuple(dict.fromkeys(part.strip() for part in choice.split(",") if part.strip()))
+    unknown = [kind for kind in kinds if kind not in KINDS]
+    if unknown or not kinds:
+        raise ValueError(f"--sink {choice!r}: each of {', '.join(KINDS)}, a comma list of "
+                         "them, both or all")
+    return kinds
+
+
 def arrow_tables(choice: str, workdir: Path) -> dict[str, tuple[str, Path]]:
-    """The write_arrow runtime's sinks: name -> (kind, path)."""
-    kinds = ("parquet", "delta") if choice == "both" else (choice,)
-    return {kind: (kind, workdir / kind) for kind in kinds}
+    """The write_arrow sinks, one runtime each: name -> (kind, path); an Iceberg path is
+    the root of its catalog and warehouse."""
+    return {kind: (kind, workdir / kind) for kind in sink_kinds(choice)}
+
+
+def make_sink(kind: str, path: Path) -> Sink:
+    if kind == "parquet":
+        return ParquetSink(path)
+    if kind == "delta":
+        return DeltaSink(str(path))
+    path.mkdir(parents=True, exist_ok=True)
+    return IcebergSink(ICEBERG_TABLE, catalog=iceberg_catalog(path))
 
 
 def make_sinks(tables: dict[str, tuple[str, Path]]) -> dict[str, Sink]:
-    return {name: ParquetSink(path) if kind == "parquet" else DeltaSink(str(path))
-            for name, (kind, path) in tables.items()}
+    return {name: make_sink(kind, path) for name, (kind, path) in tables.items()}
 
 
 def open_runtime(name: str, sinks: dict[str, Sink], metastore: Path,
@@ -204,14 +239,18 @@ def epoch_tables(start: int, rows: int, batches: int,
 
 @dataclass
 class WriteStats:
+    """The write_arrow side: ``epochs`` and ``rows`` count each epoch once (every sink's
+    runtime writes the same rows); ``latencies``: per sink, (when the epoch began, seconds
+    after the start; its seconds)."""
+
     epochs: int = 0
     rows: int = 0
-    uncommitted: list[int] = field(default_factory=list)
-    row_mismatches: list[int] = field(default_factory=list)
+    uncommitted: list[str] = field(default_factory=list)
+    row_mismatches: list[str] = field(default_factory=list)
     error: str | None = None
     started: float = field(default_factory=time.monotonic)
     seconds: float = 0.0
-    latencies: list[float] = field(default_factory=list)
+    latencies: dict[str, list[tuple[float, float]]] = field(default_factory=dict)
 
     @property
     def rate(self) -> float:
@@ -219,22 +258,26 @@ class WriteStats:
         return self.rows / elapsed if elapsed > 0 else 0.0
 
 
-def write_until(rt: SinkRuntime, options: Options, stats: WriteStats) -> None:
-    """Write epochs until the deadline; stop at the first failed ``write_arrow``."""
+def write_until(runtimes: dict[str, SinkRuntime], options: Options,
+                stats: WriteStats) -> None:
+    """Write epochs until the deadline, each into every runtime in turn; stop at the
+    first failed ``write_arrow``."""
     deadline = stats.started + options.minutes * 60
     rng = np.random.default_rng(1)
     try:
         while time.monotonic() < deadline:
             tables = epoch_tables(stats.rows, options.rows, options.batches, rng)
-            began = time.monotonic()
-            report = rt.write_arrow(tables)
-            stats.latencies.append(time.monotonic() - began)
+            for label, rt in runtimes.items():
+                began = time.monotonic()
+                report = rt.write_arrow(tables)
+                stats.latencies.setdefault(label, []).append(
+                    (began - stats.started, time.monotonic() - began))
+                if not report.committed:
+                    stats.uncommitted.append(f"{label}:{report.epoch}")
+                if report.rows != options.rows:
+                    stats.row_mismatches.append(f"{label}:{report.epoch}")
             stats.epochs += 1
             stats.rows += options.rows
-            if not report.committed:
-                stats.uncommitted.append(report.epoch)
-            if report.rows != options.rows:
-                stats.row_mismatches.append(report.epoch)
     except Exception as exc:
         stats.error = f"{type(exc).__name__}: {exc}"
         print(f"[soak] write failed, stopping: {stats.error}", file=sys.stderr)
@@ -256,7 +299,7 @@ class Outcome:
     sampler: Sampler
     memory: list[MemoryVerdict]
     tables: list[IdCheck]
-    latency: LatencyVerdict
+    latency: dict[str, LatencyVerdict]
     files: dict[str, int]
 
 
@@ -264,7 +307,9 @@ def run_side_by_side(options: Options) -> Outcome:
     workdir = options.workdir
     arrow = arrow_tables(options.sink, workdir)
     stream_table = {"stream-parquet": ("parquet", workdir / "stream-parquet")}
-    rt = open_runtime(ARROW_RUNTIME, make_sinks(arrow), workdir / "meta.db")
+    runtimes = {label: open_runtime(f"{ARROW_RUNTIME}-{label}", make_sinks({label: table}),
+                                    workdir / f"meta-{label}.db")
+                for label, table in arrow.items()}
     srt = open_runtime(STREAM_RUNTIME, make_sinks(stream_table), workdir / "meta-stream.db",
                        checkpoint_interval=options.interval)
     side: StreamSide | None = None
@@ -273,8 +318,9 @@ def run_side_by_side(options: Options) -> Outcome:
         side = StreamSide(srt, producers=options.producers, rows=options.stream_rows,
                           pause=options.stream_pause)
         watched = [
-            Watched(label="arrow", rt=rt, metastore=workdir / "meta.db", sinks=len(arrow),
-                    mailbox_limit=CREDITS, max_pending_epochs=MAX_PENDING_EPOCHS),
+            *(Watched(label=f"arrow-{label}", rt=rt, metastore=workdir / f"meta-{label}.db",
+                      sinks=1, mailbox_limit=CREDITS, max_pending_epochs=MAX_PENDING_EPOCHS)
+              for label, rt in runtimes.items()),
             Watched(label="stream", rt=srt, metastore=workdir / "meta-stream.db", sinks=1,
                     mailbox_limit=CREDITS * options.producers,
                     max_pending_epochs=MAX_PENDING_EPOCHS, extra_pids=side.pids)]
@@ -283,7 +329,8 @@ def run_side_by_side(options: Options) -> Outcome:
                           progress=lambda: _progress(stats, srt))
         stats.started = sampler.started = time.monotonic()
         sampler.start()
-        writer = threading.Thread(target=write_until, args=(rt, options, stats), daemon=True)
+        writer = threading.Thread(target=write_until, args=(runtimes, options, stats),
+                                  daemon=True)
         writer.start()
         writer.join()
         stream = side.stop()
@@ -294,7 +341,8 @@ def run_side_by_side(options: Options) -> Outcome:
             sampler.probe_bounds(item)
     finally:
         srt.close()
-        rt.close()
+        for rt in runtimes.values():
+            rt.close()
         if side is not None:
             side.end()
     at = time.monotonic() - sampler.started
@@ -304,7 +352,8 @@ def run_side_by_side(options: Options) -> Outcome:
               for s in sampler.series.values()]
     tables = check_tables(arrow, {0: (0, stats.rows)})
     tables += check_tables(stream_table, side.expected(stream))
-    latency = latency_verdict(stats.latencies, stats.seconds, options.max_latency_growth)
+    latency = {label: latency_verdict(stats.latencies.get(label, []), stats.seconds,
+                                      options.max_latency_growth) for label in arrow}
     files = {label: table_files(kind, path)
              for label, (kind, path) in {**arrow, **stream_table}.items()}
     return Outcome(stats=stats, stream=stream, stream_seconds=stream_seconds,
@@ -347,8 +396,8 @@ def checks_of(options: Options, out: Outcome) -> dict[str, bool]:
                 and w.bounds.status_rows_max <= w.sinks for w in watched.values()),
         "probes answered": all(b.probes > 0 and b.probe_errors == 0 for b in bounds),
         "tables hold every id exactly once": bool(out.tables) and all(t.ok for t in out.tables),
-        f"write_arrow epoch latency growth <= {options.max_latency_growth:.0%}":
-            out.latency.ok,
+        **{f"write_arrow epoch latency growth <= {options.max_latency_growth:.0%} ({label})":
+           verdict.ok for label, verdict in out.latency.items()},
     }
 
 
@@ -356,7 +405,8 @@ def print_summary(options: Options, out: Outcome, checks: dict[str, bool]) -> No
     stats, stream = out.stats, out.stream
     stream_rows = sum(stream.batches) * options.stream_rows
     print(f"\nraysink soak: {options.minutes:g} min, workdir {options.workdir}")
-    print(f"  write_arrow ({options.sink}): {stats.epochs:,} epochs, {stats.rows:,} rows in "
+    print(f"  write_arrow ({', '.join(out.latency)}, a runtime each, the same rows into each): "
+          f"{stats.epochs:,} epochs, {stats.rows:,} rows in "
           f"{stats.seconds:,.1f}s: {stats.rate:,.0f} rows/s, "
           f"{stats.epochs / max(stats.seconds, 1e-9):.2f} epochs/s")
     if stats.error:
@@ -385,10 +435,10 @@ def print_summary(options: Options, out: Outcome, checks: dict[str, bool]) -> No
         print(f"  table {t.sink}: {t.rows:,} rows, {t.distinct:,} distinct ids, "
               f"{t.missing:,} missing, {t.duplicated:,} duplicated, {t.unexpected:,} "
               f"unexpected" + (f", error {t.error}" if t.error else ""))
-    lat = out.latency
-    print(f"  write_arrow epoch latency ({options.sink}): median {lat.first_ms:.1f} ms over the "
-          f"first 20% after the warm-up, {lat.last_ms:.1f} ms over the last: "
-          f"{lat.growth:+.1%}")
+    for label, lat in out.latency.items():
+        print(f"  write_arrow epoch latency ({label}, {lat.epochs:,} epochs): median "
+              f"{lat.first_ms:.1f} ms over the first 20% after the warm-up, "
+              f"{lat.last_ms:.1f} ms over the last: {lat.growth:+.1%}")
     print("  live data files per table: " + ", ".join(
         f"{label} {count:,}" for label, count in out.files.items()))
     for name, ok in checks.items():
@@ -411,7 +461,7 @@ def write_report(options: Options, out: Outcome, checks: dict[str, bool]) -> Non
         "samples": {s.label: s.samples for s in out.sampler.series.values()},
         "bounds": {w.label: asdict(w.bounds) for w in out.sampler.watched},
         "tables": [{**asdict(t), "ok": t.ok} for t in out.tables],
-        "latency": asdict(out.latency),
+        "latency": {label: asdict(lat) for label, lat in out.latency.items()},
         "files": out.files,
         "checks": checks,
         "passed": all(checks.values()),

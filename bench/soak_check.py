@@ -7,6 +7,7 @@ import statistics
 from collections.abc import Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import pyarrow as pa
@@ -59,6 +60,8 @@ def id_batches(kind: str, path: Path) -> Iterator[pa.RecordBatch]:
         import pyarrow.dataset as ds
 
         yield from ds.dataset(str(path), format="parquet").to_batches(columns=["id"])
+    elif kind == "iceberg":
+        yield from iceberg_table(path).scan(selected_fields=("id",)).to_arrow_batch_reader()
     else:
         from deltalake import DeltaTable
 
@@ -129,22 +132,19 @@ class LatencyVerdict:
     ok: bool
 
 
-def latency_verdict(latencies: list[float], run_seconds: float,
+def latency_verdict(epochs: list[tuple[float, float]], run_seconds: float,
                     max_growth: float) -> LatencyVerdict:
+    """``epochs``: (when it began, seconds after the run's start; how long it took)."""
     warmup = min(WARMUP_CAP_SECONDS, run_seconds * EDGE_FRACTION)
-    elapsed, kept = 0.0, []
-    for seconds in latencies:  # epochs run back to back: their sum is the time
-        elapsed += seconds
-        if elapsed >= warmup:
-            kept.append(seconds)
+    kept = [seconds for began, seconds in epochs if began >= warmup]
     edge = max(1, int(len(kept) * EDGE_FRACTION))
     if len(kept) < 2 * edge:
-        return LatencyVerdict(epochs=len(latencies), first_ms=0.0, last_ms=0.0, growth=0.0,
+        return LatencyVerdict(epochs=len(epochs), first_ms=0.0, last_ms=0.0, growth=0.0,
                               ok=False)
     first = statistics.median(kept[:edge])
     last = statistics.median(kept[-edge:])
     growth = last / first - 1.0
-    return LatencyVerdict(epochs=len(latencies), first_ms=first * 1000, last_ms=last * 1000,
+    return LatencyVerdict(epochs=len(epochs), first_ms=first * 1000, last_ms=last * 1000,
                           growth=growth, ok=growth <= max_growth)
 
 
@@ -152,6 +152,23 @@ def table_files(kind: str, path: Path) -> int:
     """The live data files of a sink's table (what every reader lists)."""
     if kind == "parquet":
         return len(list(path.glob("*.parquet")))
+    if kind == "iceberg":
+        return len(iceberg_table(path).inspect.files())
     import deltalake
 
     return len(deltalake.DeltaTable(str(path)).file_uris())
+
+
+ICEBERG_TABLE = "soak.events"
+
+
+def iceberg_catalog(root: Path) -> dict[str, str]:
+    """The SQL catalog of the soak's Iceberg table, kept under ``root``."""
+    return {"type": "sql", "uri": f"sqlite:///{root / 'catalog.db'}",
+            "warehouse": f"file://{root / 'warehouse'}"}
+
+
+def iceberg_table(root: Path) -> Any:
+    from pyiceberg.catalog import load_catalog
+
+    return load_catalog("raysink", **iceberg_catalog(root)).load_table(ICEBERG_TABLE)

@@ -55,6 +55,14 @@ class Maintenance:
     checkpoint_every: int = 100
     """Delta: write a checkpoint every this many versions, so opening the table reads one
     checkpoint and at most this many commits."""
+    tombstone_seconds: float = 86_400.0
+    """Delta: a table the sink creates gets ``delta.deletedFileRetentionDuration`` of this
+    long, so a checkpoint carries a ``remove`` action only for files removed within it
+    (Delta's own default is 7 days: at an epoch a second, about 1.2 M actions that every
+    checkpoint rewrites and every fresh reader loads). A ``VACUUM`` run outside raysink
+    takes the property as its default retention, and raysink's staged files of a pending
+    epoch are protected from such a vacuum only that long: keep it above the longest outage
+    an epoch must survive. A table that exists already keeps its own setting."""
     step_seconds: float = 5.0
     """The longest one maintenance step should hold the sink's commits."""
 
@@ -64,7 +72,7 @@ class Maintenance:
             if getattr(self, name) < 1:
                 raise ConfigError(f"Maintenance({name}=...) must be at least 1, "
                                   f"got {getattr(self, name)!r}")
-        for name in ("min_interval_s", "keep_seconds", "step_seconds"):
+        for name in ("min_interval_s", "keep_seconds", "step_seconds", "tombstone_seconds"):
             if getattr(self, name) < 0:
                 raise ConfigError(f"Maintenance({name}=...) must not be negative, "
                                   f"got {getattr(self, name)!r}")

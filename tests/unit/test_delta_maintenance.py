@@ -173,6 +173,50 @@ def test_the_option_switches_maintenance_off() -> None:
     assert DeltaSink("/tmp/x").maintenance == Maintenance()
 
 
+def checkpoint_removes(path: Path) -> set[str]:
+    """The paths the newest checkpoint's ``remove`` actions name."""
+    import pyarrow.parquet as pq
+
+    newest = max((path / "_delta_log").glob("*.checkpoint.parquet"))
+    removes = pq.read_table(newest, columns=["remove"]).column("remove").to_pylist()
+    return {r["path"] for r in removes if r}
+
+
+def live_paths(path: Path) -> set[str]:
+    return set(pa.table(deltalake.DeltaTable(str(path)).get_add_actions(flatten=False))
+               .column("path").to_pylist())
+
+
+@pytest.mark.parametrize(("seconds", "kept"), [(86_400.0, True), (1.0, False)])
+def test_checkpoints_keep_removes_only_within_the_tombstone_retention(
+        tmp_path: Path, seconds: float, kept: bool) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, TIGHT.replace(tombstone_seconds=seconds))
+    commit_epochs(sink, range(1, 5))
+    small = live_paths(path)
+    assert "compact" in sink.maintain(window(sink)).steps  # removes every small file
+    time.sleep(1.5)
+    commit_epochs(sink, range(5, 6))
+    sink.maintain(window(sink))  # a checkpoint of a later version
+    assert bool(checkpoint_removes(path) & small) is kept
+    assert content(path) == expected(range(1, 6))
+
+
+@pytest.mark.parametrize(("policy", "mode", "expected_retention"), [
+    (Maintenance(), "append", "interval 86400 seconds"),
+    (Maintenance(tombstone_seconds=0.5), "upsert", "interval 1 seconds"),
+    (False, "append", None),
+])
+def test_a_created_table_gets_the_tombstone_retention(
+        tmp_path: Path, policy: Maintenance | bool, mode: str,
+        expected_retention: str | None) -> None:
+    path = tmp_path / "t"
+    options: dict[str, Any] = {"mode": "upsert", "key": ["id"]} if mode == "upsert" else {}
+    commit_epochs(sink_at(path, policy, **options), range(1, 2))  # type: ignore[arg-type]
+    config = deltalake.DeltaTable(str(path)).metadata().configuration
+    assert config.get(_maintain.TOMBSTONE_RETENTION) == expected_retention
+
+
 @pytest.mark.parametrize("point", [
     "maintenance.mid_compaction",  # one partition compacted, the other not
     "maintenance.mid_expiry",  # removed files deleted, their log entries not

@@ -311,6 +311,7 @@ class DeltaSink(StagedFilesSink):
                 create_table_with_add_actions(
                     self._opts.uri, deltalake_module().Schema.from_arrow(plan.schema), actions,
                     mode="error", partition_by=list(self._opts.partition_by) or None,
+                    configuration=_maintain.new_table_configuration(self.maintenance),
                     storage_options=self._opts.storage_options,
                     commit_properties=self._commit_properties(epoch, plan))
             except deltalake_module().exceptions.DeltaError as exc:
@@ -329,6 +330,7 @@ class DeltaSink(StagedFilesSink):
             dt = deltalake_module().DeltaTable.create(
                 self._opts.uri, plan.schema, mode="ignore",
                 partition_by=list(self._opts.partition_by) or None,
+                configuration=_maintain.new_table_configuration(self.maintenance),
                 storage_options=self._opts.storage_options)
             if plan.schema is not None:
                 self._check_fits(dt, plan.schema, epoch)
