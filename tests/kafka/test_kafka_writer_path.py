@@ -141,14 +141,20 @@ def test_a_chunk_another_producer_wrote_into_is_placed_from_the_log(
 
     monkeypatch.setattr(_batches, "_send_range", with_a_foreign_record)
     writer = _writer_of(kafka_broker, topic)
+    readers = []
     try:
-        for batch in _batches_of(rows):
-            writer.write(batch.to_batches()[0])
-        manifest = writer.pre_commit(1, 0)
-        _assert_runs_exact(kafka_broker, topic, manifest, rows)
-        assert writer.finish(1, 0, commit=True).name == "COMMITTED"
+        for epoch in (1, 2):  # the second epoch reads back through the same consumer
+            injected.clear()
+            for batch in _batches_of(rows):
+                writer.write(batch.to_batches()[0])
+            manifest = writer.pre_commit(epoch, 0)
+            _assert_runs_exact(kafka_broker, topic, manifest, rows)
+            assert writer.finish(epoch, 0, commit=True).name == "COMMITTED"
+            assert injected and reports["per record"] == 0
+            assert len(manifest["runs"][str(injected[0])]) >= 2, "the foreign record split a run"
+            readers.append(writer._reader)
     finally:
         writer.close()
         foreign.close()
-    assert injected and reports["per record"] == 0
-    assert len(manifest["runs"][str(injected[0])]) >= 2, "the foreign record split a run"
+    assert readers[0] is not None and readers[1] is readers[0], "one read-back consumer"
+    assert writer._reader is None, "closed with the writer"

@@ -150,6 +150,7 @@ class KafkaWriter(SinkWriter):
         self._takeover: _TakeOver | None = None
         self._takeover_failed = False
         self._partitions: tuple[int, float] | None = None  # the count, when asked
+        self._reader: Any = None  # the consumer reading spread chunks back, kept
 
     # -- the producer ------------------------------------------------------------------
 
@@ -335,20 +336,28 @@ class KafkaWriter(SinkWriter):
 
         ck = kafka_module()
         spread = len(chunks.spread())
-        consumer = ck.Consumer(self.settings.replay_consumer_config())
+        if self._reader is None:  # one per writer: a new one costs a connection and threads
+            self._reader = ck.Consumer(self.settings.replay_consumer_config())
         try:
-            placed = resolve(consumer, self.settings.topic, chunks, self.settings.timeout,
-                             time.monotonic)
+            placed = resolve(self._reader, self.settings.topic, chunks,
+                             self.settings.timeout, time.monotonic)
         except ck.KafkaException as exc:
             log.warning("writer %s: epoch %s: reading back %d chunks failed: %s",
                         self.writer_id, epoch, spread, exc)
+            self._close_reader()
             placed = False
-        finally:
-            consumer.close()
         log.info("writer %s: epoch %s: %d chunks another producer wrote into %s",
                  self.writer_id, epoch, spread,
                  "placed from their records read back" if placed else "could not be placed")
         return chunks.runs() if placed else None
+
+    def _close_reader(self) -> None:
+        reader, self._reader = self._reader, None
+        if reader is not None:
+            try:
+                reader.close()
+            except Exception as exc:  # a consumer that failed may fail to close too
+                log.debug("writer %s: closing the read-back consumer: %s", self.writer_id, exc)
 
     def _produce_each(self, producer: Any, buffer: list[Encoded], epoch: int) -> Runs:
         from raysink.sinks.kafka._config import kafka_module
@@ -477,6 +486,7 @@ class KafkaWriter(SinkWriter):
     def close(self) -> None:
         """Abort a transaction still held (its epoch, if decided, is replayed by the
         coordinator), then let the producer go."""
+        self._close_reader()
         self._settle_takeover()
         producer = self._producer
         if producer is None:
