@@ -202,6 +202,19 @@ def test_checkpoints_keep_removes_only_within_the_tombstone_retention(
     assert content(path) == expected(range(1, 6))
 
 
+@pytest.mark.parametrize(("policy", "checkpointed"), [(TIGHT, False), (False, True)])
+def test_a_maintained_table_is_checkpointed_by_its_passes_only(
+        tmp_path: Path, policy: Maintenance | bool, checkpointed: bool) -> None:
+    """delta-rs's post-commit hooks list the whole log after each commit; a maintained
+    sink switches them off (its passes checkpoint), an unmaintained one keeps them: a
+    checkpoint at version 100 (``delta.checkpointInterval``)."""
+    path = tmp_path / "t"
+    commit_epochs(sink_at(path, policy), range(1, 102))  # type: ignore[arg-type]
+    assert deltalake.DeltaTable(str(path)).version() == 100
+    assert bool(list((path / "_delta_log").glob("*.checkpoint.parquet"))) is checkpointed
+    assert content(path) == expected(range(1, 102))
+
+
 @pytest.mark.parametrize(("policy", "mode", "expected_retention"), [
     (Maintenance(), "append", "interval 86400 seconds"),
     (Maintenance(tombstone_seconds=0.5), "upsert", "interval 1 seconds"),

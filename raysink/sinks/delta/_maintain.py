@@ -192,7 +192,9 @@ def _compact(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
         filters = [(name, "=", value) for name, value in values.items()] or None
         metrics = dt.optimize.compact(
             partition_filters=filters, target_size=tally.policy.target_file_bytes,
-            commit_properties=dl.CommitProperties(custom_metadata={MAINTENANCE_KEY: "compact"}))
+            commit_properties=dl.CommitProperties(custom_metadata={MAINTENANCE_KEY: "compact"}),
+            post_commithook_properties=dl.PostCommitHookProperties(  # the pass checkpoints
+                create_checkpoint=False, cleanup_expired_logs=False))
         removed = int(metrics.get("numFilesRemoved", 0))
         if removed:
             if "compact" not in tally.steps:

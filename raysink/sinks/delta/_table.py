@@ -166,6 +166,17 @@ class TableCache:
         self._table, self._log_inode = self._opts.load(), inode
         return self._table
 
+    def latest(self) -> Any | None:
+        """The table as the last ``current()`` left it, without reading the log again
+        (``current()`` when nothing is cached, or the table is not local). Each
+        ``update_incremental`` lists the whole ``_delta_log``, which holds every retained
+        version (about 1,200 entries at 14 epochs a second and ``keep_seconds=60``: 5 ms a
+        listing); a caller that needs the table as of a moment ago, and whose commit
+        fails on a newer version anyway, takes this one."""
+        if self._table is None or not self._opts.local:
+            return self.current()
+        return self._table
+
     def __getstate__(self) -> dict[str, Any]:
         return {"_opts": self._opts, "_table": None, "_log_inode": None}
 
