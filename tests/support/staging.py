@@ -7,9 +7,10 @@ from collections.abc import Mapping, Sequence
 
 import pyarrow as pa
 
+from raysink.protocol.messages import CommitRequest
 from raysink.sinks.base import Manifest, Sink
 
-__all__ = ["stage_writers"]
+__all__ = ["stage_writers", "writer_request"]
 
 
 def stage_writers(sink: Sink, epoch: int,
@@ -30,3 +31,12 @@ def stage_writers(sink: Sink, epoch: int,
         writer.close()
     json.dumps(manifests)
     return manifests
+
+
+def writer_request(epoch: int, attempt: int, rows: int, *, sink: str = "main",
+                   writer: int = 0) -> CommitRequest:
+    """What writer ``writer`` sends the coordinator at its pre-commit of ``rows`` rows:
+    for coordinator tests that play the writers (a ``MemorySink`` holding the rows)."""
+    return CommitRequest(sink=sink, writer=writer, epoch=epoch, attempt=attempt,
+                         manifest={"epoch": epoch, "attempt": attempt, "writer": writer,
+                                   "rows": rows}, rows=rows)

@@ -18,8 +18,8 @@ import pytest
 from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.coordinator.retries import BACKOFF_START, REMIND_EVERY, CommitRetries
 from raysink.errors import DataLossError, SinkUnavailableError
-from raysink.protocol.messages import CommitRequest
 from raysink.sinks.base import CommitResult, Manifest
+from tests.support.staging import writer_request
 from tests.unit.memsink import MemorySink, MemoryTarget
 from tests.unit.test_metrics import _Fake, fakes  # noqa: F401
 
@@ -46,10 +46,8 @@ def test_a_lost_epoch_makes_the_sink_failed_in_status_and_metrics(
             retry_cap=0.2))
         opened = await actor.open_epoch(1, 5.0)
         target.staged[(1, opened.attempt, 0)] = [1, 2, 3]
-        request = CommitRequest(sink="main", writer=0, epoch=1, attempt=opened.attempt,
-                                manifest={"epoch": 1, "attempt": opened.attempt,
-                                          "writer": 0, "rows": 3}, rows=3)
-        wait = await actor.commit_epoch(1, opened.attempt, [request], timeout=0.5)
+        wait = await actor.commit_epoch(1, opened.attempt, [writer_request(1, opened.attempt, 3)],
+                                        timeout=0.5)
         assert not wait.committed
         for _ in range(100):
             status = (await actor.status()).sinks["main"]

@@ -16,7 +16,7 @@ from raysink.coordinator.coordinator import CoordinatorActor, CoordinatorConfig
 from raysink.coordinator.producers import FeedsState
 from raysink.driver.handle import seal_writers
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
-from raysink.protocol.messages import CommitRequest
+from tests.support.staging import writer_request
 from tests.unit.memsink import MemorySink, MemoryTarget
 from tests.unit.test_metrics import _Fake, fakes  # noqa: F401
 
@@ -58,10 +58,8 @@ def test_an_opened_epoch_says_which_epochs_every_sink_holds(
         try:
             first = await actor.open_epoch(1, 5.0)
             target.staged[(1, first.attempt, 0)] = [1, 2, 3]
-            request = CommitRequest(sink="main", writer=0, epoch=1, attempt=first.attempt,
-                                    manifest={"epoch": 1, "attempt": first.attempt,
-                                              "writer": 0, "rows": 3}, rows=3)
-            wait = await actor.commit_epoch(1, first.attempt, [request], timeout=5.0)
+            wait = await actor.commit_epoch(1, first.attempt,
+                                            [writer_request(1, first.attempt, 3)], timeout=5.0)
             assert wait.committed
             second = await actor.open_epoch(2, 5.0)
             return first.committed_through, second.committed_through
