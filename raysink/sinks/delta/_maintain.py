@@ -64,7 +64,8 @@ from raysink.sinks._maintenance import (
 )
 from raysink.sinks.delta._table import STAGING_PREFIX, DeltaOptions, deltalake_module
 
-__all__ = ["MAINTENANCE_KEY", "LogEntry", "maintain", "new_table_configuration", "stats"]
+__all__ = ["MAINTENANCE_KEY", "LogEntry", "commit_hooks", "maintain", "new_table_configuration",
+           "stats"]
 
 logger = logging.getLogger(__name__)
 
@@ -91,6 +92,18 @@ def new_table_configuration(policy: Maintenance) -> dict[str, str | None] | None
         return None
     seconds = max(1, math.ceil(policy.tombstone_seconds))
     return {TOMBSTONE_RETENTION: f"interval {seconds} seconds"}
+
+
+def commit_hooks(policy: Maintenance) -> Any:
+    """delta-rs's post-commit hooks for the sink's commits and compactions: off while
+    raysink maintains the table (its passes write the checkpoints and clean the log), since
+    after every commit they look through the whole ``_delta_log``, every retained version of
+    it (9-15 ms a commit at 1,200 entries against 5.7 ms without, deltalake 1.6.6); ``None``,
+    delta-rs's defaults, when maintenance is off, so the table is still checkpointed."""
+    if not policy.enabled:
+        return None
+    return deltalake_module().PostCommitHookProperties(create_checkpoint=False,
+                                                       cleanup_expired_logs=False)
 
 
 @dataclass(frozen=True, slots=True)
@@ -193,8 +206,7 @@ def _compact(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
         metrics = dt.optimize.compact(
             partition_filters=filters, target_size=tally.policy.target_file_bytes,
             commit_properties=dl.CommitProperties(custom_metadata={MAINTENANCE_KEY: "compact"}),
-            post_commithook_properties=dl.PostCommitHookProperties(  # the pass checkpoints
-                create_checkpoint=False, cleanup_expired_logs=False))
+            post_commithook_properties=commit_hooks(tally.policy))
         removed = int(metrics.get("numFilesRemoved", 0))
         if removed:
             if "compact" not in tally.steps:

@@ -301,15 +301,7 @@ class DeltaSink(StagedFilesSink):
             app_transactions=[dl.Transaction(app_id=self.marker_id, version=epoch)])
 
     def _hooks(self) -> Any:
-        """delta-rs's post-commit hooks, off while raysink maintains the table (its passes
-        write the checkpoints and clean the log): after every commit they look through the
-        whole ``_delta_log``, every retained version of it, for a checkpoint and expired
-        entries (9-15 ms a commit at 1,200 entries against 5.7 ms without, deltalake 1.6.6;
-        epoch latency grew with the retained versions). ``None``: delta-rs's defaults."""
-        if not self.maintenance.enabled:
-            return None
-        return deltalake_module().PostCommitHookProperties(create_checkpoint=False,
-                                                           cleanup_expired_logs=False)
+        return _maintain.commit_hooks(self.maintenance)
 
     def _commit_append(self, dt: Any | None, epoch: int, files: list[dict[str, Any]],
                        plan: _SchemaPlan) -> None:
