@@ -195,6 +195,19 @@ class SinkWriter(ABC):
     def rollback(self, epoch: int, attempt: int) -> None:
         """Drop what this writer staged or buffered for ``(epoch, attempt)``."""
 
+    def wants_early_start(self) -> bool:
+        """A sink with ``holds_transactions``: whether this writer would begin the current
+        epoch's transaction now, before its pre-commit (it holds enough of the epoch that
+        writing it while the rest arrives pays). Asked after each table applied; the
+        writer actor then calls ``start_early`` once every earlier epoch is committed."""
+        return False
+
+    def start_early(self, epoch: int, attempt: int) -> None:  # noqa: B027 - optional hook
+        """Begin ``(epoch, attempt)``'s transaction with what is buffered; later writes of
+        the attempt go to the target as they come, ``pre_commit`` ends them as before and
+        ``rollback`` aborts them. Never raises for the target: a writer that cannot begin
+        early leaves the epoch to its pre-commit."""
+
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release files and connections. Called once by the draining close
         (``rt.close()``), never after; not called when the actor crashes or is killed."""

@@ -20,6 +20,13 @@ the earlier epochs committed in one of two ways:
 Being told saves the round trip before each pre-commit on the common path (one epoch
 after another through ``rt.write*``); a stream, whose writers pre-commit while earlier
 epochs commit, still asks.
+
+``now(epoch)`` is the question without the wait, for a writer that would begin an epoch's
+transaction before its pre-commit (``SinkWriter.start_early``: a large epoch produced
+while the rest of it still arrives): yes only when every epoch up to ``epoch - 1`` is
+committed to every sink (the runtime's ``last_committed_epoch``, stricter than
+``committed_before``, which does not count an earlier epoch still being gathered), and
+asked of the coordinator at most once a second.
 """
 
 from __future__ import annotations
@@ -41,10 +48,12 @@ class EarlierCommits:
 
     def __init__(self, *, runtime: str, sink: str, writer: int, timeout: float,
                  status: Callable[[int, float], RuntimeStatus], lost: Callable[[], None],
-                 ask_every: float = 5.0) -> None:
+                 ask_every: float = 5.0, clock: Callable[[], float] = time.monotonic) -> None:
         self._runtime, self._sink, self._writer = runtime, sink, writer
         self._timeout, self._ask_every = timeout, ask_every
         self._status, self._lost = status, lost
+        self._clock = clock
+        self._asked_at: float | None = None  # when ``now`` last asked the coordinator
         # every epoch up to this one is committed to every sink
         self.committed_through: int | None = None
 
@@ -57,6 +66,23 @@ class EarlierCommits:
     def known(self, epoch: int) -> bool:
         """Whether every epoch before ``epoch`` is known committed without asking."""
         return self.committed_through is not None and self.committed_through >= epoch - 1
+
+    def now(self, epoch: int) -> bool:
+        """Whether every epoch before ``epoch`` is committed to every sink: known, or the
+        coordinator's answer without waiting (asked at most once a second; ``False`` when
+        it cannot answer now). See the module docstring."""
+        if self.known(epoch):
+            return True
+        now = self._clock()
+        if self._asked_at is not None and now - self._asked_at < 1.0:
+            return False
+        self._asked_at = now
+        try:
+            self.learn(self._status(epoch, 0.0).last_committed_epoch)
+        except Exception:
+            self._lost()
+            return False
+        return self.known(epoch)
 
     def wait(self, epoch: int) -> None:
         """Return once every epoch before ``epoch`` is committed to the sink: at once when

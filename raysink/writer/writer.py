@@ -27,7 +27,8 @@ process, ping  control     answer at once (``process``: where the writer runs an
 
 A sink with ``holds_transactions`` pre-commits an epoch only once every earlier epoch is
 committed to it (``raysink.writer.ordering``: told by the barrier's
-``committed_through``, else asked of the coordinator).
+``committed_through``, else asked of the coordinator); it may begin a large epoch's
+transaction before the barrier, once every earlier epoch is committed (``_start_early``).
 
 A timer flushes every ``flush_interval`` seconds (sharing the write lock), and a watchdog
 warns every ``warn_interval`` seconds while a call into the sink lasts. A write error
@@ -240,6 +241,7 @@ class SinkWriterActor:
                     for _, table in run:
                         if slot is not None:
                             self._apply(slot, table)
+                            self._start_early(epoch, attempt)
                         rows += table.num_rows
                         nbytes += table.nbytes
                         _faults.hit("writer.during_write", runtime=self._config.runtime,
@@ -252,6 +254,14 @@ class SinkWriterActor:
             finally:
                 self._mailbox.applied((epoch, attempt), [feed for feed, _ in run], rows)
                 self._metrics.applied(rows, nbytes)
+
+    def _start_early(self, epoch: int, attempt: int) -> None:
+        """``SinkWriter.start_early`` when the sink writer asks for it and every earlier
+        epoch is committed to every sink (``EarlierCommits.now``; under ``_lock``)."""
+        if (self._config.sink.holds_transactions and self._writer.wants_early_start()
+                and self._earlier.now(epoch)):
+            self._sink_call("start_early",
+                            functools.partial(self._writer.start_early, epoch, attempt))
 
     def _apply(self, slot: EpochSlot[pa.Table], table: pa.Table) -> None:
         limit = self._config.max_batch_bytes
@@ -419,8 +429,9 @@ class SinkWriterActor:
     def _coordinator_status(self, epoch: int, wait: float) -> RuntimeStatus:
         import ray
 
+        # no wait (``EarlierCommits.now``, under the write lock): given up soon
         status: RuntimeStatus = ray.get(self._coordinator().earlier_committed(
-            self._config.sink_name, epoch, wait).send(), timeout=wait + 30)
+            self._config.sink_name, epoch, wait).send(), timeout=wait + 30 if wait else 2.0)
         return status
 
     def _forget_coordinator(self) -> None:

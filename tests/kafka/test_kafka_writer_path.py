@@ -12,7 +12,7 @@ import pyarrow as pa
 import pytest
 
 from raysink.sinks import KafkaSink
-from raysink.sinks.kafka import _batches, _writer
+from raysink.sinks.kafka import _batches, _produced
 from raysink.sinks.kafka._progress import Topics
 from raysink.sinks.kafka._replay import part_ranges
 from tests.support.kafka import KafkaBroker, read_topic
@@ -83,13 +83,13 @@ def test_a_part_is_placed_like_librdkafka_and_its_runs_are_exact(
         kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch, broken: bool) -> None:
     rows = 3_000
     reports = {"per record": 0}
-    per_record = _writer._Deliveries.report
+    per_record = _produced.Deliveries.report
 
     def counted(self: Any, err: Any, msg: Any) -> None:
         reports["per record"] += 1
         per_record(self, err, msg)
 
-    monkeypatch.setattr(_writer._Deliveries, "report", counted)
+    monkeypatch.setattr(_produced.Deliveries, "report", counted)
     if broken:  # as if another producer's batch had landed inside a chunk
         monkeypatch.setattr(_batches.Chunks, "runs", lambda self: None)
     topic = f"w-{uuid.uuid4().hex[:10]}"
@@ -121,8 +121,8 @@ def test_a_chunk_another_producer_wrote_into_is_placed_from_the_log(
 
     rows = 3_000
     reports = {"per record": 0}
-    per_record = _writer._Deliveries.report
-    monkeypatch.setattr(_writer._Deliveries, "report", lambda self, err, msg: (
+    per_record = _produced.Deliveries.report
+    monkeypatch.setattr(_produced.Deliveries, "report", lambda self, err, msg: (
         reports.__setitem__("per record", reports["per record"] + 1),
         per_record(self, err, msg)))
     topic = f"w-{uuid.uuid4().hex[:10]}"

@@ -16,6 +16,7 @@ import pytest
 from raysink.sinks.kafka._batches import (
     CHUNK,
     Chunks,
+    Planner,
     _Chunk,
     key_partitions,
     partition_order,
@@ -63,6 +64,29 @@ def test_plan_keeps_each_keys_order_and_spreads_the_writers() -> None:
         half = len(ids) // 2
         assert ids[:half] == sorted(ids[:half]) and ids[half:] == ids[:half]
     assert partition_order(6, 0)[0] != partition_order(6, 1)[0]
+
+
+def test_a_planner_places_batch_after_batch_as_one_plan_of_them_all() -> None:
+    """An epoch begun early is planned a batch at a time: records without a key go on
+    rotating where the last batch left off (not back at the writer's first partition
+    each batch), so they spread over the partitions as the whole epoch planned at once
+    would; keyed records go where their key does either way."""
+    def batch(start: int, rows: int) -> Any:
+        table = pa.table({"k": [None if i % 3 else f"k{i % 11}" for i in
+                                range(start, start + rows)],
+                          "id": list(range(start, start + rows))})
+        return encode(table, key="k", value=None, headers=())
+
+    batches = [batch(i * 5_000, 5_000) for i in range(6)]
+    placed_at_once = {(p.partition, v) for p in plan(batches, 4, writer=2) for v in p.values}
+    planner = Planner(4, 2)
+    placed_in_turn = {(p.partition, v) for b in batches for p in planner.plan([b])
+                      for v in p.values}
+    assert placed_in_turn == placed_at_once
+    # each batch planned afresh would start its unkeyed blocks at the same partition
+    placed_afresh = {(p.partition, v) for b in batches for p in Planner(4, 2).plan([b])
+                     for v in p.values}
+    assert placed_afresh != placed_at_once
 
 
 def _reported(*chunks: tuple[int, int, int, int]) -> Chunks:

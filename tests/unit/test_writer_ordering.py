@@ -159,3 +159,58 @@ def test_the_coordinator_answers_after_the_wait_whatever_the_status() -> None:
     waits = _Snapshots(_status(committed=3, pending=[4]))
     answer = asyncio.run(waits.earlier_committed("main", 5, wait=0.1))
     assert not answer.committed_before("main", 5)  # the writer asks again
+
+
+class _Clock:
+    def __init__(self) -> None:
+        self.now = 100.0
+
+    def __call__(self) -> float:
+        return self.now
+
+
+def test_now_answers_from_what_is_known_without_asking(nothing_pending: Coordinator) -> None:
+    earlier = _earlier(nothing_pending)
+    earlier.learn(4)
+    assert earlier.now(5)
+    assert nothing_pending.asked == 0
+
+
+def test_now_asks_without_waiting_and_at_most_once_a_second() -> None:
+    """An early start asks the coordinator without a wait; it is told no while epoch 5 is
+    not committed everywhere, and does not ask again within the second."""
+    coordinator = Coordinator(_status(committed=4, pending=[5]),
+                              _status(committed=5, pending=[]))
+    clock = _Clock()
+    earlier = EarlierCommits(runtime="rt", sink="main", writer=0, timeout=5.0,
+                             status=coordinator.status, lost=lambda: None, clock=clock)
+    assert not earlier.now(6)
+    assert coordinator.questions == [(6, 0.0)]
+    clock.now += 0.5
+    assert not earlier.now(6)
+    assert coordinator.asked == 1
+    clock.now += 0.6
+    assert earlier.now(6)
+    assert coordinator.questions == [(6, 0.0), (6, 0.0)]
+
+
+def test_now_needs_every_earlier_epoch_committed_not_only_the_decided_ones() -> None:
+    """Epoch 5 is still being gathered (not decided, so not pending): ``wait`` would let
+    a pre-commit of 6 go (its own barrier follows 5's at every writer), but an early start
+    of 6 could put its records before 5's, so ``now`` says no until 5 is committed."""
+    coordinator = Coordinator(_status(committed=4, pending=[]))
+    earlier = _earlier(coordinator)
+    assert not earlier.now(6)
+    assert earlier.now(5)
+
+
+def test_now_is_no_when_the_coordinator_cannot_answer() -> None:
+    lost: list[bool] = []
+
+    def failing(epoch: int, wait: float) -> RuntimeStatus:
+        raise TimeoutError("no answer in 2 s")
+
+    earlier = EarlierCommits(runtime="rt", sink="main", writer=0, timeout=5.0,
+                             status=failing, lost=lambda: lost.append(True))
+    assert not earlier.now(3)
+    assert lost == [True]

@@ -3,7 +3,8 @@
 
 ``from raysink.sinks import KafkaSink`` (or ``raysink.sinks.kafka.KafkaSink``). Each writer
 slot owns one transactional producer; an epoch's records are produced at the writer's
-pre-commit inside a transaction the writer keeps open, and committed by the writer when
+pre-commit (a large epoch's from ``early_start_records`` records on, as they arrive)
+inside a transaction the writer keeps open, and committed by the writer when
 the coordinator's commit asks it to. A transaction belongs to the producer instance that
 opened it (librdkafka cannot resume or hand it over, and the prepared transactions of
 two-phase-commit participation are not in the brokers or clients here), so a part whose
@@ -16,6 +17,9 @@ coordinator, ``_writer`` in each writer actor)::
     _sink        KafkaSink: the description and the coordinator's calls (commit, abort,
                  markers, a marker held back healed)
     _writer      KafkaWriter: one writer slot's transactional producer
+    _takeover    a new producer's transactional id taken over, in a thread
+    _produced    one transaction's records sent so far (begun at the pre-commit or early),
+                 or with a delivery report per record
     _batches     an epoch's records placed and produced by partition, their offset runs
                  from two delivery reports per chunk (or the chunk read back)
     _replay      a lost part written again, from the log, in bounded chunks

@@ -49,7 +49,8 @@ import pyarrow.compute as pc
 if TYPE_CHECKING:
     from raysink.sinks.kafka._encode import Encoded
 
-__all__ = ["BLOCK", "CHUNK", "Chunks", "Part", "key_partitions", "partition_order", "plan"]
+__all__ = ["BLOCK", "CHUNK", "Chunks", "Part", "Planner", "key_partitions", "partition_order",
+           "plan"]
 
 CHUNK = 512
 """Records of one partition between two pairs of delivery reports. Small, because a chunk
@@ -159,30 +160,52 @@ class _Rows:
     headers: list[list[tuple[str, Any]]] | None
 
 
+@dataclass(slots=True)
+class Planner:
+    """Places one transaction's records, batch after batch (``plan``): the records
+    without a key go on rotating a block of ``BLOCK`` at a time where the last batch
+    left off, so a transaction produced in many small plans (an epoch begun early,
+    ``KafkaWriter.start_early``) spreads them as one plan of every batch would."""
+
+    count: int
+    writer: int
+    rotor: int = -1
+
+    def __post_init__(self) -> None:
+        if self.rotor < 0:
+            self.rotor = self.writer
+
+    def plan(self, buffer: Sequence[Encoded]) -> list[Part]:
+        """``buffer``'s records grouped by partition (in ``partition_order``), each
+        batch's in its row order: a key's records keep their order."""
+        count = self.count
+        by_partition: dict[int, list[Part]] = {p: [] for p in range(count)}
+        for encoded in buffer:
+            rows = len(encoded)
+            if encoded.key_array is not None:
+                chosen = key_partitions(encoded.key_array, count)
+            else:
+                chosen = np.full(rows, -1, dtype=np.int64)
+            unkeyed = chosen < 0
+            if unkeyed.any():  # a block of BLOCK rows per partition, rotating
+                blocks = np.cumsum(unkeyed) - 1
+                chosen = np.where(unkeyed, (self.rotor + blocks // BLOCK) % count, chosen)
+                self.rotor += int(blocks[-1]) // BLOCK + 1
+            order = np.argsort(chosen, kind="stable")
+            bounds = np.searchsorted(chosen[order], np.arange(count + 1))
+            for p in range(count):
+                if bounds[p] == bounds[p + 1]:
+                    continue
+                taken = encoded.take(pa.array(order[bounds[p]:bounds[p + 1]]))
+                by_partition[p].append(Part(p, taken))
+        return [part for p in partition_order(count, self.writer)
+                for part in by_partition[p]]
+
+
 def plan(buffer: Sequence[Encoded], count: int, writer: int) -> list[Part]:
     """The epoch's records grouped by partition (in ``partition_order``), each batch's in
-    its row order: a key's records keep their order."""
-    by_partition: dict[int, list[Part]] = {p: [] for p in range(count)}
-    rotor = writer
-    for encoded in buffer:
-        rows = len(encoded)
-        if encoded.key_array is not None:
-            chosen = key_partitions(encoded.key_array, count)
-        else:
-            chosen = np.full(rows, -1, dtype=np.int64)
-        unkeyed = chosen < 0
-        if unkeyed.any():  # a block of BLOCK rows per partition, rotating
-            blocks = np.cumsum(unkeyed) - 1
-            chosen = np.where(unkeyed, (rotor + blocks // BLOCK) % count, chosen)
-            rotor += int(blocks[-1]) // BLOCK + 1
-        order = np.argsort(chosen, kind="stable")
-        bounds = np.searchsorted(chosen[order], np.arange(count + 1))
-        for p in range(count):
-            if bounds[p] == bounds[p + 1]:
-                continue
-            taken = encoded.take(pa.array(order[bounds[p]:bounds[p + 1]]))
-            by_partition[p].append(Part(p, taken))
-    return [part for p in partition_order(count, writer) for part in by_partition[p]]
+    its row order: a key's records keep their order (one ``Planner``'s plan)."""
+    return Planner(count, writer).plan(buffer)
 
 
 @dataclass(slots=True)

@@ -14,7 +14,7 @@ from raysink.errors import ConfigError, SinkUnavailableError
 from raysink.protocol.requirements import check_extra
 
 __all__ = ["THROUGHPUT", "FatalWatch", "KafkaSettings", "check_client_config",
-           "default_progress_topic", "kafka_module"]
+           "default_progress_topic", "kafka_module", "positive_or_none"]
 
 _INSTALL_HINT = ("the Kafka sink needs confluent-kafka: pip install 'raysink[kafka]' "
                  "(or pip install confluent-kafka)")
@@ -136,11 +136,14 @@ def check_topic(name: str, option: str) -> str:
     return name
 
 
-def _positive_or_none(value: int | None, option: str) -> int | None:
+def positive_or_none(value: int | None, option: str,
+                     none: str = "the broker's default") -> int | None:
+    """``value`` if a positive integer or ``None`` (which means ``none``), else
+    ``ConfigError``."""
     if value is not None and (isinstance(value, bool) or not isinstance(value, int)
                               or value < 1):
-        raise ConfigError(f"{option} must be a positive integer or None (the broker's "
-                          f"default); got {value!r}")
+        raise ConfigError(f"{option} must be a positive integer or None ({none}); got "
+                          f"{value!r}")
     return value
 
 
@@ -173,9 +176,9 @@ class KafkaSettings:
         if self.progress_topic == self.topic:
             raise ConfigError(f"progress_topic must differ from topic ({self.topic!r}): "
                               "the progress topic is compacted, the data topic must not be")
-        _positive_or_none(self.partitions, "partitions")
-        _positive_or_none(self.replication_factor, "replication_factor")
-        _positive_or_none(self.min_insync_replicas, "min_insync_replicas")
+        positive_or_none(self.partitions, "partitions")
+        positive_or_none(self.replication_factor, "replication_factor")
+        positive_or_none(self.min_insync_replicas, "min_insync_replicas")
         if self.topic_config.get("cleanup.policy", "delete") != "delete":
             raise ConfigError("topic_config['cleanup.policy'] must be 'delete': compaction "
                               "drops the records of aborted transactions, which the sink "

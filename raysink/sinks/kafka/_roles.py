@@ -47,6 +47,11 @@ class SinkView(BoundSink, Protocol):
     @property
     def headers(self) -> Sequence[str]: ...
 
+    @property
+    def early_start_records(self) -> int | None:
+        """Records of an epoch after which a writer begins its transaction early
+        (``None``: at the pre-commit)."""
+
 
 class CommittingSink(BoundSink, Protocol):
     """The bound sink as the coordinator's replay of a lost part uses it."""

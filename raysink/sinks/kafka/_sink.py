@@ -45,9 +45,11 @@ from raysink.sinks.kafka._config import (
     check_topic,
     default_progress_topic,
     kafka_module,
+    positive_or_none,
     unavailable,
 )
 from raysink.sinks.kafka._encode import check_columns, value_source
+from raysink.sinks.kafka._produced import EARLY_RECORDS
 from raysink.sinks.kafka._progress import (
     KafkaManifest,
     ProgressReader,
@@ -86,7 +88,8 @@ class KafkaSink(Sink):
     progress topic (``progress_topic``, default ``<topic>-raysink-progress``: one
     partition, compacted) by the first commit. ``transaction_timeout`` (seconds) bounds
     how long a writer's transaction may stay open: one that outlives it is aborted by the
-    broker and its epoch replayed from the log.
+    broker and its epoch replayed from the log. A writer holding ``early_start_records``
+    of an epoch begins its transaction early (``_produced``; ``None``: at the pre-commit).
     """
 
     kind = "kafka"
@@ -113,6 +116,7 @@ class KafkaSink(Sink):
         transactional_id_prefix: str = "raysink",
         transaction_timeout: float = 900.0,
         timeout: float = 60.0,
+        early_start_records: int | None = EARLY_RECORDS,
     ) -> None:
         kafka_module()
         check_columns(key, value, headers)
@@ -134,6 +138,8 @@ class KafkaSink(Sink):
         # a column's name, the Avro schema (``AvroValues``), or None: what ``encode`` takes
         self.value_source = value_source(value, value_format, avro_schema, schema_id)
         self.headers = tuple(headers)
+        self.early_start_records = positive_or_none(early_start_records, "early_start_records",
+                                                    "every epoch begins at its pre-commit")
         self._topics: Topics | None = None
         self._reader: ProgressReader | None = None
         self._committer: Committer | None = None
@@ -150,11 +156,7 @@ class KafkaSink(Sink):
                 "key": self.key_column}
 
     def __getstate__(self) -> dict[str, Any]:
-        state = dict(self.__dict__)
-        for name in _LIVE:
-            state[name] = None
-        state["_read_at"], state["_ready"] = 0.0, False
-        return state
+        return {**self.__dict__, **dict.fromkeys(_LIVE), "_read_at": 0.0, "_ready": False}
 
     def _where(self, epoch: int | None = None) -> dict[str, Any]:
         return {"runtime": self.runtime or None, "sink": self.name or None, "epoch": epoch}

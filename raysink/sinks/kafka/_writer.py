@@ -14,6 +14,10 @@ the producer wait for the thread.
 ``write`` encodes each batch (``_encode``) and keeps the records until the epoch ends.
 ``pre_commit`` begins a transaction, produces them, flushes, and keeps the transaction
 open: the records are durable in the data topic, invisible to ``read_committed`` readers.
+A large epoch's transaction may begin before (``start_early``, ``_produced``): the
+records buffered are produced then, and each later batch as it comes; ``pre_commit``
+flushes. The records stay buffered to the end either way, so that transaction can be
+aborted and the epoch produced again in one go at its pre-commit.
 Its manifest names the transactional id, this actor, and per partition the runs of
 offsets the records got (from the delivery reports: ``[first, count]`` per run, one run
 per batch the client sent; other producers' records may lie between runs), which is what
@@ -39,14 +43,16 @@ from __future__ import annotations
 
 import logging
 import threading
-from collections.abc import Callable
+import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
 from raysink.sinks.base import Held, SinkWriter
-from raysink.sinks.kafka._batches import Chunks, plan, produce_parts, resolve
+from raysink.sinks.kafka._batches import Chunks, resolve
 from raysink.sinks.kafka._encode import Encoded, encode
 from raysink.sinks.kafka._failures import error_of, is_fencing, missing_acl, named
+from raysink.sinks.kafka._produced import Deliveries, Produced, Runs, produce_each
 from raysink.sinks.kafka._progress import (
     KafkaManifest,
     ProgressReader,
@@ -54,6 +60,7 @@ from raysink.sinks.kafka._progress import (
     part_key,
     record_value,
 )
+from raysink.sinks.kafka._takeover import TakeOver
 
 if TYPE_CHECKING:
     import pyarrow as pa
@@ -64,69 +71,10 @@ __all__ = ["KafkaWriter", "Runs"]
 
 log = logging.getLogger(__name__)
 
-Runs = dict[str, list[list[int]]]
-"""Offsets of one part's records per partition (as a string): ``[[first, count], ...]``."""
 
 _REMEMBERED = 64
 _PARTITIONER = "consistent_random"  # librdkafka's default, which ``_batches`` reproduces
 _METADATA_AGE = 60.0  # seconds a partition count is used before it is asked again
-
-
-class _Deliveries:
-    """Delivery reports of one transaction: runs of offsets per partition, the first
-    error. Reports of one partition come in offset order."""
-
-    def __init__(self) -> None:
-        self.runs: dict[int, list[list[int]]] = {}
-        self.error: Any = None
-        self.count = 0
-
-    def report(self, err: Any, msg: Any) -> None:
-        if err is not None:
-            if self.error is None:
-                self.error = err
-            return
-        self.count += 1
-        runs = self.runs.setdefault(msg.partition(), [])
-        offset = msg.offset()
-        if runs and runs[-1][0] + runs[-1][1] == offset:
-            runs[-1][1] += 1
-        else:
-            runs.append([offset, 1])
-
-    def manifest_runs(self) -> Runs:
-        return {str(p): runs for p, runs in sorted(self.runs.items())}
-
-
-class _TakeOver:
-    """``init_transactions`` of a new producer for ``txn_id``, in a thread: ``result()``
-    waits for it and gives the producer and its error watch, or raises what it raised."""
-
-    def __init__(self, make: Callable[[], tuple[Any, Any]], txn_id: str) -> None:
-        self._make = make
-        self._outcome: tuple[Any, Any] | BaseException | None = None
-        self._thread = threading.Thread(target=self._run, daemon=True,
-                                        name=f"raysink-kafka-takeover-{txn_id}")
-        self._thread.start()
-
-    def _run(self) -> None:
-        try:
-            self._outcome = self._make()
-        except BaseException as exc:  # handed to the caller of result()
-            self._outcome = exc
-
-    def done(self) -> bool:
-        return not self._thread.is_alive()
-
-    def result(self, timeout: float) -> tuple[Any, Any]:
-        self._thread.join(timeout)
-        outcome = self._outcome
-        if outcome is None:
-            raise SinkUnavailableError(f"taking a transactional id over did not end in "
-                                       f"{timeout:g} s")
-        if isinstance(outcome, BaseException):
-            raise outcome
-        return outcome
 
 
 class KafkaWriter(SinkWriter):
@@ -147,17 +95,19 @@ class KafkaWriter(SinkWriter):
         self._topic_checked = False
         self._state = threading.Lock()
         self._watch: Any = None
-        self._takeover: _TakeOver | None = None
+        self._takeover: TakeOver | None = None
         self._takeover_failed = False
         self._partitions: tuple[int, float] | None = None  # the count, when asked
         self._reader: Any = None  # the consumer reading spread chunks back, kept
+        self._early: Produced | None = None  # a transaction begun before its pre-commit
+        self._early_off = False  # the epoch being written begins at its pre-commit
 
     # -- the producer ------------------------------------------------------------------
 
     def open(self) -> None:
         """Start taking the transactional id over (see the module docstring)."""
         if self._producer is None and self._takeover is None:
-            self._takeover = _TakeOver(self._new_producer, self.txn_id)
+            self._takeover = TakeOver(self._new_producer, self.txn_id)
 
     def _new_producer(self) -> tuple[Any, Any]:
         """A producer that owns the transactional id (``init_transactions`` done), and the
@@ -209,6 +159,7 @@ class KafkaWriter(SinkWriter):
         """After a fatal error: this producer is done; the next use makes a new one."""
         self._producer = None
         self._held = None
+        self._early = None
 
     def _error(self, what: str, exc: BaseException, epoch: int | None = None
                ) -> RaySinkError:
@@ -238,12 +189,97 @@ class KafkaWriter(SinkWriter):
         if len(encoded):
             self._buffer.append(encoded)
             self._rows += len(encoded)
+            if self._early is not None:
+                self._send_early([encoded])
+
+    # -- a transaction begun before the pre-commit ----------------------------------
+
+    def wants_early_start(self) -> bool:
+        """The sink's ``early_start_records`` buffered, no transaction open (begun early,
+        or held for the coordinator), and no early start tried yet for this epoch."""
+        threshold = self.sink.early_start_records
+        return (threshold is not None and self._early is None and not self._early_off
+                and self._held is None and self._rows >= threshold)
+
+    def start_early(self, epoch: int, attempt: int) -> None:
+        """Begin ``(epoch, attempt)``'s transaction and produce what is buffered (the
+        writer actor calls it once every earlier epoch is committed). Where that cannot
+        be (the broker unreachable, records placed by another ``partitioner``), the epoch
+        is left to its pre-commit, which says what is wrong."""
+        from raysink.sinks.kafka._config import kafka_module
+
+        ck = kafka_module()
+        self._early_off = True  # one try an epoch: on again once the attempt has ended
+        try:
+            self._ensure_topic(epoch)
+            producer = self._ensure_producer()
+            count = self._partition_count(producer, epoch)
+        except RaySinkError as exc:
+            log.info("writer %s: epoch %s begins at its pre-commit: %s", self.writer_id,
+                     epoch, exc)
+            return
+        if count is None:
+            return  # placed by librdkafka, a delivery report a record: at the pre-commit
+        try:
+            producer.begin_transaction()
+        except ck.KafkaException as exc:
+            if exc.args and exc.args[0].fatal():
+                self._drop_producer()
+            log.info("writer %s: epoch %s begins at its pre-commit: %s", self.writer_id,
+                     epoch, self._error("could not begin a transaction", exc, epoch))
+            return
+        self._early_off = False
+        self._early = Produced(producer, self.settings.topic, count, self.writer_id,
+                               (epoch, attempt), time.monotonic())
+        self._send_early(self._buffer)
+
+    def _send_early(self, buffer: Sequence[Encoded]) -> None:
+        """Produce ``buffer`` into the transaction begun early; give it up instead when
+        it has been open half of ``transaction_timeout``, or when the produce fails."""
+        from raysink.sinks.kafka._config import kafka_module
+
+        early = self._early
+        assert early is not None
+        if time.monotonic() - early.began > self.settings.transaction_timeout_ms / 2000:
+            self._give_up_early("it has been open for half of transaction_timeout "
+                                f"({self.settings.transaction_timeout_ms / 1000:g} s)")
+            return
+        try:
+            early.send(buffer)
+        except kafka_module().KafkaException as exc:
+            error = exc.args[0] if exc.args else None
+            self._give_up_early(f"a produce failed: {named(error or exc)}",
+                                fatal=error is not None and error.fatal())
+
+    def _give_up_early(self, why: str, *, fatal: bool = False) -> None:
+        """Abort the transaction begun early (none of it is ever visible); the epoch's
+        records, all still buffered, are produced at its pre-commit."""
+        early, self._early = self._early, None
+        self._early_off = True
+        if early is None:
+            return
+        log.warning("writer %s: the transaction of epoch %s attempt %s, begun before its "
+                    "pre-commit, is aborted (%s); the epoch's %d records are produced at "
+                    "its pre-commit", self.writer_id, early.key and early.key[0],
+                    early.key and early.key[1], why, self._rows)
+        if fatal:
+            self._drop_producer()
+        else:
+            self._abort_quietly(early.producer)
+
+    # -- the pre-commit ------------------------------------------------------------
 
     def pre_commit(self, epoch: int, attempt: int) -> KafkaManifest:
-        """Produce the epoch's records in a transaction and keep it open."""
+        """Produce the epoch's records in a transaction (or end the one begun early) and
+        keep it open."""
         buffer, rows = self._buffer, self._rows
         self._buffer, self._rows = [], 0
+        early, self._early, self._early_off = self._early, None, False
         self._sealed = (epoch, attempt)
+        if early is not None and early.key != (epoch, attempt):
+            # another attempt's (its rollback aborts it first: not expected)
+            self._abort_quietly(early.producer)
+            early = None
         manifest: KafkaManifest = {"writer": self.writer_id, "rows": rows, "epoch": epoch,
                               "attempt": attempt}
         if not rows:
@@ -251,7 +287,7 @@ class KafkaWriter(SinkWriter):
             return manifest
         self._ensure_topic(epoch)
         producer = self._ensure_producer()
-        runs = self._produce(producer, buffer, epoch)
+        runs = self._produce(producer, buffer, epoch, early)
         with self._state:
             self._held, self._marked = (epoch, attempt), False
         manifest.update({"txn": self.txn_id, "actor": _actor_name(),
@@ -259,15 +295,18 @@ class KafkaWriter(SinkWriter):
                          "bytes": sum(e.nbytes for e in buffer)})
         return manifest
 
-    def _produce(self, producer: Any, buffer: list[Encoded], epoch: int) -> Runs:
-        """Produce the epoch's records in a new transaction; the offset runs they got.
-        Chunked (``_batches``: two delivery reports per chunk) when this writer can place
-        records as librdkafka's partitioner would; with a report per record otherwise,
-        or when a chunk's records were not contiguous (that transaction is aborted
-        first: none of it is ever visible)."""
-        count = self._partition_count(producer, epoch)
-        if count is not None:
-            runs = self._produce_chunked(producer, buffer, count, epoch)
+    def _produce(self, producer: Any, buffer: list[Encoded], epoch: int,
+                 early: Produced | None) -> Runs:
+        """Produce the epoch's records in a new transaction (or flush the one begun
+        early, ``early``); the offset runs they got. Chunked (``_batches``: two delivery
+        reports per chunk) when this writer can place records as librdkafka's
+        partitioner would; with a report per record otherwise, or when a chunk's
+        records were not contiguous (that transaction is aborted first: none of it is
+        ever visible)."""
+        count = None if early is not None else self._partition_count(producer, epoch)
+        if early is not None or count is not None:
+            runs = (self._settle(early, epoch) if early is not None
+                    else self._produce_chunked(producer, buffer, count or 0, epoch))
             if runs is not None:
                 return runs
             log.warning("writer %s: epoch %s: a chunk's records were not contiguous "
@@ -279,8 +318,6 @@ class KafkaWriter(SinkWriter):
     def _partition_count(self, producer: Any, epoch: int) -> int | None:
         """The data topic's partition count (asked once a minute), or ``None`` when the
         records must be placed by librdkafka (another ``partitioner`` configured)."""
-        import time
-
         from raysink.sinks.kafka._config import kafka_module
 
         if self.settings.producer.get("partitioner", _PARTITIONER) != _PARTITIONER:
@@ -305,14 +342,24 @@ class KafkaWriter(SinkWriter):
         from raysink.sinks.kafka._config import kafka_module
 
         ck = kafka_module()
-        chunks = Chunks()
-        parts = plan(buffer, count, self.writer_id)
+        produced = Produced(producer, self.settings.topic, count, self.writer_id, None,
+                            time.monotonic())
         try:
             producer.begin_transaction()
-            produce_parts(producer, self.settings.topic, parts, chunks,
-                          lambda: producer.poll(0.05))
-            left = self._watch.flush(producer, self.settings.timeout)
+            produced.send(buffer)
         except ck.KafkaException as exc:
+            raise self._failed(producer, "could not produce", exc, epoch) from exc
+        return self._settle(produced, epoch)
+
+    def _settle(self, produced: Produced, epoch: int) -> Runs | None:
+        """Flush the transaction's records; their runs, or ``None`` when a chunk cannot be
+        placed (the transaction is then aborted)."""
+        from raysink.sinks.kafka._config import kafka_module
+
+        producer, chunks = produced.producer, produced.chunks
+        try:
+            left = self._watch.flush(producer, self.settings.timeout)
+        except kafka_module().KafkaException as exc:
             raise self._failed(producer, "could not produce", exc, epoch) from exc
         self._check_delivered(producer, left, chunks.error, epoch)
         runs = chunks.runs()
@@ -330,8 +377,6 @@ class KafkaWriter(SinkWriter):
     def _place_spread(self, chunks: Chunks, epoch: int) -> Runs | None:
         """Runs of the chunks another producer wrote into, from their offsets read back
         (``_batches.resolve``); ``None`` when one cannot be placed for sure."""
-        import time
-
         from raysink.sinks.kafka._config import kafka_module
 
         ck = kafka_module()
@@ -363,11 +408,11 @@ class KafkaWriter(SinkWriter):
         from raysink.sinks.kafka._config import kafka_module
 
         ck = kafka_module()
-        deliveries = _Deliveries()
+        deliveries = Deliveries()
         try:
             producer.begin_transaction()
             for encoded in buffer:
-                _produce_all(producer, self.settings.topic, encoded, deliveries.report)
+                produce_each(producer, self.settings.topic, encoded, deliveries.report)
             left = self._watch.flush(producer, self.settings.timeout)
         except ck.KafkaException as exc:
             raise self._failed(producer, "could not produce", exc, epoch) from exc
@@ -403,6 +448,7 @@ class KafkaWriter(SinkWriter):
             self._drop_producer()
         with self._state:
             self._held = None
+        self._early = None
 
     def _ensure_topic(self, epoch: int) -> None:
         """The data topic, created at this writer's first epoch when missing (never by
@@ -435,7 +481,10 @@ class KafkaWriter(SinkWriter):
         if held:
             self._abort_quietly(self._producer)
         elif self._sealed != (epoch, attempt):
+            if self._early is not None:  # begun early with the records dropped here
+                self._abort_quietly(self._early.producer)
             self._buffer, self._rows = [], 0
+            self._early_off = False
 
     # -- the coordinator's call ---------------------------------------------------------
 
@@ -492,32 +541,11 @@ class KafkaWriter(SinkWriter):
         if producer is None:
             return
         with self._state:
-            held = self._held is not None
+            held = self._held is not None or self._early is not None
         if held:
             self._abort_quietly(producer)
         producer.flush(5.0)
         self._producer = None
-
-
-def _produce_all(producer: Any, topic: str, encoded: Encoded,
-                 report: Callable[[Any, Any], None]) -> None:
-    """Produce one batch's records; a full local queue is waited out."""
-    produce = producer.produce
-    values = encoded.values
-    keys = encoded.keys or [None] * len(values)
-    headers = encoded.headers
-    for i, (value, key) in enumerate(zip(values, keys, strict=True)):
-        while True:
-            try:
-                if headers is None:
-                    produce(topic, value, key, on_delivery=report)
-                else:
-                    produce(topic, value, key, on_delivery=report, headers=headers[i])
-                break
-            except BufferError:
-                producer.poll(0.05)
-        if not i & 0x3FF:
-            producer.poll(0)
 
 
 def _actor_name() -> str | None:
