@@ -24,9 +24,11 @@ epochs commit, still asks.
 ``now(epoch)`` is the question without the wait, for a writer that would begin an epoch's
 transaction before its pre-commit (``SinkWriter.start_early``: a large epoch produced
 while the rest of it still arrives): yes only when every epoch up to ``epoch - 1`` is
-committed to every sink (the runtime's ``last_committed_epoch``, stricter than
-``committed_before``, which does not count an earlier epoch still being gathered), and
-asked of the coordinator at most once a second.
+committed to every sink (the runtime's ``last_committed_epoch``), or ``epoch`` is the
+lowest epoch open and no epoch below it is decided and uncommitted (every epoch below it
+then committed or aborted: an epoch below one in flight is never opened after it). That
+is stricter than ``committed_before``, which does not count an earlier epoch still being
+gathered. Asked of the coordinator at most once a second.
 """
 
 from __future__ import annotations
@@ -78,11 +80,16 @@ class EarlierCommits:
             return False
         self._asked_at = now
         try:
-            self.learn(self._status(epoch, 0.0).last_committed_epoch)
+            status = self._status(epoch, 0.0)
         except Exception:
             self._lost()
             return False
-        return self.known(epoch)
+        self.learn(status.last_committed_epoch)
+        # or ``epoch`` is the lowest epoch open and none below it is decided: every epoch
+        # below it is then committed or aborted (the runtime's first epoch, or numbers
+        # skipped), since none below an epoch in flight can be opened after it
+        return self.known(epoch) or (status.open_epoch == epoch and not any(
+            p < epoch for p in status.pending_epochs))
 
     def wait(self, epoch: int) -> None:
         """Return once every epoch before ``epoch`` is committed to the sink: at once when

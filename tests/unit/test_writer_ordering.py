@@ -24,12 +24,14 @@ from raysink.writer.ordering import EarlierCommits
 
 
 def _status(*, committed: int | None, pending: list[int],
-            sink_committed: int | None = None) -> RuntimeStatus:
+            sink_committed: int | None = None, open_epoch: int | None = None
+            ) -> RuntimeStatus:
     """The coordinator's answer: ``committed`` by every sink, ``pending`` decided,
-    ``sink_committed`` the last epoch committed to sink ``main``."""
+    ``sink_committed`` the last epoch committed to sink ``main``, ``open_epoch`` the
+    lowest epoch open."""
     done = committed if sink_committed is None else sink_committed
     return RuntimeStatus(name="rt", metastore="sqlite://", last_committed_epoch=committed,
-                         pending_epochs=pending,
+                         pending_epochs=pending, open_epoch=open_epoch,
                          sinks={"main": SinkStatus(state="running",
                                                    last_committed_epoch=done,
                                                    last_error=None)})
@@ -214,3 +216,15 @@ def test_now_is_no_when_the_coordinator_cannot_answer() -> None:
                              status=failing, lost=lambda: lost.append(True))
     assert not earlier.now(3)
     assert lost == [True]
+
+
+@pytest.mark.parametrize(("status", "epoch", "early"), [
+    (_status(committed=None, pending=[], open_epoch=1), 1, True),  # a fresh runtime
+    (_status(committed=3, pending=[], open_epoch=7), 7, True),  # 4-6 never opened/aborted
+    (_status(committed=3, pending=[5], open_epoch=7), 7, False),  # 5 decided, to commit
+    (_status(committed=None, pending=[], open_epoch=5), 6, False),  # 5 open below 6
+    (_status(committed=None, pending=[], open_epoch=None), 2, False),  # 2 not open: unknown
+])
+def test_now_for_the_lowest_open_epoch_with_nothing_below_it_to_commit(
+        status: RuntimeStatus, epoch: int, early: bool) -> None:
+    assert _earlier(Coordinator(status)).now(epoch) is early
