@@ -28,7 +28,7 @@ committed to every sink (the runtime's ``last_committed_epoch``), or ``epoch`` i
 lowest epoch open and no epoch below it is decided and uncommitted (every epoch below it
 then committed or aborted: an epoch below one in flight is never opened after it). That
 is stricter than ``committed_before``, which does not count an earlier epoch still being
-gathered. Asked of the coordinator at most once a second.
+gathered. Asked of the coordinator once for each epoch, then at most once a second.
 """
 
 from __future__ import annotations
@@ -55,7 +55,7 @@ class EarlierCommits:
         self._timeout, self._ask_every = timeout, ask_every
         self._status, self._lost = status, lost
         self._clock = clock
-        self._asked_at: float | None = None  # when ``now`` last asked the coordinator
+        self._asked: tuple[int, float] | None = None  # ``now``'s last question: epoch, when
         # every epoch up to this one is committed to every sink
         self.committed_through: int | None = None
 
@@ -71,14 +71,14 @@ class EarlierCommits:
 
     def now(self, epoch: int) -> bool:
         """Whether every epoch before ``epoch`` is committed to every sink: known, or the
-        coordinator's answer without waiting (asked at most once a second; ``False`` when
-        it cannot answer now). See the module docstring."""
+        coordinator's answer without waiting (asked once an epoch, then at most once a
+        second; ``False`` when it cannot answer now). See the module docstring."""
         if self.known(epoch):
             return True
         now = self._clock()
-        if self._asked_at is not None and now - self._asked_at < 1.0:
+        if self._asked is not None and self._asked[0] == epoch and now - self._asked[1] < 1.0:
             return False
-        self._asked_at = now
+        self._asked = (epoch, now)
         try:
             status = self._status(epoch, 0.0)
         except Exception:

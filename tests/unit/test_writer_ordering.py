@@ -196,6 +196,20 @@ def test_now_asks_without_waiting_and_at_most_once_a_second() -> None:
     assert coordinator.questions == [(6, 0.0), (6, 0.0)]
 
 
+def test_now_asks_at_once_about_a_new_epoch() -> None:
+    """The next epoch's first table comes within the second of the last question (one
+    epoch after another through ``rt.write*``): it is asked about at once."""
+    coordinator = Coordinator(_status(committed=5, pending=[], open_epoch=6),
+                              _status(committed=6, pending=[], open_epoch=7))
+    clock = _Clock()
+    earlier = EarlierCommits(runtime="rt", sink="main", writer=0, timeout=5.0,
+                             status=coordinator.status, lost=lambda: None, clock=clock)
+    assert earlier.now(6)
+    clock.now += 0.05
+    assert earlier.now(7)
+    assert [q for q, _ in coordinator.questions] == [6, 7]
+
+
 def test_now_needs_every_earlier_epoch_committed_not_only_the_decided_ones() -> None:
     """Epoch 5 is still being gathered (not decided, so not pending): ``wait`` would let
     a pre-commit of 6 go (its own barrier follows 5's at every writer), but an early start

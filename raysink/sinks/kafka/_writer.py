@@ -231,6 +231,8 @@ class KafkaWriter(SinkWriter):
         self._early_off = False
         self._early = Produced(producer, self.settings.topic, count, self.writer_id,
                                (epoch, attempt), time.monotonic())
+        log.info("writer %s: epoch %s attempt %s begun before its pre-commit, with %d "
+                 "records", self.writer_id, epoch, attempt, self._rows)
         self._send_early(self._buffer)
 
     def _send_early(self, buffer: Sequence[Encoded]) -> None:
