@@ -6,8 +6,9 @@ open too long, a failed produce) leaves none of it visible and the epoch whole."
 
 from __future__ import annotations
 
-import time
+import contextlib
 import uuid
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -59,35 +60,46 @@ def _write_early(writer: Any, epoch: int, attempt: int) -> list[Any]:
     return rest
 
 
+def _commit_exact(broker: KafkaBroker, topic: str, writer: Any, epoch: int,
+                  attempt: int) -> None:
+    """Pre-commit, the manifest's runs naming exactly the epoch's records, and commit."""
+    manifest = writer.pre_commit(epoch, attempt)
+    _assert_runs_exact(broker, topic, manifest, ROWS)
+    assert writer.finish(epoch, attempt, commit=True).name == "COMMITTED"
+
+
+@contextlib.contextmanager
+def _begun_early(broker: KafkaBroker, **options: Any) -> Iterator[tuple[str, Any, list[Any]]]:
+    """A fresh topic, a writer with epoch 1 (attempt 0) begun early, and the epoch's
+    batches not yet written; afterwards the writer is closed and the topic must hold
+    every record of the epoch once."""
+    topic = f"e-{uuid.uuid4().hex[:10]}"
+    writer = _writer(broker, topic, **options)
+    try:
+        yield topic, writer, _write_early(writer, 1, 0)
+    finally:
+        writer.close()
+    assert _committed_ids(broker, topic) == list(range(ROWS))
+
+
 def test_an_epoch_begun_early_is_in_the_log_before_its_pre_commit_and_named_exactly(
         kafka_broker: KafkaBroker) -> None:
-    topic = f"e-{uuid.uuid4().hex[:10]}"
-    writer = _writer(kafka_broker, topic)
-    try:
-        rest = _write_early(writer, 1, 0)
+    with _begun_early(kafka_broker) as (topic, writer, rest):
         for batch in rest:
             writer.write(batch)
         writer._producer.flush(30)
         assert _uncommitted(kafka_broker, topic) == ROWS, "produced as written"
         assert not writer.wants_early_start(), "one transaction at a time"
-        manifest = writer.pre_commit(1, 0)
-        _assert_runs_exact(kafka_broker, topic, manifest, ROWS)
-        assert writer.finish(1, 0, commit=True).name == "COMMITTED"
+        _commit_exact(kafka_broker, topic, writer, 1, 0)
         # the next epoch, below the threshold: begun at its pre-commit as before
         writer.write(_batches_of(300)[0].to_batches()[0])
         assert not writer.wants_early_start()
         writer.rollback(2, 0)
-    finally:
-        writer.close()
-    assert _committed_ids(kafka_broker, topic) == list(range(ROWS))
 
 
 def test_a_rollback_aborts_what_was_produced_early_and_the_next_attempt_is_whole(
         kafka_broker: KafkaBroker) -> None:
-    topic = f"e-{uuid.uuid4().hex[:10]}"
-    writer = _writer(kafka_broker, topic)
-    try:
-        rest = _write_early(writer, 1, 0)
+    with _begun_early(kafka_broker) as (topic, writer, rest):
         writer.write(rest[0])
         writer._producer.flush(30)  # in the log (an abort drops what is still queued)
         writer.rollback(1, 0)
@@ -95,12 +107,7 @@ def test_a_rollback_aborts_what_was_produced_early_and_the_next_attempt_is_whole
         rest = _write_early(writer, 1, 1)  # the attempt again, begun early again
         for batch in rest:
             writer.write(batch)
-        manifest = writer.pre_commit(1, 1)
-        _assert_runs_exact(kafka_broker, topic, manifest, ROWS)
-        assert writer.finish(1, 1, commit=True).name == "COMMITTED"
-    finally:
-        writer.close()
-    assert _committed_ids(kafka_broker, topic) == list(range(ROWS))
+        _commit_exact(kafka_broker, topic, writer, 1, 1)
     assert _uncommitted(kafka_broker, topic) > ROWS, "the aborted attempt reached the log"
 
 
@@ -128,31 +135,23 @@ def test_an_early_transaction_open_half_its_timeout_is_given_up_for_the_pre_comm
     """An epoch whose records come slowly would outlive ``transaction_timeout`` (and be
     aborted by the broker at every try): at half of it the early transaction is aborted
     and the epoch, still buffered, is produced in one go at its pre-commit."""
-    topic = f"e-{uuid.uuid4().hex[:10]}"
-    writer = _writer(kafka_broker, topic, transaction_timeout=4.0)
-    try:
-        rest = _write_early(writer, 1, 0)
-        time.sleep(2.2)
+    with _begun_early(kafka_broker, transaction_timeout=60.0) as (topic, writer, rest):
+        began = writer._early.began
+        writer._clock = lambda: began + 29.0
         writer.write(rest[0])
+        assert writer._early is not None, "open less than half of transaction_timeout"
+        writer._clock = lambda: began + 31.0
+        writer.write(rest[1])
         assert writer._early is None, "given up"
         assert not writer.wants_early_start(), "not begun early again in this epoch"
-        writer.write(rest[1])
-        manifest = writer.pre_commit(1, 0)
-        _assert_runs_exact(kafka_broker, topic, manifest, ROWS)
-        assert writer.finish(1, 0, commit=True).name == "COMMITTED"
-    finally:
-        writer.close()
-    assert _committed_ids(kafka_broker, topic) == list(range(ROWS))
+        _commit_exact(kafka_broker, topic, writer, 1, 0)
 
 
 def test_a_produce_that_fails_early_leaves_the_epoch_to_its_pre_commit(
         kafka_broker: KafkaBroker, monkeypatch: pytest.MonkeyPatch) -> None:
     from confluent_kafka import KafkaError, KafkaException
 
-    topic = f"e-{uuid.uuid4().hex[:10]}"
-    writer = _writer(kafka_broker, topic)
-    try:
-        rest = _write_early(writer, 1, 0)
+    with _begun_early(kafka_broker) as (topic, writer, rest):
         send = _produced.Produced.send
 
         def refused(self: Any, buffer: Any) -> None:
@@ -163,12 +162,7 @@ def test_a_produce_that_fails_early_leaves_the_epoch_to_its_pre_commit(
         assert writer._early is None
         monkeypatch.setattr(_produced.Produced, "send", send)
         writer.write(rest[1])
-        manifest = writer.pre_commit(1, 0)
-        _assert_runs_exact(kafka_broker, topic, manifest, ROWS)
-        assert writer.finish(1, 0, commit=True).name == "COMMITTED"
-    finally:
-        writer.close()
-    assert _committed_ids(kafka_broker, topic) == list(range(ROWS))
+        _commit_exact(kafka_broker, topic, writer, 1, 0)
 
 
 @pytest.mark.usefixtures("ray_session")

@@ -44,7 +44,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
 from raysink.errors import DataLossError, RaySinkError, SinkUnavailableError
@@ -101,6 +101,7 @@ class KafkaWriter(SinkWriter):
         self._reader: Any = None  # the consumer reading spread chunks back, kept
         self._early: Produced | None = None  # a transaction begun before its pre-commit
         self._early_off = False  # the epoch being written begins at its pre-commit
+        self._clock: Callable[[], float] = time.monotonic  # an early transaction's age
 
     # -- the producer ------------------------------------------------------------------
 
@@ -230,7 +231,7 @@ class KafkaWriter(SinkWriter):
             return
         self._early_off = False
         self._early = Produced(producer, self.settings.topic, count, self.writer_id,
-                               (epoch, attempt), time.monotonic())
+                               (epoch, attempt), self._clock())
         log.info("writer %s: epoch %s attempt %s begun before its pre-commit, with %d "
                  "records", self.writer_id, epoch, attempt, self._rows)
         self._send_early(self._buffer)
@@ -242,7 +243,7 @@ class KafkaWriter(SinkWriter):
 
         early = self._early
         assert early is not None
-        if time.monotonic() - early.began > self.settings.transaction_timeout_ms / 2000:
+        if self._clock() - early.began > self.settings.transaction_timeout_ms / 2000:
             self._give_up_early("it has been open for half of transaction_timeout "
                                 f"({self.settings.transaction_timeout_ms / 1000:g} s)")
             return
