@@ -26,6 +26,9 @@ around the epoch). On a loaded machine the wall clock says more about the neighb
 than about the sink; CPU per record much less so. Then the ratios against the targets:
 ``rt.write(df)`` / Spark (at least 2), ``write_arrow`` / bare x2 (at least 0.8) by
 records/s and by CPU per record (the bare producers' CPU per record over the writers').
+``--early-start 50000,off`` runs every raysink case once per setting of
+``KafkaSink(early_start_records=)`` listed (``off``: ``None``, the transaction begins at
+pre-commit; ``default``: the sink's own), each labelled, side by side in the same run.
 ``--repeat N`` runs ``bare x2`` and ``write_arrow`` N times in turn, each
 ``write_arrow`` in a fresh runtime: its first large epoch, then a second one (``2nd
 epoch``: the writers' memory already grown, as in a stream). Last, epoch
@@ -37,6 +40,7 @@ run carry over.
     .venv/bin/python bench/kafka.py                          # 1 M records
     .venv/bin/python bench/kafka.py --rows 300000 --epochs 100 --no-spark
     .venv/bin/python bench/kafka.py --rows 500000 --no-spark --epochs 0 --repeat 3
+    .venv/bin/python bench/kafka.py --early-start 50000,off --epoch-early-start 1,off
 """
 
 from __future__ import annotations
@@ -73,7 +77,32 @@ class Rate:
 
     def line(self, case: str) -> str:
         cpu = "" if self.cpu is None else f"  {self.cpu * 1e6:6.2f} us CPU/record"
-        return f"{case:>14}: {self.per_second:12,.0f} records/s{cpu}"
+        return f"{case:>30}: {self.per_second:12,.0f} records/s{cpu}"
+
+
+Early = int | None | str
+"""A setting of ``early_start_records``: a count, ``None`` (off), or ``"default"``."""
+
+
+def parse_early(text: str) -> list[Early]:
+    """``50000,off,default`` -> [50000, None, "default"]."""
+    settings: list[Early] = []
+    for part in text.split(","):
+        part = part.strip()
+        settings.append(None if part == "off" else part if part == "default" else int(part))
+    return settings
+
+
+def early_label(early: Early) -> str:
+    return "" if early == "default" else f" [early {early or 'off'}]"
+
+
+def kafka_sink(bootstrap: str, topic: str, partitions: int, early: Early) -> Any:
+    """The benchmark's sink: keyed by customer, ``early_start_records`` as given."""
+    from raysink.sinks import KafkaSink
+
+    extra = {} if early == "default" else {"early_start_records": early}
+    return KafkaSink(bootstrap, topic, key="customer", partitions=partitions, **extra)
 
 
 def make_table(rows: int) -> pa.Table:
@@ -203,13 +232,12 @@ def bare_run(bootstrap: str, topic: str, table: pa.Table, *, processes: int,
 
 
 def raysink_run(bootstrap: str, topic: str, table: pa.Table, *, writers: int,
-                partitions: int, meta: str) -> tuple[Rate, Rate]:
+                partitions: int, meta: str, early: Early) -> tuple[Rate, Rate]:
     """The table as one epoch in a fresh runtime (the writers' first large epoch: their
     memory pools and the client's buffers grow), then again as a second epoch."""
     from raysink import SinkRuntime
-    from raysink.sinks import KafkaSink
 
-    sink = KafkaSink(bootstrap, topic, key="customer", partitions=partitions)
+    sink = kafka_sink(bootstrap, topic, partitions, early)
     chunks = table.to_batches(max_chunksize=65_536)
     with SinkRuntime(f"bench-{topic}", sink, writers=writers, metastore=meta,
                      progress=False, commit_timeout=600) as rt:
@@ -259,11 +287,10 @@ def spark_run(bootstrap: str, topic: str, df: Any, rows: int, *, partitions: int
 
 
 def raysink_df_run(bootstrap: str, topic: str, df: Any, rows: int, *, writers: int,
-                   partitions: int, meta: str) -> float:
+                   partitions: int, meta: str, early: Early) -> float:
     from raysink import SinkRuntime
-    from raysink.sinks import KafkaSink
 
-    sink = KafkaSink(bootstrap, topic, key="customer", partitions=partitions)
+    sink = kafka_sink(bootstrap, topic, partitions, early)
     with SinkRuntime(f"bench-{topic}", sink, writers=writers, metastore=meta,
                      progress=False, commit_timeout=600) as rt:
         rt.write_arrow(make_table(10))  # warm: producers made, topic created
@@ -275,11 +302,10 @@ def raysink_df_run(bootstrap: str, topic: str, df: Any, rows: int, *, writers: i
 
 
 def latency_run(bootstrap: str, topic: str, *, writers: int, partitions: int, epochs: int,
-                rows: int, meta: str) -> list[float]:
+                rows: int, meta: str, early: Early) -> list[float]:
     from raysink import SinkRuntime
-    from raysink.sinks import KafkaSink
 
-    sink = KafkaSink(bootstrap, topic, key="customer", partitions=partitions)
+    sink = kafka_sink(bootstrap, topic, partitions, early)
     table = make_table(rows)
     seconds: list[float] = []
     with SinkRuntime(f"lat-{topic}", sink, writers=writers, metastore=meta,
@@ -305,14 +331,14 @@ def spark_cases(args: argparse.Namespace, bootstrap: str, name: str, tmp: Path
         df = spark_frame(spark, args.rows)
         spark_run(bootstrap, f"{name}-warm", df.limit(1000), 1000,
                   partitions=args.partitions)
-        return {
-            "spark": spark_run(bootstrap, f"{name}-spark", df, args.rows,
-                               partitions=args.partitions),
-            "rt.write(df)": raysink_df_run(bootstrap, f"{name}-df", df, args.rows,
-                                           writers=args.writers,
-                                           partitions=args.partitions,
-                                           meta=f"sqlite:///{tmp / 'df.db'}"),
-        }
+        rates = {"spark": spark_run(bootstrap, f"{name}-spark", df, args.rows,
+                                    partitions=args.partitions)}
+        for i, early in enumerate(args.early_start):
+            rates[f"rt.write(df){early_label(early)}"] = raysink_df_run(
+                bootstrap, f"{name}-df{i}", df, args.rows, writers=args.writers,
+                partitions=args.partitions, meta=f"sqlite:///{tmp / f'df{i}.db'}",
+                early=early)
+        return rates
     finally:
         stop_spark()
 
@@ -328,6 +354,11 @@ def main() -> None:
     parser.add_argument("--repeat", type=int, default=1,
                         help="run bare x2 and write_arrow this many times, in turn")
     parser.add_argument("--bootstrap", help="an existing broker (default: start one)")
+    parser.add_argument("--early-start", type=parse_early, default=["default"],
+                        help="early_start_records for the large cases: counts, off, "
+                             "default; comma-separated runs each in turn")
+    parser.add_argument("--epoch-early-start", type=parse_early, default=["default"],
+                        help="the same for the latency case")
     args = parser.parse_args()
 
     import ray
@@ -346,50 +377,56 @@ def main() -> None:
         print(f"{args.rows:,} records of about 97 bytes of JSON, {args.partitions} "
               f"partitions, {args.writers} writers")
         name = f"b{uuid.uuid4().hex[:6]}"
-        pairs: list[tuple[float, ...]] = []
+        pairs: dict[str, list[tuple[float, ...]]] = {}
         cases: dict[str, Any] = {
-            "encode": lambda: encode_run(table),
-            "bare x2": lambda: bare_run(bootstrap, f"{name}-bare{len(pairs)}", table,
-                                        processes=2, partitions=args.partitions),
-            "write_arrow": lambda: raysink_run(bootstrap, f"{name}-rs{len(pairs)}", table,
-                                               writers=args.writers,
-                                               partitions=args.partitions,
-                                               meta=f"sqlite:///{tmp / 'meta.db'}"),
+            "encode": lambda _: encode_run(table),
+            "bare x2": lambda _: bare_run(bootstrap, f"{name}-bare{len(pairs)}", table,
+                                          processes=2, partitions=args.partitions),
         }
+        for i, early in enumerate(args.early_start):
+            cases[f"write_arrow{early_label(early)}"] = (
+                lambda turn, i=i, early=early: raysink_run(
+                    bootstrap, f"{name}-rs{i}-{turn}", table, writers=args.writers,
+                    partitions=args.partitions, meta=f"sqlite:///{tmp / 'meta.db'}",
+                    early=early))
         rates: dict[str, Rate] = {}
         for turn in range(args.repeat):
             for case, run in cases.items():
                 if case == "encode" and turn:
                     continue
-                got = run()
+                got = run(turn)
                 named = ({case: got} if isinstance(got, Rate)
-                         else {case: got[0], "  2nd epoch": got[1]})
+                         else {case: got[0], f"{case} 2nd": got[1]})
                 for label, rate in named.items():
                     rates[label] = rate
                     print(f"{rate.line(label)}  (load {os.getloadavg()[0]:.1f})", flush=True)
-            pairs.append((*_ratios(rates["write_arrow"], rates["bare x2"]),
-                          *_ratios(rates["  2nd epoch"], rates["bare x2"])))
+                if case.startswith("write_arrow"):
+                    pairs.setdefault(case, []).append(
+                        (*_ratios(rates[case], rates["bare x2"]),
+                         *_ratios(rates[f"{case} 2nd"], rates["bare x2"])))
         if not args.no_spark:
             for case, rate in spark_cases(args, bootstrap, name, tmp).items():
                 rates[case] = Rate(rate)
                 print(rates[case].line(case), flush=True)
         print("write_arrow / bare x2 (target >= 0.8), by records/s and by CPU per record "
               "(bare's CPU per record / the writers'):")
-        for turn, (wall, cpu, wall2, cpu2) in enumerate(pairs):
-            print(f"  turn {turn + 1}: first epoch {wall:.2f}x records/s, {cpu:.2f}x CPU; "
-                  f"2nd epoch {wall2:.2f}x records/s, {cpu2:.2f}x CPU")
-        if "spark" in rates:
-            print(f"rt.write(df) / spark:   "
-                  f"{rates['rt.write(df)'].per_second / rates['spark'].per_second:.2f}x"
-                  " (target >= 2)")
-        if args.epochs:
-            seconds = latency_run(bootstrap, f"{name}-lat", writers=args.writers,
+        for case, turns in pairs.items():
+            for turn, (wall, cpu, wall2, cpu2) in enumerate(turns):
+                print(f"  {case}, turn {turn + 1}: first epoch {wall:.2f}x records/s, "
+                      f"{cpu:.2f}x CPU; 2nd epoch {wall2:.2f}x records/s, {cpu2:.2f}x CPU")
+        for case, rate in rates.items():
+            if case.startswith("rt.write(df)"):
+                print(f"{case} / spark: {rate.per_second / rates['spark'].per_second:.2f}x"
+                      " (target >= 2)")
+        for i, early in enumerate(args.epoch_early_start if args.epochs else []):
+            seconds = latency_run(bootstrap, f"{name}-lat{i}", writers=args.writers,
                                   partitions=args.partitions, epochs=args.epochs,
-                                  rows=args.epoch_rows, meta=f"sqlite:///{tmp / 'lat.db'}")
+                                  rows=args.epoch_rows,
+                                  meta=f"sqlite:///{tmp / f'lat{i}.db'}", early=early)
             q = statistics.quantiles(seconds, n=100)
-            print(f"epoch latency at {args.epoch_rows:,} records per epoch ({args.epochs} "
-                  f"epochs): p50 {q[49] * 1000:.1f} ms, p99 {q[98] * 1000:.1f} ms "
-                  "(targets 30, 100)")
+            print(f"epoch latency{early_label(early)} at {args.epoch_rows:,} records per "
+                  f"epoch ({args.epochs} epochs): p50 {q[49] * 1000:.1f} ms, "
+                  f"p99 {q[98] * 1000:.1f} ms (targets 30, 100)")
         print(f"load average at the end: {os.getloadavg()[0]:.1f}")
     finally:
         ray.shutdown()
