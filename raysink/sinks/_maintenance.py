@@ -24,6 +24,8 @@ from dataclasses import dataclass
 from raysink.errors import ConfigError
 
 _MIB = 1024 * 1024
+MIN_TOMBSTONE_SECONDS = 600.0
+"""The shortest tombstone retention ``Maintenance(tombstone_seconds=None)`` stands for."""
 
 
 @dataclass(frozen=True)
@@ -55,14 +57,16 @@ class Maintenance:
     checkpoint_every: int = 100
     """Delta: write a checkpoint every this many versions, so opening the table reads one
     checkpoint and at most this many commits."""
-    tombstone_seconds: float = 86_400.0
+    tombstone_seconds: float | None = None
     """Delta: a table the sink creates gets ``delta.deletedFileRetentionDuration`` of this
-    long, so a checkpoint carries a ``remove`` action only for files removed within it
-    (Delta's own default is 7 days: at an epoch a second, about 1.2 M actions that every
-    checkpoint rewrites and every fresh reader loads). A ``VACUUM`` run outside raysink
-    takes the property as its default retention, and raysink's staged files of a pending
-    epoch are protected from such a vacuum only that long: keep it above the longest outage
-    an epoch must survive. A table that exists already keeps its own setting."""
+    long (``None``: ``keep_seconds``, at least ``MIN_TOMBSTONE_SECONDS``), so a checkpoint
+    carries a ``remove`` action only for files removed within it. Delta's own default is
+    7 days: at an epoch a second, about 1.2 M actions that every checkpoint rewrites and
+    every fresh reader loads (Spark replays them in its jobs). A ``VACUUM`` run outside
+    raysink takes the property as its default retention: a version older than this may
+    lose files to it, as Delta documents. It cannot reach an epoch still pending, whose
+    files are staged under ``_raysink/``, which ``VACUUM`` skips. A table that exists
+    already keeps its own setting."""
     step_seconds: float = 5.0
     """The longest one maintenance step should hold the sink's commits."""
 
@@ -73,7 +77,7 @@ class Maintenance:
                 raise ConfigError(f"Maintenance({name}=...) must be at least 1, "
                                   f"got {getattr(self, name)!r}")
         for name in ("min_interval_s", "keep_seconds", "step_seconds", "tombstone_seconds"):
-            if getattr(self, name) < 0:
+            if (getattr(self, name) or 0) < 0:
                 raise ConfigError(f"Maintenance({name}=...) must not be negative, "
                                   f"got {getattr(self, name)!r}")
 
@@ -88,6 +92,13 @@ class Maintenance:
             return option
         raise ConfigError(f"{sink} maintenance= takes True, False or raysink.Maintenance(...), "
                           f"got {option!r}")
+
+    @property
+    def tombstone_retention(self) -> float:
+        """``tombstone_seconds``, or what ``None`` stands for."""
+        if self.tombstone_seconds is not None:
+            return self.tombstone_seconds
+        return max(self.keep_seconds, MIN_TOMBSTONE_SECONDS)
 
     def replace(self, **changes: object) -> Maintenance:
         return dataclasses.replace(self, **changes)  # type: ignore[arg-type]

@@ -283,7 +283,7 @@ def test_giving_up_an_attempt_the_coordinator_committed_keeps_its_files(
     delta = DeltaTarget(tmp_path / "lake")
     with _runtime(name, delta.sink(), meta, writers=2) as rt:
         rt.write_arrow(epoch_table(1, ROWS))
-        staged = sorted((tmp_path / "lake" / "raysink").rglob("*.parquet"))
+        staged = sorted((tmp_path / "lake" / "_raysink").rglob("*.parquet"))
         attempts = {int(path.name.split("-")[1].removeprefix("a")) for path in staged}
         assert staged and len(attempts) == 1, staged
         assert rt._actors is not None

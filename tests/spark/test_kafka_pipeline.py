@@ -87,7 +87,7 @@ def _delta_rows(table: str) -> dict[Key, tuple[dict[str, Any], int]]:
 
     found: dict[Key, tuple[dict[str, Any], int]] = {}
     for path in DeltaTable(table).file_uris():
-        match = re.search(r"/raysink/(\d{12})/", path)
+        match = re.search(r"/_?raysink/(\d{12})/", path)
         assert match is not None, f"a data file raysink did not stage: {path}"
         for row in pq.read_table(path).to_pylist():
             key = (row["source_partition"], row["source_offset"])

@@ -92,7 +92,7 @@ def test_a_pass_compacts_expires_and_cleans_yet_keeps_rows_marker_and_staged(
     assert leaked(path, staged) == []
     after = sink.table_stats()
     assert after is not None and (after.data_files, after.snapshots) == (1, 1)
-    assert [p.name for p in (path / "raysink").iterdir()] == [f"{11:012d}"]  # epoch 11's
+    assert [p.name for p in (path / "_raysink").iterdir()] == [f"{11:012d}"]  # epoch 11's
     assert log_names(path) == sorted([f"{10:020d}.json", f"{10:020d}.checkpoint.parquet",
                                       f"{10:020d}.crc", "_last_checkpoint"])
 
@@ -216,7 +216,8 @@ def test_a_maintained_table_is_checkpointed_by_its_passes_only(
 
 
 @pytest.mark.parametrize(("policy", "mode", "expected_retention"), [
-    (Maintenance(), "append", "interval 86400 seconds"),
+    (Maintenance(), "append", "interval 600 seconds"),
+    (Maintenance(keep_seconds=3600), "append", "interval 3600 seconds"),
     (Maintenance(tombstone_seconds=0.5), "upsert", "interval 1 seconds"),
     (False, "append", None),
 ])
@@ -259,3 +260,57 @@ def test_a_pass_cut_at_each_point_is_finished_by_the_next(
     assert sink.committed_epoch() == 9
     tables = deltalake.DeltaTable(str(path)).file_uris()
     assert all(Path(uri.removeprefix("file://")).exists() for uri in tables)
+
+
+def staged_roots(path: Path, manifests: Sequence[Any]) -> set[str]:
+    return {str(f["path"]).split("/")[0] for m in manifests for f in m["files"]}
+
+
+def external_vacuum(path: Path) -> list[str]:
+    """A ``VACUUM`` run outside raysink at zero retention, listing every file (delta-rs's
+    full mode, as Spark's): what it deleted."""
+    return deltalake.DeltaTable(str(path)).vacuum(
+        retention_hours=0, dry_run=False, enforce_retention_duration=False, full=True)
+
+
+def test_a_vacuum_outside_raysink_never_reaches_a_pending_epoch(tmp_path: Path) -> None:
+    """A maintained sink stages under ``_raysink/``, which ``VACUUM`` skips: a vacuum at
+    zero retention between pre-commit and commit deletes nothing of the epoch."""
+    path = tmp_path / "t"
+    sink = sink_at(path, TIGHT)
+    commit_epochs(sink, range(1, 6))
+    sink.maintain(window(sink))  # compaction: the small files are removed from the table
+    pending = stage(sink, 6, [[rows(6, 0)], [rows(6, 1)]])
+    assert staged_roots(path, pending) == {"_raysink"}
+    deleted = external_vacuum(path)
+    assert not any("_raysink" in p for p in deleted), deleted
+    sink.commit(6, pending)
+    assert content(path) == expected(range(1, 7))
+
+
+def test_an_unmaintained_sink_stages_where_vacuum_reclaims(tmp_path: Path) -> None:
+    """``maintenance=False`` stages under ``raysink/`` so that the table's own ``VACUUM``
+    reclaims what a user's ``OPTIMIZE`` removes: a pending epoch is protected only by the
+    retention (zero here, so its files go)."""
+    path = tmp_path / "t"
+    sink = sink_at(path, False)  # type: ignore[arg-type]
+    commit_epochs(sink, range(1, 2))
+    pending = stage(sink, 2, [[rows(2, 0)]])
+    assert staged_roots(path, pending) == {"raysink"}
+    assert any(p.startswith("raysink/000000000002/") for p in external_vacuum(path))
+
+
+def test_an_epoch_staged_under_the_old_root_still_commits_and_aborts(tmp_path: Path) -> None:
+    """Epochs staged under ``raysink/`` (by 0.2, or with maintenance off) are found by a
+    maintained sink: committed from their manifests, aborted without them."""
+    path = tmp_path / "t"
+    old = sink_at(path, False)  # type: ignore[arg-type]
+    commit_epochs(old, range(1, 2))
+    pending = stage(old, 2, [[rows(2, 0)], [rows(2, 1)]])
+    lost = stage(old, 3, [[rows(3, 0)]])
+    new = sink_at(path, TIGHT)
+    new.abort(3, None)
+    assert not (path / "raysink" / f"{3:012d}").exists()
+    new.commit(2, pending)
+    assert content(path) == expected(range(1, 3))
+    assert staged_roots(path, lost) == {"raysink"}

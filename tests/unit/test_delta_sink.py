@@ -133,7 +133,7 @@ def test_upsert_keeps_the_last_value_per_key_within_and_across_epochs(tmp_path: 
     sink.commit(2, manifests)  # idempotent (its staged files are gone by now)
     assert read(path) == {"id": [1, 2, 3, 4], "v": ["c", "d", "x", "z"]}
     assert sink.committed_epoch() == 2
-    assert not (path / "raysink" / f"{2:012d}").exists()
+    assert not (path / "_raysink" / f"{2:012d}").exists()
 
 
 def test_upsert_concurrent_commit_of_the_same_epoch_wins_once(
@@ -193,7 +193,8 @@ def test_add_columns_evolves_the_table(tmp_path: Path) -> None:
 @pytest.mark.parametrize("prepare", [
     lambda p: None,                                          # absent: will be created
     lambda p: p.mkdir(),                                     # an empty directory
-    lambda p: (p / "raysink").mkdir(parents=True),           # only our staging
+    lambda p: (p / "_raysink").mkdir(parents=True),          # only our staging
+    lambda p: (p / "raysink").mkdir(parents=True),           # only 0.2's staging
 ])
 def test_validate_accepts_and_creates_nothing(tmp_path: Path,
                                               prepare: Callable[[Path], None]) -> None:

@@ -4,21 +4,24 @@ Layout inside the table directory::
 
     <path>/
       _delta_log/...                                        the Delta log
-      raysink/<epoch:012d>/e<epoch>-a<attempt>-w<writer>-<uuid>-<n>.parquet    staged files
+      _raysink/<epoch:012d>/e<epoch>-a<attempt>-w<writer>-<uuid>-<n>.parquet   staged files
 
 Writers encode their rows into Parquet in memory and upload the files at ``pre_commit``
-under ``raysink/<epoch>/``. Delta readers only read files the log references, so a staged
-file is invisible until ``commit`` adds it. The prefix is deliberately not hidden (no
-leading ``_``): once committed the file is an ordinary data file that ``VACUUM`` may
-remove after a later compaction; a staged file is protected by the vacuum retention
-period (7 days by default), so never vacuum with a retention shorter than the longest
-outage an epoch may have to survive.
+under ``_raysink/<epoch>/``. Delta readers only read files the log references, so a staged
+file is invisible until ``commit`` adds it; once committed it is an ordinary data file
+where it lies. The staging root is hidden (a leading ``_``), so a ``VACUUM`` run outside
+raysink, at any retention, never deletes the files of an epoch still pending; what
+raysink's compaction removes from the table, its own ``expire_files`` deletes once no
+retained version references it. With ``maintenance=False`` the sink stages under
+``raysink/`` instead (as every sink did up to 0.2), so that the table's own ``VACUUM``
+reclaims what a user's ``OPTIMIZE`` or ``MERGE`` removes; such a staged file is protected
+only by the vacuum retention (7 days by default). Recovery looks under both roots.
 
 Manifest of one writer for one attempt (append mode; upsert stages whole rows the same
 way, with empty ``partition_values``)::
 
     {"writer": 3, "epoch": 12, "attempt": 1,
-     "files": [{"path": "raysink/000000000012/e...-0000.parquet", "size": 5120,
+     "files": [{"path": "_raysink/000000000012/e...-0000.parquet", "size": 5120,
                 "partition_values": {"day": "2024-01-01"}, "modification_time": 1700000000000,
                 "stats": "{\\"numRecords\\": 1000, ...}", "rows": 1000}],
      "rows": 1000, "bytes": 5120,

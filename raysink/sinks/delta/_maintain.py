@@ -62,7 +62,7 @@ from raysink.sinks._maintenance import (
     MaintenanceWindow,
     TableStats,
 )
-from raysink.sinks.delta._table import STAGING_PREFIX, DeltaOptions, deltalake_module
+from raysink.sinks.delta._table import STAGING_ROOTS, DeltaOptions, deltalake_module
 
 __all__ = ["MAINTENANCE_KEY", "LogEntry", "commit_hooks", "maintain", "new_table_configuration",
            "stats"]
@@ -81,7 +81,7 @@ TOMBSTONE_RETENTION = "delta.deletedFileRetentionDuration"
 
 def new_table_configuration(policy: Maintenance) -> dict[str, str | None] | None:
     """The table properties of a table the sink creates: the tombstone retention of a
-    maintained table (``Maintenance.tombstone_seconds``), none when maintenance is off.
+    maintained table (``Maintenance.tombstone_retention``), none when maintenance is off.
 
     ``expire_files`` deletes a removed file once no retained version references it, so a
     ``remove`` action older than that names a file that is gone; delta-rs keeps it in
@@ -90,7 +90,7 @@ def new_table_configuration(policy: Maintenance) -> dict[str, str | None] | None
     """
     if not policy.enabled:
         return None
-    seconds = max(1, math.ceil(policy.tombstone_seconds))
+    seconds = max(1, math.ceil(policy.tombstone_retention))
     return {TOMBSTONE_RETENTION: f"interval {seconds} seconds"}
 
 
@@ -343,7 +343,7 @@ def _removed_files(store: FileStore, commits: list[LogEntry],
 
 def _pending_staged(path: str, committed: int | None) -> bool:
     parts = path.split("/")
-    if len(parts) < 3 or parts[0] != STAGING_PREFIX or not parts[1].isdigit():
+    if len(parts) < 3 or parts[0] not in STAGING_ROOTS or not parts[1].isdigit():
         return False
     return committed is None or int(parts[1]) > committed
 

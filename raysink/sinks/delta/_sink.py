@@ -33,7 +33,9 @@ from raysink.sinks.base import CommitResult, Manifest, decision_id
 from raysink.sinks.delta import _maintain
 from raysink.sinks.delta._checksum import write_checksum
 from raysink.sinks.delta._table import (
-    STAGING_PREFIX,
+    HIDDEN_STAGING,
+    STAGING_ROOTS,
+    VISIBLE_STAGING,
     DeltaOptions,
     TableCache,
     check_keys,
@@ -114,14 +116,15 @@ class DeltaSink(StagedFilesSink):
         if max_file_rows < 1:
             raise ConfigError(f"DeltaSink max_file_rows must be positive, got {max_file_rows!r}")
         uri = local_path(path) if is_local(path) else path.rstrip("/")
+        self.maintenance = Maintenance.of(maintenance, "DeltaSink")
         self._opts = DeltaOptions(
             uri=uri, partition_by=tuple(partition_by or ()), mode=mode,
             key=tuple(key) if key is not None else None,
             storage_options=dict(storage_options) if storage_options else None,
             schema_evolution=schema_evolution, max_file_rows=max_file_rows,
-            compression=compression)
+            compression=compression,
+            staging=HIDDEN_STAGING if self.maintenance.enabled else VISIBLE_STAGING)
         self._cache = TableCache(self._opts)
-        self.maintenance = Maintenance.of(maintenance, "DeltaSink")
         self._checksum_at: int | None = None
 
     # ------------------------------------------------------------------ description
@@ -201,7 +204,7 @@ class DeltaSink(StagedFilesSink):
             raise SinkUnavailableError(f"cannot list {self._opts.uri!r}: {exc}",
                                        **self._where()) from exc
         # our staging, and an empty log left by a creation that crashed, are ours
-        if any(name not in (STAGING_PREFIX, "_delta_log") for name in names):
+        if any(name not in (*STAGING_ROOTS, "_delta_log") for name in names):
             raise self._holds_else()
 
     def _holds_else(self) -> SinkUnavailableError:
@@ -225,7 +228,7 @@ class DeltaSink(StagedFilesSink):
         recognised by re-checking the marker. ``NO_TARGET``: no table and no schema to
         create one with (an empty epoch nobody saw a schema for), nothing written."""
         self._check_key()
-        files = self._checked_files(epoch, manifests, [STAGING_PREFIX])
+        files = self._checked_files(epoch, manifests, STAGING_ROOTS)
         # as the marker check just read it (the coordinator reads the marker before each
         # commit): a commit of a version made since fails, and the marker is read again
         dt = self._cache.latest()
@@ -438,7 +441,7 @@ class DeltaSink(StagedFilesSink):
                 listed: FilesManifest = {"writer": -1, "rows": 0, "files": files}
                 self.abort(epoch, [listed])
             return
-        self._delete_staged(epoch, [STAGING_PREFIX], [str(f["path"]) for f in files])
+        self._delete_staged(epoch, STAGING_ROOTS, [str(f["path"]) for f in files])
 
     # ------------------------------------------------------------------ maintenance
 
@@ -465,13 +468,13 @@ class DeltaSink(StagedFilesSink):
     # ------------------------------------------------------------------ abort, markers
 
     def _staging_roots(self, table: Any | None) -> list[str]:
-        return [STAGING_PREFIX]
+        return list(STAGING_ROOTS)
 
     def _root_store(self, root: str) -> FileStore:
         return self._opts.store(root)
 
     def _staging_place(self) -> str:
-        return f"under {self._opts.uri!r}/{STAGING_PREFIX}"
+        return f"under {self._opts.uri!r}/{self._opts.staging}"
 
     def _referenced(self, table: Any | None) -> set[str]:
         """The files the table references (append mode: an upsert's staged files never

@@ -23,14 +23,25 @@ from raysink.errors import ConfigError, SchemaMismatchError
 from raysink.protocol.requirements import check_extra
 from raysink.sinks._files import FileStore
 
-__all__ = ["STAGING_PREFIX", "DeltaOptions", "TableCache", "check_keys", "data_schema",
-           "deltalake_module", "last_per_key", "rules", "stored_alike", "table_schema",
-           "with_partition_values"]
+__all__ = ["HIDDEN_STAGING", "STAGING_ROOTS", "VISIBLE_STAGING", "DeltaOptions", "TableCache",
+           "check_keys", "data_schema", "deltalake_module", "last_per_key", "rules",
+           "stored_alike", "table_schema", "with_partition_values"]
 
 logger = logging.getLogger(__name__)
 
-STAGING_PREFIX = "raysink"
-"""The staging root, relative to the table directory."""
+HIDDEN_STAGING = "_raysink"
+"""Where a maintained sink stages (relative to the table directory). Delta's ``VACUUM``
+(Spark's and delta-rs's) skips directories whose names begin with ``_``, so a ``VACUUM``
+run outside raysink, however short its retention, never deletes the files of an epoch
+still pending; the files raysink's own compaction removes from the table, ``expire_files``
+deletes (``_maintain``)."""
+VISIBLE_STAGING = "raysink"
+"""Where an unmaintained sink stages (``maintenance=False``), and where every sink staged
+up to 0.2: the table's own ``VACUUM`` reclaims what a user's ``OPTIMIZE`` or ``MERGE``
+removes. Such a table keeps Delta's 7-day tombstones."""
+STAGING_ROOTS = (HIDDEN_STAGING, VISIBLE_STAGING)
+"""Both staging roots: recovery, abort and cleanup look under each, so an epoch staged
+under either (an earlier release's, a sink whose maintenance was switched) is found."""
 _SEQ = "__raysink_seq"
 
 
@@ -101,6 +112,8 @@ class DeltaOptions:
     schema_evolution: _schema.SchemaEvolution
     max_file_rows: int
     compression: str
+    staging: str = HIDDEN_STAGING
+    """The staging root new epochs' files go to (``HIDDEN_STAGING``, ``VISIBLE_STAGING``)."""
 
     @property
     def evolving(self) -> bool:

@@ -20,7 +20,6 @@ from raysink.sinks._parquet_buffer import EncodedFile
 from raysink.sinks._table_format import StagedFilesWriter
 from raysink.sinks.delta._stats import file_stats
 from raysink.sinks.delta._table import (
-    STAGING_PREFIX,
     DeltaOptions,
     TableCache,
     check_keys,
@@ -60,7 +59,7 @@ class DeltaSinkWriter(StagedFilesWriter):
             refused = _schema.refusal(target, schema, self._rules, where=self._where)
             if refused is not None:
                 raise refused
-        return STAGING_PREFIX, target
+        return self._opts.staging, target
 
     def _open_store(self, root: str) -> FileStore:
         return self._opts.store(root)
