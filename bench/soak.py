@@ -42,8 +42,11 @@ sample. At the end it checks, and prints a verdict for each:
   ended committed; every table holds exactly the rows written: each id once, none
   missing, none extra.
 
-It prints rows/s of each side, epochs, and each process's USS (first, last, peak), and
-writes a JSON report (``--report``, default ``<workdir>/soak.json``). Exit code 0 when
+It prints rows/s of each side, epochs, and each process's USS (first, last, peak); and,
+to say where a growth comes from, each sink's median latency in each tenth of the run and
+each process's CPU milliseconds per ``write_arrow`` round (an epoch into every sink) over
+the first and the last 20% after the warm-up: the driver, every actor, the producers and
+Ray's own processes (GCS, raylet, agents). It writes a JSON report (``--report``, default ``<workdir>/soak.json``). Exit code 0 when
 every check passed, 1 otherwise::
 
     .venv/bin/python bench/soak.py --minutes 5 [--sink all|both|parquet,delta,iceberg]
@@ -71,11 +74,14 @@ import ray
 import soak_stream
 from soak_check import (
     ICEBERG_TABLE,
+    CpuPerEpoch,
     IdCheck,
     LatencyVerdict,
     MemoryVerdict,
     check_tables,
+    cpu_per_epoch,
     iceberg_catalog,
+    latency_through,
     latency_verdict,
     memory_verdict,
     table_files,
@@ -300,6 +306,8 @@ class Outcome:
     memory: list[MemoryVerdict]
     tables: list[IdCheck]
     latency: dict[str, LatencyVerdict]
+    latency_through: dict[str, list[float | None]]
+    cpu: list[CpuPerEpoch]
     files: dict[str, int]
 
 
@@ -354,11 +362,16 @@ def run_side_by_side(options: Options) -> Outcome:
     tables += check_tables(stream_table, side.expected(stream))
     latency = {label: latency_verdict(stats.latencies.get(label, []), stats.seconds,
                                       options.max_latency_growth) for label in arrow}
+    through = {label: latency_through(stats.latencies.get(label, []), stats.seconds)
+               for label in arrow}
+    rounds = [began for began, _ in stats.latencies.get(next(iter(arrow)), [])]
+    cpu = [c for c in (cpu_per_epoch(s, rounds, stats.seconds)
+                       for s in sampler.series.values()) if c is not None]
     files = {label: table_files(kind, path)
              for label, (kind, path) in {**arrow, **stream_table}.items()}
     return Outcome(stats=stats, stream=stream, stream_seconds=stream_seconds,
                    stream_epochs=stream_epochs, sampler=sampler, memory=memory, tables=tables,
-                   latency=latency, files=files)
+                   latency=latency, latency_through=through, cpu=cpu, files=files)
 
 
 def _progress(stats: WriteStats, srt: SinkRuntime) -> str:
@@ -439,6 +452,14 @@ def print_summary(options: Options, out: Outcome, checks: dict[str, bool]) -> No
         print(f"  write_arrow epoch latency ({label}, {lat.epochs:,} epochs): median "
               f"{lat.first_ms:.1f} ms over the first 20% after the warm-up, "
               f"{lat.last_ms:.1f} ms over the last: {lat.growth:+.1%}")
+        tenths = out.latency_through.get(label, [])
+        print("    median by tenth of the run (ms): " + " ".join(
+            "-" if ms is None else f"{ms:.0f}" for ms in tenths))
+    print("  CPU per write_arrow round (ms; an epoch into every sink), the first and the "
+          "last 20% after the warm-up, largest growth first:")
+    for c in sorted(out.cpu, key=lambda c: c.last_ms - c.first_ms, reverse=True):
+        print(f"    {c.label:<34} {c.first_ms:8.1f} {c.last_ms:8.1f}  "
+              f"{c.last_ms - c.first_ms:+7.1f} ({c.growth:+.0%})")
     print("  live data files per table: " + ", ".join(
         f"{label} {count:,}" for label, count in out.files.items()))
     for name, ok in checks.items():
@@ -462,6 +483,9 @@ def write_report(options: Options, out: Outcome, checks: dict[str, bool]) -> Non
         "bounds": {w.label: asdict(w.bounds) for w in out.sampler.watched},
         "tables": [{**asdict(t), "ok": t.ok} for t in out.tables],
         "latency": {label: asdict(lat) for label, lat in out.latency.items()},
+        "latency_through": out.latency_through,
+        "cpu_per_round": [{**asdict(c), "growth": c.growth} for c in out.cpu],
+        "cpu_samples": {s.label: s.cpu for s in out.sampler.series.values()},
         "files": out.files,
         "checks": checks,
         "passed": all(checks.values()),

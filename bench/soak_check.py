@@ -1,5 +1,6 @@
 """The verdicts of ``bench/soak.py``: the tables' ids against what was written, and each
-process's memory growth after the warm-up."""
+process's memory growth after the warm-up; and where the time went: each sink's latency
+through the run, each process's CPU per epoch at the start and at the end."""
 
 from __future__ import annotations
 
@@ -146,6 +147,61 @@ def latency_verdict(epochs: list[tuple[float, float]], run_seconds: float,
     growth = last / first - 1.0
     return LatencyVerdict(epochs=len(epochs), first_ms=first * 1000, last_ms=last * 1000,
                           growth=growth, ok=growth <= max_growth)
+
+
+def edge_windows(run_seconds: float) -> tuple[tuple[float, float], tuple[float, float]]:
+    """The first and the last ``EDGE_FRACTION`` of the run after the warm-up, in seconds
+    since the start."""
+    warmup = min(WARMUP_CAP_SECONDS, run_seconds * EDGE_FRACTION)
+    edge = (run_seconds - warmup) * EDGE_FRACTION
+    return (warmup, warmup + edge), (run_seconds - edge, run_seconds)
+
+
+def latency_through(epochs: list[tuple[float, float]], run_seconds: float,
+                    parts: int = 10) -> list[float | None]:
+    """The median epoch latency (ms) in each tenth of the run, by when the epoch began:
+    a trend the two edges of ``latency_verdict`` cannot show."""
+    slices: list[list[float]] = [[] for _ in range(parts)]
+    for began, seconds in epochs:
+        slices[min(parts - 1, int(parts * began / max(run_seconds, 1e-9)))].append(seconds)
+    return [statistics.median(s) * 1000 if s else None for s in slices]
+
+
+@dataclass(frozen=True, kw_only=True)
+class CpuPerEpoch:
+    """One process's CPU milliseconds per write_arrow round (an epoch into every sink) in
+    the first and in the last window of ``edge_windows``."""
+
+    label: str
+    first_ms: float
+    last_ms: float
+
+    @property
+    def growth(self) -> float:
+        return self.last_ms / self.first_ms - 1.0 if self.first_ms else 0.0
+
+
+def _cpu_between(series: Series, start: float, end: float) -> float | None:
+    """CPU seconds the process spent from ``start`` to ``end`` (its nearest samples
+    inside), none when it restarted or was sampled fewer than twice there."""
+    inside = [(at, cpu) for at, cpu in series.cpu if start <= at <= end]
+    if len(inside) < 2 or series.restarts:
+        return None
+    (t0, c0), (t1, c1) = inside[0], inside[-1]
+    return (c1 - c0) * (end - start) / (t1 - t0) if t1 > t0 else None
+
+
+def cpu_per_epoch(series: Series, rounds: list[float], run_seconds: float
+                  ) -> CpuPerEpoch | None:
+    """``rounds``: when each write_arrow round began (seconds since the start)."""
+    values = []
+    for start, end in edge_windows(run_seconds):
+        cpu = _cpu_between(series, start, end)
+        count = sum(1 for at in rounds if start <= at < end)
+        if cpu is None or not count:
+            return None
+        values.append(cpu * 1000 / count)
+    return CpuPerEpoch(label=series.label, first_ms=values[0], last_ms=values[1])
 
 
 def table_files(kind: str, path: Path) -> int:

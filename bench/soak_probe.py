@@ -1,10 +1,12 @@
-"""What ``bench/soak.py`` watches while it runs: each process's memory (USS), and per
-runtime its writers' mailbox depths, its outstanding epochs and its meta store's rows.
+"""What ``bench/soak.py`` watches while it runs: each process's memory (USS) and CPU
+time, and per runtime its writers' mailbox depths, its outstanding epochs and its meta
+store's rows.
 
 A ``Watched`` runtime names its bounds; the ``Sampler`` thread probes every runtime each
-``probe_seconds`` and samples memory every ``sample_seconds`` (the driver, every
-raysink actor of every runtime, and the extra processes a runtime names: the stream's
-producers), with one progress line on stderr per sample.
+``probe_seconds`` and samples memory and CPU every ``sample_seconds`` (the driver, every
+raysink actor of every runtime, the extra processes a runtime names: the stream's
+producers, and Ray's own processes under this driver: ``gcs_server``, ``raylet`` and its
+agents), with one progress line on stderr per sample.
 """
 
 from __future__ import annotations
@@ -27,16 +29,19 @@ MIB = 2**20
 
 @dataclass
 class Series:
-    """One process's USS samples, as (seconds since start, bytes)."""
+    """One process's samples: USS as (seconds since start, bytes), CPU time (user and
+    system, every thread) as (seconds since start, seconds of this pid so far)."""
 
     label: str
     pids: list[int] = field(default_factory=list)
     samples: list[tuple[float, int]] = field(default_factory=list)
+    cpu: list[tuple[float, float]] = field(default_factory=list)
 
-    def add(self, pid: int, at: float, uss: int) -> None:
+    def add(self, pid: int, at: float, uss: int, cpu: float) -> None:
         if not self.pids or self.pids[-1] != pid:
             self.pids.append(pid)
         self.samples.append((at, uss))
+        self.cpu.append((at, cpu))
 
     @property
     def restarts(self) -> int:
@@ -77,12 +82,38 @@ class Watched:
         return self.sinks * (self.max_pending_epochs + 2)
 
 
-def uss(pid: int) -> int | None:
+def uss_and_cpu(pid: int) -> tuple[int, float] | None:
+    """A process's USS and its CPU seconds so far (user and system)."""
     try:
-        value: int = psutil.Process(pid).memory_full_info().uss
+        process = psutil.Process(pid)
+        value: int = process.memory_full_info().uss
+        times = process.cpu_times()
     except (psutil.NoSuchProcess, psutil.AccessDenied):
         return None
-    return value
+    return value, times.user + times.system
+
+
+_RAY_AGENTS = {"dashboard/agent.py": "ray dashboard agent",
+               "runtime_env/agent": "ray runtime env agent",
+               "log_monitor.py": "ray log monitor"}
+
+
+def ray_system_pids() -> dict[str, int]:
+    """Ray's own processes under this driver (its local Ray): the GCS, the raylet and the
+    agents, by a readable label."""
+    found: dict[str, int] = {}
+    for child in psutil.Process().children(recursive=True):
+        try:
+            name, cmdline = child.name(), " ".join(child.cmdline())
+        except psutil.Error:
+            continue
+        if name in ("gcs_server", "raylet"):
+            found[f"ray {name}"] = child.pid
+            continue
+        for marker, label in _RAY_AGENTS.items():
+            if marker in cmdline:
+                found[label] = child.pid
+    return found
 
 
 def actor_pids(rt: SinkRuntime) -> dict[str, int]:
@@ -157,7 +188,7 @@ class Sampler:
 
     def sample_memory(self) -> None:
         at = time.monotonic() - self.started
-        targets = {"driver": os.getpid()}
+        targets = {"driver": os.getpid(), **ray_system_pids()}
         for watched in self.watched:
             try:
                 pids = {**actor_pids(watched.rt), **watched.extra_pids()}
@@ -167,9 +198,9 @@ class Sampler:
                 continue
             targets.update({f"{watched.label} {name}": pid for name, pid in pids.items()})
         for label, pid in targets.items():
-            value = uss(pid)
+            value = uss_and_cpu(pid)
             if value is not None:
-                self.series.setdefault(label, Series(label)).add(pid, at, value)
+                self.series.setdefault(label, Series(label)).add(pid, at, *value)
 
     def probe_bounds(self, watched: Watched) -> None:
         bounds = watched.bounds
