@@ -33,6 +33,7 @@ from raysink.driver.epoch import EpochDriver
 from raysink.driver.lease import LeaseKeeper
 from raysink.driver.lifecycle import ActorSet
 from raysink.driver.stream_controller import StreamController
+from raysink.driver.stream_feed import stop_polls
 from raysink.errors import RaySinkError, RuntimeUnavailableError, SinkUnavailableError
 from raysink.progress import Progress
 from raysink.protocol.barrier import BarrierFlags, CheckpointBarrier
@@ -151,10 +152,12 @@ def _typed(name: str, what: str, exc: Exception) -> RaySinkError:
 
 def end_actors(actors: ActorSet, lease: LeaseKeeper | None, progress: Progress | None) -> None:
     """End every actor (their names are free again), then give the lease up and close the
-    progress line, even when ending the actors failed."""
+    progress line, even when ending the actors failed; the poll threads of this process's
+    feeds of the runtime end too."""
     try:
         actors.stop()
     finally:
+        stop_polls(actors.runtime)
         if lease is not None:
             lease.close()
         if progress is not None:

@@ -74,6 +74,7 @@ import dataclasses
 import logging
 import threading
 import time
+import weakref
 from collections.abc import Callable, Iterator, Sequence
 from typing import Any, NoReturn, TypeVar
 
@@ -92,7 +93,7 @@ from raysink.errors import (
 from raysink.protocol.barrier import CheckpointBarrier
 from raysink.protocol.clients import Call, CoordinatorClient
 
-__all__ = ["StreamFeed"]
+__all__ = ["StreamFeed", "stop_polls"]
 
 log = logging.getLogger(__name__)
 R = TypeVar("R")
@@ -100,6 +101,25 @@ R = TypeVar("R")
 _POLL_FAILURES = 5
 """Polls failing in a row (each after the coordinator answered with an error, or after
 ``timeout`` unreachable) that end the poll thread: the producer's next call raises."""
+
+
+_POLLING: weakref.WeakSet[StreamFeed] = weakref.WeakSet()
+"""This process's feeds whose poll thread runs (``stop_polls``)."""
+
+
+def stop_polls(runtime: str) -> int:
+    """End the poll threads of ``runtime``'s feeds in this process (``rt.close()`` of the
+    runtime here: its coordinator is gone, and a poll would call it again and again for
+    ``timeout``, past a ``ray.shutdown()`` that then ends the process). A producer's next
+    call polls anew. How many were told to stop."""
+    told = 0
+    for feed in list(_POLLING):
+        stop = feed._stop
+        if feed.route.runtime == runtime and stop is not None:
+            feed._stop = None  # detached: the producer's next poll starts a new thread
+            stop.set()
+            told += 1
+    return told
 
 
 class StreamFeed:
@@ -457,12 +477,13 @@ class StreamFeed:
                 time.sleep(self.poll_interval)
         return seen
 
-    def _poll(self) -> StreamPosition | None:
+    def _poll(self, stop: threading.Event | None = None) -> StreamPosition | None:
         with self._poll_lock:
             seen = None if self._seen is None else self._seen.rewinds
             wrote = self._wrote()  # after ``seen``: a later write raises StreamRewind
             position = self._call(lambda c: c.stream_poll(
-                self.id, not self._joined, self._applied, self.route_number, wrote, seen))
+                self.id, not self._joined, self._applied, self.route_number, wrote, seen),
+                stop=stop)
             if position is not None:
                 # joined only once a coordinator that knows the stream answered (a
                 # successor taking the stream over knows it a moment later)
@@ -479,11 +500,12 @@ class StreamFeed:
         return position
 
     def _call(self, make: Callable[[CoordinatorClient], Call[R]],
-              deadline: float | None = None) -> R:
+              deadline: float | None = None, stop: threading.Event | None = None) -> R:
         """A call to the coordinator (``make`` picks it); one that is gone, restarting or
         silent is looked up again by name (the driver replaces it), up to ``deadline``
         (default: ``timeout`` from now). A call the coordinator ran and that raised is
-        not sent again: it would fail the same way (a raysink error passes as itself)."""
+        not sent again: it would fail the same way (a raysink error passes as itself).
+        ``stop`` (the poll thread's) set: no further look-up."""
         if deadline is None:
             deadline = time.monotonic() + self.timeout
         while True:
@@ -493,7 +515,7 @@ class StreamFeed:
             except _ray_errors() as exc:
                 if not unreachable(exc):
                     raise self._public(exc, "a call to the coordinator") from exc
-                if time.monotonic() >= deadline:
+                if time.monotonic() >= deadline or (stop is not None and stop.is_set()):
                     raise RuntimeUnavailableError(
                         f"{self!r}: the coordinator did not answer within "
                         f"{self.timeout:g} s ({short(exc)}): is the runtime still open?",
@@ -515,13 +537,18 @@ class StreamFeed:
 
     def _start_polling(self) -> None:
         stop = self._stop = threading.Event()
+        _POLLING.add(self)
 
         def poll() -> None:
             try:
                 self._poll_until(stop)
             except BaseException as exc:  # recorded: the producer's next call raises it
+                if stop.is_set():  # told to stop meanwhile: nothing to tell
+                    return
                 log.error("%r: its poll thread died: %s", self, short(exc))
                 self._died = exc
+            finally:
+                _POLLING.discard(self)
 
         threading.Thread(target=poll, daemon=True, name=f"raysink-stream-{self.id}").start()
 
@@ -534,8 +561,10 @@ class StreamFeed:
         failures = 0
         while not stop.wait(self.poll_interval):
             try:
-                seen = self._poll()
+                seen = self._poll(stop)
             except Exception as exc:
+                if stop.is_set():
+                    raise
                 failures += 1
                 self._poll_error = short(exc)
                 log.warning("%r: poll failed (%d in a row): %s", self, failures, short(exc))

@@ -78,10 +78,20 @@ def test_an_idle_producer_whose_epoch_failed_makes_close_raise_naming_its_feed(
     except BaseException:
         rt.close()
         raise
+    polls = _poll_threads(feed)
+    assert polls, "the idle feed's poll thread"
     with pytest.raises(EpochFailedError, match=rf"feed {feed.id}\b.*replay") as failed:
         rt.close()
     assert f"epoch {epochs[1]}" in str(failed.value)
     assert table_ids(target) == _ids([0])  # exactly the committed epochs
+    # its coordinator is gone: polling it on (for the feed's timeout) would outlive the
+    # test, and a poll after ray.shutdown() ends the process (a CI worker, once)
+    _await(lambda: not any(t.is_alive() for t in polls), "the poll thread ended",
+           timeout=15.0)
+
+
+def _poll_threads(feed: StreamFeed) -> list[threading.Thread]:
+    return [t for t in threading.enumerate() if t.name == f"raysink-stream-{feed.id}"]
 
 
 def test_a_producer_closing_after_its_epoch_failed_gets_the_rewind_and_replays(
