@@ -46,8 +46,8 @@ It prints rows/s of each side, epochs, and each process's USS (first, last, peak
 to say where a growth comes from, each sink's median latency in each tenth of the run and
 each process's CPU milliseconds per ``write_arrow`` round (an epoch into every sink) over
 the first and the last 20% after the warm-up: the driver, every actor, the producers and
-Ray's own processes (GCS, raylet, agents). It writes a JSON report (``--report``, default ``<workdir>/soak.json``). Exit code 0 when
-every check passed, 1 otherwise::
+Ray's own processes (GCS, raylet, agents). It writes a JSON report (``--report``,
+default ``<workdir>/soak.json``). Exit code 0 when every check passed, 1 otherwise::
 
     .venv/bin/python bench/soak.py --minutes 5 [--sink all|both|parquet,delta,iceberg]
         [--rows 50000]

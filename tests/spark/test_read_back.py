@@ -23,6 +23,7 @@ from pathlib import Path
 from typing import Any
 
 import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 from pyspark.sql import DataFrame, Row, SparkSession
 
@@ -305,3 +306,35 @@ def test_iceberg_spark_reads_the_table_raysink_wrote(spark: SparkSession, tmp_pa
     # the same table from its metadata file alone (no catalog): the same rows
     by_file = spark.read.format("iceberg").load(table.metadata_location)
     assert _spark_rows(by_file, columns) == want
+
+
+def test_spark_vacuum_never_reaches_an_epoch_staged_and_pending(spark: SparkSession,
+                                                                tmp_path: Path) -> None:
+    """A maintained Delta sink stages under ``_raysink/``, which Spark's ``VACUUM`` skips:
+    at zero retention it would delete a stray file of the table directory, never the
+    files of an epoch still pending; after it, the epoch commits and Spark reads it."""
+    from tests.support.staging import stage_writers
+
+    path = tmp_path / "delta"
+    sink = DeltaSink(str(path)).bind("vacuum", "main")
+    first = pa.table({"id": pa.array([1, 2], pa.int64())})
+    second = pa.table({"id": pa.array([3, 4], pa.int64())})
+    sink.commit(1, stage_writers(sink, 1, [first.to_batches()]))
+    pending = stage_writers(sink, 2, [second.to_batches()])
+    staged = [str(f["path"]) for m in pending for f in m["files"]]
+    assert staged and all(p.startswith("_raysink/") for p in staged), staged
+    pq.write_table(first, path / "stray.parquet")  # untracked: VACUUM's to delete
+
+    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    try:
+        listed = [r[0] for r in spark.sql(
+            f"VACUUM delta.`{path}` RETAIN 0 HOURS DRY RUN").collect()]
+        spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS").collect()
+    finally:
+        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+    assert any(p.endswith("/stray.parquet") for p in listed), listed
+    assert not any("/_raysink/" in p for p in listed), listed
+    assert all((path / p).exists() for p in staged)
+    sink.commit(2, pending)
+    got = spark.read.format("delta").load(str(path)).select("id").collect()
+    assert sorted(r.id for r in got) == [1, 2, 3, 4]
