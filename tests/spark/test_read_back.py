@@ -325,13 +325,20 @@ def test_spark_vacuum_never_reaches_an_epoch_staged_and_pending(spark: SparkSess
     assert staged and all(p.startswith("_raysink/") for p in staged), staged
     pq.write_table(first, path / "stray.parquet")  # untracked: VACUUM's to delete
 
-    spark.conf.set("spark.databricks.delta.retentionDurationCheck.enabled", "false")
+    # VACUUM lists the table directory in a Spark job of
+    # spark.sql.sources.parallelPartitionDiscovery.parallelism tasks (10,000 by default:
+    # 416 s on two cores for a table of four files)
+    settings = {"spark.databricks.delta.retentionDurationCheck.enabled": "false",
+                "spark.sql.sources.parallelPartitionDiscovery.parallelism": "2"}
+    for key, value in settings.items():
+        spark.conf.set(key, value)
     try:
         listed = [r[0] for r in spark.sql(
             f"VACUUM delta.`{path}` RETAIN 0 HOURS DRY RUN").collect()]
         spark.sql(f"VACUUM delta.`{path}` RETAIN 0 HOURS").collect()
     finally:
-        spark.conf.unset("spark.databricks.delta.retentionDurationCheck.enabled")
+        for key in settings:
+            spark.conf.unset(key)
     assert any(p.endswith("/stray.parquet") for p in listed), listed
     assert not any("/_raysink/" in p for p in listed), listed
     assert all((path / p).exists() for p in staged)
