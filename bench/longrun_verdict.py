@@ -12,6 +12,8 @@ at ``W`` writers, over ``P`` partitions (1 unpartitioned):
 * retained snapshots (Iceberg snapshots, Delta log versions): the newest
   ``keep_snapshots`` or those younger than ``keep_seconds`` (``Y``, counted at the end),
   plus what the ``V`` commits since the last expiry added: ``R = max(keep_snapshots, Y) + V``;
+  Delta's log also holds the versions below them back to the checkpoint the oldest one
+  is read from, at most ``checkpoint_every`` more;
 * live data files: per partition, the small files of the epochs since its last compaction
   (fewer than ``min_compact_files + W x E``), plus one per ``target_file_bytes`` of data;
 * Delta's ``_delta_log``: ``R`` commit entries, back to the checkpoint below the oldest
@@ -129,9 +131,17 @@ def _size_checks(result: dict[str, Any], m: Maintenance, writers: int) -> list[C
         Check(kind, "live data files", result["data_files"], files,
               f"P x (min_compact_files {m.min_compact_files} + W x E) + "
               f"{by_size} per {m.target_file_bytes >> 20} MiB; {where}"),
-        Check(kind, "retained snapshots", result["snapshots"], retained,
-              f"max(keep_snapshots {m.keep_snapshots}, Y) + V"),
     ]
+    if kind.startswith("delta"):
+        # every version in the log: the retained ones, and those below them back to the
+        # checkpoint the oldest retained one is read from (docs/maintenance.md, Bounds)
+        found.append(Check(kind, "versions in _delta_log", result["snapshots"],
+                           retained + m.checkpoint_every,
+                           f"max(keep_snapshots {m.keep_snapshots}, Y) + V + "
+                           f"checkpoint_every {m.checkpoint_every}"))
+    else:
+        found.append(Check(kind, "retained snapshots", result["snapshots"], retained,
+                           f"max(keep_snapshots {m.keep_snapshots}, Y) + V"))
     if kind.startswith("delta"):
         entries = retained + m.checkpoint_every + commits
         # + _last_checkpoint and the newest version's checksum file
