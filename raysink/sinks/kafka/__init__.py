@@ -3,7 +3,7 @@
 
 ``from raysink.sinks import KafkaSink`` (or ``raysink.sinks.kafka.KafkaSink``). Each writer
 slot owns one transactional producer; an epoch's records are produced at the writer's
-pre-commit (a large epoch's from ``early_start_records`` records on, as they arrive)
+pre-commit (or, with ``early_start_records`` set, from that many records on)
 inside a transaction the writer keeps open, and committed by the writer when
 the coordinator's commit asks it to. A transaction belongs to the producer instance that
 opened it (librdkafka cannot resume or hand it over, and the prepared transactions of

@@ -1,6 +1,6 @@
 """``Produced``: one writer transaction's records sent so far, chunk by chunk, and when
-it began; ``EARLY_RECORDS``: how much of an epoch a writer buffers, by default
-(``KafkaSink(early_start_records=)``), before it begins the epoch's transaction early.
+it began: the epoch's transaction begun at its pre-commit, or early
+(``KafkaSink(early_start_records=)``, off by default).
 
 A writer's transaction is begun at the epoch's pre-commit, or earlier: once a writer holds
 that many records of an epoch and every earlier epoch is committed, the writer
@@ -29,17 +29,10 @@ from raysink.sinks.kafka._batches import Chunks, Planner, produce_parts
 if TYPE_CHECKING:
     from raysink.sinks.kafka._encode import Encoded
 
-__all__ = ["EARLY_RECORDS", "Deliveries", "Produced", "Runs", "produce_each"]
+__all__ = ["Deliveries", "Produced", "Runs", "produce_each"]
 
 Runs = dict[str, list[list[int]]]
 """Offsets of one part's records per partition (as a string): ``[[first, count], ...]``."""
-
-EARLY_RECORDS = 50_000
-"""Records of an epoch a writer holds before it asks to begin the epoch's transaction:
-below it an epoch is produced at its pre-commit, which keeps a small epoch's transaction
-(the latency path: one call to the coordinator fewer) as short as it can be; above it, the
-time of one round trip is nothing beside the records' own."""
-
 
 class Produced:
     """The records of one transaction sent so far (``send``), for ``key`` (the epoch and

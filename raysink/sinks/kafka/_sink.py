@@ -49,7 +49,6 @@ from raysink.sinks.kafka._config import (
     unavailable,
 )
 from raysink.sinks.kafka._encode import check_columns, value_source
-from raysink.sinks.kafka._produced import EARLY_RECORDS
 from raysink.sinks.kafka._progress import (
     KafkaManifest,
     ProgressReader,
@@ -88,8 +87,9 @@ class KafkaSink(Sink):
     progress topic (``progress_topic``, default ``<topic>-raysink-progress``: one
     partition, compacted) by the first commit. ``transaction_timeout`` (seconds) bounds
     how long a writer's transaction may stay open: one that outlives it is aborted by the
-    broker and its epoch replayed from the log. A writer holding ``early_start_records``
-    of an epoch begins its transaction early (``_produced``; ``None``: at the pre-commit).
+    broker and its epoch replayed from the log. With ``early_start_records`` set, a writer
+    holding that many records of an epoch begins its transaction early (``_produced``);
+    ``None``, the default, begins every epoch's at its pre-commit.
     """
 
     kind = "kafka"
@@ -116,7 +116,7 @@ class KafkaSink(Sink):
         transactional_id_prefix: str = "raysink",
         transaction_timeout: float = 900.0,
         timeout: float = 60.0,
-        early_start_records: int | None = EARLY_RECORDS,
+        early_start_records: int | None = None,
     ) -> None:
         kafka_module()
         check_columns(key, value, headers)
