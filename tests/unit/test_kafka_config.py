@@ -71,6 +71,12 @@ def test_refused_options(options: dict[str, Any], match: str) -> None:
         _sink(**options)
 
 
+def test_the_early_start_is_off_unless_set() -> None:
+    """Measured slower on two cores (docs/kafka.md, "Measured, and why it is off")."""
+    assert _sink().early_start_records is None
+    assert _sink(early_start_records=50_000).early_start_records == 50_000
+
+
 def test_bad_topic_name_is_refused() -> None:
     with pytest.raises(ConfigError, match="topic name"):
         KafkaSink("127.0.0.1:9", "no spaces please")
