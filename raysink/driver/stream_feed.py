@@ -104,7 +104,9 @@ _POLL_FAILURES = 5
 
 
 _POLLING: weakref.WeakSet[StreamFeed] = weakref.WeakSet()
-"""This process's feeds whose poll thread runs (``stop_polls``)."""
+"""This process's feeds whose poll thread runs (``stop_polls``), under ``_POLLING_LOCK``:
+poll threads leave it while ``stop_polls`` looks through it."""
+_POLLING_LOCK = threading.Lock()
 
 
 def stop_polls(runtime: str) -> int:
@@ -113,7 +115,9 @@ def stop_polls(runtime: str) -> int:
     ``timeout``, past a ``ray.shutdown()`` that then ends the process). A producer's next
     call polls anew. How many were told to stop."""
     told = 0
-    for feed in list(_POLLING):
+    with _POLLING_LOCK:
+        feeds = list(_POLLING)
+    for feed in feeds:
         stop = feed._stop
         if feed.route.runtime == runtime and stop is not None:
             feed._stop = None  # detached: the producer's next poll starts a new thread
@@ -537,7 +541,8 @@ class StreamFeed:
 
     def _start_polling(self) -> None:
         stop = self._stop = threading.Event()
-        _POLLING.add(self)
+        with _POLLING_LOCK:
+            _POLLING.add(self)
 
         def poll() -> None:
             try:
@@ -548,7 +553,8 @@ class StreamFeed:
                 log.error("%r: its poll thread died: %s", self, short(exc))
                 self._died = exc
             finally:
-                _POLLING.discard(self)
+                with _POLLING_LOCK:
+                    _POLLING.discard(self)
 
         threading.Thread(target=poll, daemon=True, name=f"raysink-stream-{self.id}").start()
 

@@ -441,7 +441,10 @@ class DeltaSink(StagedFilesSink):
                 listed: FilesManifest = {"writer": -1, "rows": 0, "files": files}
                 self.abort(epoch, [listed])
             return
-        self._delete_staged(epoch, STAGING_ROOTS, [str(f["path"]) for f in files])
+        paths = [str(f["path"]) for f in files]
+        # only the roots the epoch staged under: an upsert commits this every epoch
+        roots = [r for r in STAGING_ROOTS if any(p.startswith(f"{r}/") for p in paths)]
+        self._delete_staged(epoch, roots, paths)
 
     # ------------------------------------------------------------------ maintenance
 
@@ -474,7 +477,7 @@ class DeltaSink(StagedFilesSink):
         return self._opts.store(root)
 
     def _staging_place(self) -> str:
-        return f"under {self._opts.uri!r}/{self._opts.staging}"
+        return f"under {self._opts.uri!r}/{' or '.join(STAGING_ROOTS)}"
 
     def _referenced(self, table: Any | None) -> set[str]:
         """The files the table references (append mode: an upsert's staged files never
