@@ -14,8 +14,10 @@ at ``W`` writers, over ``P`` partitions (1 unpartitioned):
   plus what the ``V`` commits since the last expiry added: ``R = max(keep_snapshots, Y) + V``;
   Delta's log also holds the versions below them back to the checkpoint the oldest one
   is read from, at most ``checkpoint_every`` more;
-* live data files: per partition, the small files of the epochs since its last compaction
-  (fewer than ``min_compact_files + W x E``), plus one per ``target_file_bytes`` of data;
+* live data files: per partition, fewer than ``min_compact_files`` files in each size tier
+  below half the target (``raysink.sinks._tiers``; ``T`` tiers between an epoch's file and
+  ``target_file_bytes / 2``, counted at the average epoch file) plus the ``W x E`` files
+  of the epochs since the last pass, and a file per half ``target_file_bytes`` of data;
 * Delta's ``_delta_log``: ``R`` commit entries, back to the checkpoint below the oldest
   retained one (at most ``checkpoint_every + V`` further), and a checkpoint per
   ``checkpoint_every`` of them (plus ``_last_checkpoint`` and the newest version's
@@ -36,6 +38,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from raysink import Maintenance
+from raysink.sinks._tiers import tier_of
 
 GROWTH_MAX = 1.2
 READ_MAX_S = 1.0
@@ -123,14 +126,16 @@ def _size_checks(result: dict[str, Any], m: Maintenance, writers: int) -> list[C
     per_pass = max(m.every_epochs, math.ceil(m.min_interval_s / (result["p50_last_ms"] / 1000)))
     commits = per_pass + parts + 2
     retained = max(m.keep_snapshots, result["young"]) + commits
-    by_size = math.ceil(result["data_bytes"] / m.target_file_bytes)
-    files = parts * (m.min_compact_files + writers * per_pass) + by_size
+    by_size = math.ceil(result["data_bytes"] / (m.target_file_bytes // 2))
+    epoch_file = result["data_bytes"] // max(1, result["epochs"] * writers * parts)
+    tiers = tier_of(epoch_file, small=m.target_file_bytes // 2, fan_in=m.min_compact_files)
+    files = parts * ((m.min_compact_files - 1) * tiers + writers * per_pass) + by_size
     where = (f"E={per_pass} epochs/pass, P={parts}, W={writers}, V={commits}, "
              f"Y={result['young']} younger than {m.keep_seconds:g} s")
     found = [
         Check(kind, "live data files", result["data_files"], files,
-              f"P x (min_compact_files {m.min_compact_files} + W x E) + "
-              f"{by_size} per {m.target_file_bytes >> 20} MiB; {where}"),
+              f"P x ((min_compact_files {m.min_compact_files} - 1) x T {tiers} + W x E) + "
+              f"{by_size} per {m.target_file_bytes >> 21} MiB; {where}"),
     ]
     if kind.startswith("delta"):
         # every version in the log: the retained ones, and those below them back to the

@@ -115,14 +115,14 @@ MAINTENANCE_POINTS = (
     "maintenance.mid_cleanup",
 )
 """Points inside a sink's maintenance pass (``Sink.maintain``, in the coordinator; context
-``sink``). Delta: ``maintenance.mid_compaction``, one partition's compaction committed,
-the others not yet (context ``partition``, its number in the pass);
-``maintenance.mid_expiry``, the data files no retained version needs are deleted, the log
-entries naming them not yet; ``maintenance.mid_cleanup``, the oldest expired log entry is
-deleted, the others not yet. Iceberg: ``maintenance.mid_compaction``, compacted files
-written, their replace commit not made; ``maintenance.mid_expiry``, snapshots expired,
-none of the files only they needed deleted yet; ``maintenance.mid_cleanup``, some of
-those files deleted, not all. The next pass finishes what a crash there left."""
+``sink``). Delta: ``maintenance.mid_compaction``, compacted files written (and named in
+the pass's journal), their commit not made; ``maintenance.mid_expiry``, the data files no
+retained version needs are deleted, the log entries naming them not yet;
+``maintenance.mid_cleanup``, the oldest expired log entry is deleted, the others not yet.
+Iceberg: ``maintenance.mid_compaction``, compacted files written, their replace commit not
+made; ``maintenance.mid_expiry``, snapshots expired, none of the files only they needed
+deleted yet; ``maintenance.mid_cleanup``, some of those files deleted, not all. The next
+pass finishes what a crash there left."""
 
 
 ALL_POINTS = (POINTS + HANDOFF_POINTS + SINK_POINTS + LIFECYCLE_POINTS + FEED_POINTS

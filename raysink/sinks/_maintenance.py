@@ -45,10 +45,12 @@ class Maintenance:
     min_interval_s: float = 10.0
     """...and no more often than this (``rt.maintain()`` runs one now regardless)."""
     target_file_bytes: int = 128 * _MIB
-    """Compaction rewrites small files into files of about this size."""
+    """Compaction rewrites small files into files of at most this size."""
     min_compact_files: int = 16
-    """A partition (or the table, unpartitioned) is compacted once it holds at least this
-    many files smaller than ``target_file_bytes / 2``."""
+    """The files of a partition (or the table, unpartitioned) smaller than
+    ``target_file_bytes / 2`` fall in size tiers this many times apart; a tier is compacted
+    once it holds this many files, with every smaller file of the partition
+    (``raysink.sinks._tiers``)."""
     keep_snapshots: int = 100
     keep_seconds: float = 60.0
     """Also kept: every snapshot younger than this. At an epoch a second the default keeps

@@ -136,6 +136,30 @@ def test_compaction_keeps_every_row_once_and_every_snapshot_readable(tmp_path: P
     assert ids(tmp_path) == expected(1, 7)
 
 
+def test_a_compacted_file_waits_for_its_own_tier(tmp_path: Path) -> None:
+    """Size tiers (``raysink.sinks._tiers``): the next pass compacts the new small files
+    and leaves the larger compacted one until its own tier holds enough files."""
+    sink = sink_at(tmp_path)
+
+    def commit(first: int, last: int) -> None:  # 500 rows a writer: files of a few KB
+        for e in range(first, last + 1):
+            staged = stage(sink, e, [[batch(range(1000 * e + 500 * w, 1000 * e + 500 * (w + 1)))]
+                                     for w in range(2)])
+            assert sink.commit(e, staged) is CommitResult.COMMITTED
+
+    commit(1, 2)
+    first = sink.maintain(window(2))
+    assert (first.files_compacted, first.files_written) == (4, 1)
+    (compacted,) = live_files(tmp_path)
+
+    commit(3, 4)
+    second = sink.maintain(window(4))
+
+    assert (second.files_compacted, second.files_written) == (4, 1)
+    assert compacted in live_files(tmp_path) and len(live_files(tmp_path)) == 2
+    assert ids(tmp_path) == list(range(1000, 5000))
+
+
 def test_below_the_threshold_nothing_is_compacted(tmp_path: Path) -> None:
     sink = sink_at(tmp_path)
     commit_epochs(sink, 1, 1)

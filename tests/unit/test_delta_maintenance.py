@@ -19,7 +19,7 @@ deltalake = pytest.importorskip("deltalake")
 
 from raysink import Maintenance  # noqa: E402
 from raysink.sinks._maintenance import MaintenanceWindow  # noqa: E402
-from raysink.sinks.delta import DeltaSink, _maintain  # noqa: E402
+from raysink.sinks.delta import DeltaSink, _compact, _maintain  # noqa: E402
 from tests.support.staging import stage_writers as stage  # noqa: E402
 
 TIGHT = Maintenance(min_compact_files=4, keep_snapshots=1, keep_seconds=0,
@@ -92,7 +92,8 @@ def test_a_pass_compacts_expires_and_cleans_yet_keeps_rows_marker_and_staged(
     assert leaked(path, staged) == []
     after = sink.table_stats()
     assert after is not None and (after.data_files, after.snapshots) == (1, 1)
-    assert [p.name for p in (path / "_raysink").iterdir()] == [f"{11:012d}"]  # epoch 11's
+    assert sorted(p.name for p in (path / "_raysink").iterdir()) == [f"{11:012d}", "compact"]
+    assert [p.suffix for p in (path / "_raysink/compact").iterdir()] == [".parquet"]  # no journal
     assert log_names(path) == sorted([f"{10:020d}.json", f"{10:020d}.checkpoint.parquet",
                                       f"{10:020d}.crc", "_last_checkpoint"])
 
@@ -234,7 +235,7 @@ def test_a_created_table_gets_the_tombstone_retention(
 
 
 @pytest.mark.parametrize("point", [
-    "maintenance.mid_compaction",  # one partition compacted, the other not
+    "maintenance.mid_compaction",  # both partitions' compacted files written, not committed
     "maintenance.mid_expiry",  # removed files deleted, their log entries not
     "maintenance.mid_cleanup",  # the oldest log entry deleted, the rest not
 ])
@@ -249,14 +250,18 @@ def test_a_pass_cut_at_each_point_is_finished_by_the_next(
             raise RuntimeError(f"cut at {at}")
 
     monkeypatch.setattr(_maintain, "hit", cut)
+    monkeypatch.setattr(_compact, "hit", cut)
     with pytest.raises(RuntimeError, match="cut at"):
         sink.maintain(window(sink))
     assert content(path) == expected(range(1, 9))
     assert sink.committed_epoch() == 8
+    if point == "maintenance.mid_compaction":
+        assert len(leaked(path)) == 2 and len(list(path.glob("_raysink/compact/*.json"))) == 1
     monkeypatch.undo()
 
     sink.maintain(window(sink))
     assert leaked(path) == []  # a cut pass leaves nothing the next one does not delete
+    assert list(path.glob("_raysink/compact/*.json")) == []
     commit_epochs(sink, range(9, 10))
     assert content(path) == expected(range(1, 10))
     assert sink.committed_epoch() == 9

@@ -4,12 +4,13 @@ One pass, run by the coordinator in the sink's commit worker (no commit of this 
 meanwhile), in named steps, each checked against the window's deadline before it starts:
 
 ``compact``
-    Per partition (the whole table when unpartitioned) holding at least
-    ``min_compact_files`` files under half of ``target_file_bytes`` (two, forced), one
-    ``optimize.compact`` commit rewriting them into files of about ``target_file_bytes``.
-    The commit carries no app transaction: the table's transaction state is the latest
-    version of each app id in the whole log, so the marker stays where the epoch commit
-    put it (``committed_epoch()`` reads it through any number of maintenance commits).
+    Per partition (the whole table when unpartitioned), the small files of the size tiers
+    due (``raysink.sinks._tiers``: a tier once it holds ``min_compact_files`` files;
+    every small file, forced) rewritten into files of at most ``target_file_bytes``, all in
+    one commit (``raysink.sinks.delta._compact``). The commit carries no app transaction:
+    the table's transaction state is the latest version of each app id in the whole log,
+    so the marker stays where the epoch commit put it (``committed_epoch()`` reads it
+    through any number of maintenance commits).
 ``checkpoint``
     ``create_checkpoint`` once ``checkpoint_every`` versions have passed since the last
     one, so opening the table reads one checkpoint and at most that many commits. A
@@ -32,11 +33,12 @@ Why not delta-rs's own ``vacuum`` and ``cleanup_metadata``: both retain by age a
 whole hours (``retention_hours``) or by ``delta.logRetentionDuration`` (a table property, so
 a commit), and ``cleanup_metadata`` keeps no checkpoint below the versions it keeps.
 
-Crash points (``raysink._faults``): ``maintenance.mid_compaction`` after one partition's
-compaction committed, ``maintenance.mid_expiry`` after the removed files are deleted and
-before the log entries naming them, ``maintenance.mid_cleanup`` after the first log entry
-is deleted. Each step is safe to re-run: deletions of missing files are no-ops, and log
-entries go oldest first, so what is left is always a readable suffix.
+Crash points (``raysink._faults``): ``maintenance.mid_compaction`` after the compacted
+files are written and before their commit (the next pass deletes them),
+``maintenance.mid_expiry`` after the removed files are deleted and before the log entries
+naming them, ``maintenance.mid_cleanup`` after the first log entry is deleted. Each step is
+safe to re-run: deletions of missing files are no-ops, and log entries go oldest first, so
+what is left is always a readable suffix.
 """
 
 from __future__ import annotations
@@ -62,6 +64,7 @@ from raysink.sinks._maintenance import (
     MaintenanceWindow,
     TableStats,
 )
+from raysink.sinks.delta._compact import MAINTENANCE_KEY, compact
 from raysink.sinks.delta._table import STAGING_ROOTS, DeltaOptions, deltalake_module
 
 __all__ = ["MAINTENANCE_KEY", "LogEntry", "commit_hooks", "maintain", "new_table_configuration",
@@ -69,8 +72,6 @@ __all__ = ["MAINTENANCE_KEY", "LogEntry", "commit_hooks", "maintain", "new_table
 
 logger = logging.getLogger(__name__)
 
-MAINTENANCE_KEY = "raysink.maintenance"
-"""Commit metadata naming a maintenance commit's step."""
 _LOG = "_delta_log"
 _VERSIONED = re.compile(r"^(\d{20})\.")
 _TXN_RETENTION = "delta.setTransactionRetentionDuration"
@@ -166,64 +167,13 @@ def maintain(opts: DeltaOptions, policy: Maintenance, window: MaintenanceWindow,
     if dt is None:
         return tally.report()
     steps: list[Callable[[DeltaOptions, Any, _Pass], None]] = [
-        _compact, _checkpoint, _expire_and_clean]
+        compact, _checkpoint, _expire_and_clean]
     for number, step in enumerate(steps):  # the first always runs: every pass progresses
         if number and tally.out_of_time():
             break
         step(opts, dt, tally)
         dt.update_incremental()
     return tally.report()
-
-
-# --------------------------------------------------------------------------- compact
-
-
-def _partitions(dt: Any, policy: Maintenance, force: bool) -> list[dict[str, str | None]]:
-    """The partitions worth compacting, as partition values, in a stable order."""
-    adds = pa.table(dt.get_add_actions(flatten=True)).to_pydict()
-    columns = [c for c in adds if c.startswith("partition.")]
-    small = policy.target_file_bytes // 2
-    counts: dict[tuple[Any, ...], int] = {}
-    for i, size in enumerate(adds.get("size_bytes", [])):
-        if size < small:
-            key = tuple(adds[c][i] for c in columns)
-            counts[key] = counts.get(key, 0) + 1
-    threshold = 2 if force else policy.min_compact_files
-    names = [c.removeprefix("partition.") for c in columns]
-    chosen = sorted((k for k, n in counts.items() if n >= threshold), key=repr)
-    return [{name: None if v is None else str(v) for name, v in zip(names, key, strict=True)}
-            for key in chosen]
-
-
-def _compact(opts: DeltaOptions, dt: Any, tally: _Pass) -> None:
-    dl = deltalake_module()
-    for number, values in enumerate(_partitions(dt, tally.policy, tally.window.force)):
-        if number and tally.out_of_time():
-            return
-        if any(v is None for v in values.values()):
-            continue  # a null partition cannot be named by an equality filter
-        filters = [(name, "=", value) for name, value in values.items()] or None
-        metrics = dt.optimize.compact(
-            partition_filters=filters, target_size=tally.policy.target_file_bytes,
-            commit_properties=dl.CommitProperties(custom_metadata={MAINTENANCE_KEY: "compact"}),
-            post_commithook_properties=commit_hooks(tally.policy))
-        removed = int(metrics.get("numFilesRemoved", 0))
-        if removed:
-            if "compact" not in tally.steps:
-                tally.steps.append("compact")
-            tally.compacted += removed
-            tally.written += int(metrics.get("numFilesAdded", 0))
-            tally.rewritten += int(_total_size(metrics.get("filesRemoved")))
-            logger.info("Delta sink %s: compacted %d files into %d in %s", tally.sink,
-                        removed, metrics.get("numFilesAdded", 0), values or "the table")
-        hit("maintenance.mid_compaction", runtime=tally.runtime, sink=tally.sink,
-            partition=number)
-
-
-def _total_size(files: Any) -> int:
-    if isinstance(files, str):
-        files = json.loads(files)
-    return int(files.get("totalSize", 0)) if isinstance(files, dict) else 0
 
 
 # --------------------------------------------------------------------------- checkpoint

@@ -3,9 +3,10 @@
 
 Compaction plans per partition: the current snapshot's live data files are grouped by
 ``(spec id, partition tuple)``, so an unpartitioned table is one group and a partitioned
-one a group per partition; a group is compacted once it holds ``min_compact_files`` files
-smaller than half the target (any two, when forced). Its small files are packed into bins
-of at most ``target_file_bytes`` (their sizes summed) and each bin is read through
+one a group per partition; a group's files below half the target are chosen by size tier
+(``raysink.sinks._tiers``: a tier once it holds ``min_compact_files`` files, with every
+smaller file; every small file when forced), packed into bins of at most
+``target_file_bytes`` (their sizes summed), and each bin is read through
 pyiceberg's own scan (projected onto the table's current schema, so files written before a
 schema change read as a reader sees them) and written as one Parquet file with Iceberg's
 field ids and statistics. Files of an older partition spec are left as they are (a file
@@ -29,7 +30,7 @@ from __future__ import annotations
 import contextlib
 import uuid
 from collections import defaultdict
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -40,6 +41,8 @@ from pyiceberg.table import FileScanTask, TableProperties, WriteTask
 from pyiceberg.table.snapshots import Operation, Summary
 from pyiceberg.table.update.snapshot import _ManifestMergeManager, _OverwriteFiles
 from pyiceberg.utils.properties import property_as_int
+
+from raysink.sinks._tiers import plan_partition
 
 __all__ = ["Bin", "Rewrite", "live_data_files", "plan_bins", "rewrite", "write_bin"]
 
@@ -90,21 +93,19 @@ def live_data_files(table: Any, snapshot: Any) -> tuple[list[Any], bool]:
 def plan_bins(table: Any, files: Sequence[Any], *, target: int, min_files: int,
               force: bool, pass_id: str) -> list[Bin]:
     """The bins to rewrite, partition by partition (default spec only), each of at least
-    two small files and at most ``target`` bytes summed."""
+    two small files of the tiers due and at most ``target`` bytes summed."""
     metadata = table.metadata
     spec_id = metadata.default_spec_id
     groups: dict[Any, list[Any]] = defaultdict(list)
-    for f in files:
-        if f.spec_id == spec_id and int(f.file_size_in_bytes) < target // 2:
+    for f in sorted(files, key=lambda f: str(f.file_path)):
+        if f.spec_id == spec_id:
             groups[f.partition].append(f)
-    need = 2 if force else max(2, min_files)
     bins: list[Bin] = []
     provider = table.location_provider()
     spec, schema = metadata.spec(), metadata.schema()
-    for partition, small in groups.items():
-        if len(small) < need:
-            continue
-        for packed in _pack(small, target):
+    for partition, group in groups.items():
+        for packed in plan_partition(group, _size, target=target, fan_in=min_files,
+                                     force=force):
             name = f"{_PREFIX}-{pass_id}-{len(bins):05d}.parquet"
             place = None if spec.is_unpartitioned() else _PartitionPlace(partition, spec, schema)
             bins.append(Bin(spec_id=spec_id, partition=partition, files=tuple(packed),
@@ -112,21 +113,8 @@ def plan_bins(table: Any, files: Sequence[Any], *, target: int, min_files: int,
     return bins
 
 
-def _pack(files: list[Any], target: int) -> Iterator[list[Any]]:
-    """First-fit of the files, smallest first, into bins of at most ``target`` bytes;
-    bins of one file are left alone (rewriting them gains nothing)."""
-    current: list[Any] = []
-    size = 0
-    for f in sorted(files, key=lambda f: (int(f.file_size_in_bytes), f.file_path)):
-        n = int(f.file_size_in_bytes)
-        if current and size + n > target:
-            if len(current) > 1:
-                yield current
-            current, size = [], 0
-        current.append(f)
-        size += n
-    if len(current) > 1:
-        yield current
+def _size(f: Any) -> int:
+    return int(f.file_size_in_bytes)
 
 
 def write_bin(table: Any, item: Bin) -> Any:
