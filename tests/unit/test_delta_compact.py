@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import time
 import urllib.parse
+from datetime import date
 from pathlib import Path
 from typing import Any
 
@@ -150,3 +151,43 @@ def test_a_journal_of_a_committed_pass_keeps_its_files(tmp_path: Path) -> None:
 
     assert not journal.exists() and (path / compacted).exists()
     assert ids(path) == expected(range(1, 5))
+
+
+def test_files_from_before_a_schema_change_are_read_as_the_table_is_now(
+        tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, schema_evolution="add_columns")
+    commit_epochs(sink, range(1, 3))
+    wider = rows(3).append_column("note", pa.array(["n"] * 200))
+    sink.commit(3, stage(sink, 3, [[wider]]))
+
+    report = sink.maintain(window(sink, force=True))
+
+    assert report.files_compacted == 3 and len(live(path)) == 1
+    table = deltalake.DeltaTable(str(path)).to_pyarrow_table()
+    notes = dict(zip(table.column("id").to_pylist(), table.column("note").to_pylist(),
+                     strict=True))
+    assert ids(path) == expected(range(1, 4))
+    assert {notes[i] for i in expected(range(1, 3))} == {None}
+    assert {notes[i] for i in expected(range(3, 4))} == {"n"}
+
+
+def test_typed_and_null_partitions_keep_their_values(tmp_path: Path) -> None:
+    path = tmp_path / "t"
+    sink = sink_at(path, partition_by=["k", "day"])
+    for epoch in range(1, 5):
+        batch = pa.record_batch({
+            "id": pa.array(range(epoch * 10, epoch * 10 + 4), pa.int64()),
+            "k": pa.array([1, None, 1, None], pa.int32()),
+            "day": pa.array([date(2024, 1, 2)] * 4, pa.date32())})
+        sink.commit(epoch, stage(sink, epoch, [[batch]]))
+    before = sorted(map(str, deltalake.DeltaTable(str(path)).partitions()))
+
+    report = sink.maintain(window(sink))
+
+    assert (report.files_compacted, report.files_written) == (8, 2)
+    table = deltalake.DeltaTable(str(path))
+    assert sorted(map(str, table.partitions())) == before
+    got = table.to_pyarrow_table().to_pylist()
+    assert sorted((r["id"], r["k"], r["day"]) for r in got) == sorted(
+        (e * 10 + i, [1, None][i % 2], date(2024, 1, 2)) for e in range(1, 5) for i in range(4))

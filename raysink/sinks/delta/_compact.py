@@ -63,6 +63,7 @@ PASS_KEY = "raysink.compactPass"
 MAINTENANCE_KEY = "raysink.maintenance"
 _LOG = "_delta_log"
 _REFUSED_FEATURES = ("deletionVectors", "columnMapping", "rowTracking")
+_READ_ROWS = 131_072
 
 
 @dataclass(frozen=True)
@@ -201,9 +202,12 @@ def _write_bin(opts: DeltaOptions, store: FileStore, dt: Any, item: _Bin) -> _Wr
     parts = set(dt.metadata().partition_columns)
     schema = pa.schema([f for f in table_schema(dt) if f.name not in parts])
     buffer = ParquetBuffer(schema, max_rows=2**62, compression=opts.compression)
-    for f in item.files:
-        for batch in _schema.align([store.read_table(f.path)], schema).to_batches():
-            buffer.write(batch)
+    for f in item.files:  # a row group at a time: the coordinator holds one, not a bin
+        with store.fs.open_input_file(store.full(f.path)) as source:
+            for batch in pq.ParquetFile(source).iter_batches(batch_size=_READ_ROWS):
+                aligned = _schema.align([pa.Table.from_batches([batch])], schema)
+                for piece in aligned.to_batches():
+                    buffer.write(piece)
     encoded = buffer.finish() or [_empty_file(schema)]
     (one,) = encoded
     store.write(item.output, one.data)
