@@ -159,7 +159,10 @@ def test_transaction_timeout_is_replayed(kafka_broker: KafkaBroker, topic: str, 
     with _runtime(name, kafka_broker, topic, meta,
                   sink_options={"transaction_timeout": 2.0}) as rt:
         assert rt.write_arrow(halves(1)).committed
-        arm_fault(name, "kafka.before_finish", action="sleep", seconds=15.0,
+        # four times the timeout: the broker looks for timed-out transactions every
+        # second (tests.support.kafka), so it has aborted epoch 2's by then; were it
+        # not, the commit would go through and the replay asserted below be missing
+        arm_fault(name, "kafka.before_finish", action="sleep", seconds=8.0,
                   when={"epoch": 2})
         assert rt.write_arrow(halves(2)).committed
         assert rt.write_arrow(halves(3)).committed  # the writers made new producers

@@ -43,6 +43,7 @@ __all__ = ["KafkaBroker", "kafka_broker", "kafka_home", "read_topic"]
 _REPO = Path(__file__).resolve().parents[2]
 _FETCH = _REPO / "scripts" / "kafka" / "fetch.sh"
 _START_TIMEOUT = 120.0
+_POLL_SECONDS = 0.05  # ``read_topic``'s wait for a record before it looks at its positions
 
 
 def kafka_home() -> Path:
@@ -274,6 +275,8 @@ def read_topic(bootstrap: str, topic: str, *, committed: bool = True,
     consumer = Consumer({
         "bootstrap.servers": bootstrap, "group.id": f"raysink-test-{uuid.uuid4().hex}",
         "enable.auto.commit": False, "log_level": 0,
+        # a fetch at the end returns at once (the broker holds it 500 ms by default)
+        "fetch.wait.max.ms": 10,
         "isolation.level": "read_committed" if committed else "read_uncommitted"})
     try:
         metadata = consumer.list_topics(topic, timeout=30).topics[topic]
@@ -289,7 +292,9 @@ def read_topic(bootstrap: str, topic: str, *, committed: bool = True,
         while any(positions[p] < ends[p] for p in partitions):
             if time.monotonic() > deadline:
                 raise AssertionError(f"reading {topic}: still at {positions} of {ends}")
-            message = consumer.poll(0.5)
+            # short: the last records of a transactional topic are its markers, which are
+            # never delivered; each read ended with a whole empty poll (0.5 s) before
+            message = consumer.poll(_POLL_SECONDS)
             if message is None:
                 _advance(consumer, topic, positions)
                 continue
