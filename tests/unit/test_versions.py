@@ -101,8 +101,8 @@ def test_an_old_release_is_an_error_naming_package_found_and_range(
             check_extra("delta")
         error = caught.value
         assert isinstance(error, ConfigError)
-        assert (error.package, error.found, error.wanted) == ("deltalake", "0.25.5", ">=1.6,<2")
-        assert "raysink[delta] needs deltalake>=1.6,<2" in str(error)
+        assert (error.package, error.found, error.wanted) == ("deltalake", "0.25.5", ">=1.6.6,<2")
+        assert "raysink[delta] needs deltalake>=1.6.6,<2" in str(error)
         assert "deltalake 0.25.5 is installed" in str(error)
         check_extra("kafka")  # another extra is not looked at through deltalake
         monkeypatch.setenv(requirements.SKIP_ENV, "1")
