@@ -62,8 +62,9 @@ RANGES: tuple[Range, ...] = (
     Range("pyspark", "3.5.3", "3.6", extra="spark"),
     Range("pandas", "2.0", "3", extra="spark"),
     # deltalake before 1.6 drops commit_properties' app transactions in
-    # create_write_transaction: the epoch marker of every Delta commit would be lost.
-    Range("deltalake", "1.6", "2", extra="delta"),
+    # create_write_transaction: the epoch marker of every Delta commit would be lost;
+    # before 1.6.4 it takes no RemoveAction, which compaction commits (1.6.4-5 yanked).
+    Range("deltalake", "1.6.6", "2", extra="delta"),
     Range("pyiceberg", "0.11", "0.13", extra="iceberg", pip_extras="sql-sqlite"),
     # psycopg 3.2.0's [binary] extra asks for psycopg-binary 3.2.0.dev1, never published.
     Range("psycopg", "3.2.1", "4", extra="postgres", pip_extras="binary"),
