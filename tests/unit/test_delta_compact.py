@@ -11,6 +11,7 @@ from datetime import date
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pyarrow as pa
 import pytest
 
@@ -30,9 +31,15 @@ def sink_at(path: Path, policy: Maintenance = POLICY, **options: Any) -> DeltaSi
 
 
 def rows(epoch: int, n: int = 200) -> pa.RecordBatch:
+    """Ids, a day, and 64 random bytes a row: files grow with their rows whatever the
+    Parquet writer's encodings (sequential ids alone compress so well that four epochs'
+    file can stay in the tier of one, as with pyarrow 17)."""
     base = epoch * 1000
+    pad = np.random.default_rng(epoch).bytes(64 * n)
     return pa.record_batch({"id": pa.array(range(base, base + n), pa.int64()),
-                            "day": pa.array([f"d{epoch % 2}"] * n)})
+                            "day": pa.array([f"d{epoch % 2}"] * n),
+                            "pad": pa.array([pad[i * 64:(i + 1) * 64] for i in range(n)],
+                                            pa.binary())})
 
 
 def commit_epochs(sink: DeltaSink, epochs: range) -> None:
